@@ -1,0 +1,162 @@
+//! Builds and runs the whole server: store, gRPC services, background loops, shutdown.
+use std::net::SocketAddr;
+
+use outbox_proto::v1::outbox_admin_server::OutboxAdminServer;
+use outbox_proto::v1::outbox_server::OutboxServer;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::clock::SharedClock;
+use crate::config::{ConfigError, ServeConfig};
+use crate::grpc::admin::AdminService;
+use crate::grpc::convert::Limits;
+use crate::grpc::outbox::OutboxService;
+use crate::hub::Hub;
+use crate::pruner::Pruner;
+use crate::relay::{Relay, RelayConfig};
+use crate::session::SessionContext;
+use crate::store::{PgStore, StoreError};
+use crate::sweeper::LeaseSweeper;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A running server. Dropping it does not stop it: call [`App::shutdown`].
+#[derive(Debug)]
+pub struct App {
+    local_addr: SocketAddr,
+    store: PgStore,
+    shutdown: CancellationToken,
+    loops: CancellationToken,
+    health: HealthReporter,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    tasks: JoinSet<()>,
+}
+
+const SERVICES: [&str; 3] = ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"];
+
+impl App {
+    /// Connects (creating the database if needed), migrates unless told not to, binds the
+    /// listener (port 0 picks a free one) and starts serving and the background loops.
+    pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, AppError> {
+        config.validate()?;
+        let store = PgStore::connect(&config.database_url, config.max_connections).await?;
+        if config.migrate {
+            store.migrate().await?;
+        }
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| AppError::Bind { addr: config.listen, source })?;
+        let local_addr = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
+
+        let shutdown = CancellationToken::new();
+        let loops = CancellationToken::new();
+        let hub = Hub::default();
+        let ctx = SessionContext {
+            store: store.clone(),
+            clock: clock.clone(),
+            hub: hub.clone(),
+            shutdown: shutdown.clone(),
+            drain_timeout: config.drain_timeout,
+            poll_interval: config.stream_poll,
+        };
+        let relay = Relay::new(
+            store.clone(),
+            clock.clone(),
+            hub.clone(),
+            RelayConfig { batch_size: config.relay_batch, poll_min: config.relay_poll_min, poll_max: config.relay_poll_max },
+        );
+        let sweeper = LeaseSweeper::new(store.clone(), clock.clone(), hub.clone(), config.sweep_interval);
+        let pruner = Pruner::new(store.clone(), clock.clone(), config.retention, config.prune_interval);
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        for s in SERVICES {
+            health.set_service_status(s, ServingStatus::Serving).await;
+        }
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
+        // A batch may carry many payloads; each one is still checked against the limit.
+        let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
+        let outbox = OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone() });
+
+        let stop_accepting = shutdown.clone();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(outbox)
+                .add_service(admin)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                    stop_accepting.cancelled().await
+                }),
+        );
+
+        let mut tasks = JoinSet::new();
+        tasks.spawn(relay.run(loops.clone()));
+        tasks.spawn(sweeper.run(loops.clone()));
+        tasks.spawn(pruner.run(loops.clone()));
+        tracing::info!(%local_addr, "outboxd serving");
+        Ok(Self { local_addr, store, shutdown, loops, health, server, tasks })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    /// Resolves if the gRPC server stops on its own (an error), so `main` can exit.
+    pub async fn stopped(&mut self) -> Result<(), AppError> {
+        match (&mut self.server).await {
+            Ok(r) => r.map_err(AppError::from),
+            Err(e) => {
+                tracing::error!(error = %e, "gRPC server task failed");
+                Ok(())
+            }
+        }
+    }
+
+    /// Graceful shutdown: health turns NOT_SERVING, new connections and streams are refused,
+    /// open streams stop receiving new deliveries and get the drain timeout to ack what they
+    /// hold, then their remaining leases are released (due at once) and they end with
+    /// UNAVAILABLE; last, the relay, sweeper and pruner stop and the pool closes.
+    pub async fn shutdown(self) {
+        for s in SERVICES {
+            self.health.set_service_status(s, ServingStatus::NotServing).await;
+        }
+        self.shutdown.cancel();
+        if !self.server.is_finished() {
+            match self.server.await {
+                Ok(Err(e)) => tracing::warn!(error = %e, "gRPC server ended with an error"),
+                Err(e) => tracing::warn!(error = %e, "gRPC server task failed"),
+                Ok(Ok(())) => {}
+            }
+        }
+        self.loops.cancel();
+        let mut tasks = self.tasks;
+        while tasks.join_next().await.is_some() {}
+        self.store.pool().close().await;
+        tracing::info!("outboxd stopped");
+    }
+}

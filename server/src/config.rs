@@ -1,0 +1,158 @@
+//! Command line and environment configuration, validated before anything binds.
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about = "Transactional outbox relay and delivery server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, env = "OUTBOXD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API and run the relay, the lease sweeper and the pruner.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate(DatabaseArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL, e.g. postgres://user@host:5432/db. The database is created if missing.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Largest number of database connections this process opens.
+    #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS", default_value_t = 16)]
+    pub max_connections: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Address for the gRPC API (port 0 picks a free port).
+    #[arg(long, env = "OUTBOXD_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Do not apply migrations at start-up (run `outboxd migrate` separately).
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// Largest accepted payload in bytes.
+    #[arg(long, env = "OUTBOXD_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024)]
+    pub max_payload_bytes: usize,
+    /// How long streams may take to ack what they hold at shutdown before it is released.
+    #[arg(long, env = "OUTBOXD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// Relayed, acked messages and their inbox rows are pruned after this long; it is also
+    /// the dedup horizon.
+    #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub retention: Duration,
+    /// Longest wait between relay polls when idle.
+    #[arg(long, env = "OUTBOXD_RELAY_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub relay_poll_max: Duration,
+    /// How often expired leases are swept.
+    #[arg(long, env = "OUTBOXD_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+    /// Fallback poll of idle streams, for work fanned out by other replicas.
+    #[arg(long, env = "OUTBOXD_STREAM_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub stream_poll: Duration,
+}
+
+/// A validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub database_url: String,
+    pub max_connections: u32,
+    pub listen: SocketAddr,
+    pub migrate: bool,
+    pub max_payload_bytes: usize,
+    pub max_batch: usize,
+    pub drain_timeout: Duration,
+    pub retention: Duration,
+    pub prune_interval: Duration,
+    pub relay_poll_min: Duration,
+    pub relay_poll_max: Duration,
+    pub relay_batch: i64,
+    pub sweep_interval: Duration,
+    pub stream_poll: Duration,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ServeConfig {
+    /// Defaults for a database URL, as `outboxd serve` would use them.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        Self {
+            database_url: database_url.into(),
+            max_connections: 16,
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            migrate: true,
+            max_payload_bytes: 1024 * 1024,
+            max_batch: 1000,
+            drain_timeout: Duration::from_secs(10),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            prune_interval: Duration::from_secs(600),
+            relay_poll_min: Duration::from_millis(5),
+            relay_poll_max: Duration::from_millis(500),
+            relay_batch: 500,
+            sweep_interval: Duration::from_secs(1),
+            stream_poll: Duration::from_secs(1),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.database_url.starts_with("postgres://") || self.database_url.starts_with("postgresql://")) {
+            return Err(ConfigError("--database-url must be a postgres:// URL".into()));
+        }
+        if self.max_connections < 2 {
+            return Err(ConfigError("--max-connections must be at least 2".into()));
+        }
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > 64 * 1024 * 1024 {
+            return Err(ConfigError("--max-payload-bytes must be between 1 and 67108864".into()));
+        }
+        for (name, d) in [
+            ("--relay-poll-max", self.relay_poll_max),
+            ("--sweep-interval", self.sweep_interval),
+            ("--stream-poll", self.stream_poll),
+            ("--retention", self.retention),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError(format!("{name} must be positive")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<ServeArgs> for ServeConfig {
+    type Error = ConfigError;
+
+    fn try_from(a: ServeArgs) -> Result<Self, ConfigError> {
+        let mut c = ServeConfig::new(a.database.database_url);
+        c.max_connections = a.database.max_connections;
+        c.listen = a.listen;
+        c.migrate = !a.no_migrate;
+        c.max_payload_bytes = a.max_payload_bytes;
+        c.drain_timeout = a.drain_timeout;
+        c.retention = a.retention;
+        c.relay_poll_max = a.relay_poll_max;
+        c.sweep_interval = a.sweep_interval;
+        c.stream_poll = a.stream_poll;
+        c.validate()?;
+        Ok(c)
+    }
+}

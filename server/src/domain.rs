@@ -1,0 +1,309 @@
+//! Domain types that are parsed once at the edge ("parse, don't validate"): message ids,
+//! consumer names, topics and topic patterns, the retry policy and the delivery state machine.
+use std::fmt;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+/// A value at the edge that does not parse; `field` names the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidField {
+    pub field: String,
+    pub reason: String,
+}
+
+impl InvalidField {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// A message's identity: a UUID, chosen by the producer or generated (v7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(pub Uuid);
+
+impl MessageId {
+    pub fn generate() -> Self {
+        Self(Uuid::now_v7())
+    }
+
+    pub fn parse(field: &str, s: &str) -> Result<Self, InvalidField> {
+        Uuid::parse_str(s.trim())
+            .map(Self)
+            .map_err(|_| InvalidField::new(field, format!("{s:?} is not a UUID")))
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A consumer's name: 1 to 200 characters of `[A-Za-z0-9_.-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConsumerName(String);
+
+impl ConsumerName {
+    pub const MAX_LEN: usize = 200;
+
+    pub fn parse(field: &str, s: &str) -> Result<Self, InvalidField> {
+        if s.is_empty() {
+            return Err(InvalidField::new(field, "consumer name must not be empty"));
+        }
+        if s.len() > Self::MAX_LEN {
+            return Err(InvalidField::new(field, format!("consumer name is longer than {} characters", Self::MAX_LEN)));
+        }
+        if !s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            return Err(InvalidField::new(field, format!("consumer name {s:?} may only contain [A-Za-z0-9_.-]")));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ConsumerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn valid_segment(seg: &str) -> bool {
+    !seg.is_empty() && seg.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
+/// A concrete topic: dot-separated segments of `[A-Za-z0-9_-]`, at most 255 characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Topic(String);
+
+impl Topic {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(field: &str, s: &str) -> Result<Self, InvalidField> {
+        if s.is_empty() {
+            return Err(InvalidField::new(field, "topic must not be empty"));
+        }
+        if s.len() > Self::MAX_LEN {
+            return Err(InvalidField::new(field, format!("topic is longer than {} characters", Self::MAX_LEN)));
+        }
+        if !s.split('.').all(valid_segment) {
+            return Err(InvalidField::new(
+                field,
+                format!("topic {s:?} must be dot-separated non-empty segments of [A-Za-z0-9_-] (no wildcards)"),
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A consumer's topic filter: an exact topic, or a pattern where a `*` segment matches exactly
+/// one segment and a final `>` segment matches one or more (NATS-style).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TopicPattern(String);
+
+impl TopicPattern {
+    pub fn parse(field: &str, s: &str) -> Result<Self, InvalidField> {
+        if s.is_empty() {
+            return Err(InvalidField::new(field, "topic pattern must not be empty"));
+        }
+        if s.len() > Topic::MAX_LEN {
+            return Err(InvalidField::new(field, format!("topic pattern is longer than {} characters", Topic::MAX_LEN)));
+        }
+        let segments: Vec<&str> = s.split('.').collect();
+        for (i, seg) in segments.iter().enumerate() {
+            let ok = match *seg {
+                "*" => true,
+                ">" => i == segments.len() - 1,
+                other => valid_segment(other),
+            };
+            if !ok {
+                return Err(InvalidField::new(
+                    field,
+                    format!(
+                        "topic pattern {s:?}: segment {seg:?} must be [A-Za-z0-9_-]+, `*`, or a final `>`"
+                    ),
+                ));
+            }
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether a concrete topic matches this pattern.
+    pub fn matches(&self, topic: &str) -> bool {
+        let mut pat = self.0.split('.');
+        let mut top = topic.split('.');
+        loop {
+            match (pat.next(), top.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some("*"), Some(_)) => {}
+                (Some(p), Some(t)) if p == t => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// Where a new consumer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFrom {
+    /// Only messages enqueued after the consumer was created.
+    New,
+    /// Every retained message, then new ones.
+    Earliest,
+}
+
+impl StartFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartFrom::New => "new",
+            StartFrom::Earliest => "earliest",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Self {
+        if s == "earliest" { StartFrom::Earliest } else { StartFrom::New }
+    }
+}
+
+/// The retry policy: retry n (n ≥ 1) waits `base · 2^(n−1)`, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The wait before the next delivery after the `failed_deliveries`-th failed one.
+    pub fn delay(&self, failed_deliveries: u32) -> Duration {
+        let exp = failed_deliveries.saturating_sub(1).min(62);
+        let factor = 1u64 << exp;
+        let ms = (self.base.as_millis() as u64).saturating_mul(factor);
+        Duration::from_millis(ms).min(self.max)
+    }
+}
+
+/// A durable consumer's definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    pub name: ConsumerName,
+    pub topics: Vec<TopicPattern>,
+    pub max_deliveries: u32,
+    pub backoff: Backoff,
+    pub ack_deadline: Duration,
+    pub start_from: StartFrom,
+}
+
+impl ConsumerSpec {
+    pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
+    pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+    pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(300);
+    pub const DEFAULT_ACK_DEADLINE: Duration = Duration::from_secs(30);
+
+    pub fn matches(&self, topic: &str) -> bool {
+        self.topics.iter().any(|p| p.matches(topic))
+    }
+}
+
+/// A consumer as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub spec: ConsumerSpec,
+    pub paused: bool,
+    pub start_seq: i64,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The delivery (inbox row) state machine; the schema's CHECK lists the same four states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Due at `available_at`. Moved out by a delivery session's lease (→ leased) or by
+    /// deleting the consumer.
+    Pending,
+    /// Sent to a stream. Moved out by an ack (→ acked), a nack, an expired deadline (the lease
+    /// sweeper) or the stream closing (→ pending, or → dead once `max_deliveries` is reached).
+    Leased,
+    /// Done: never delivered again, except by an admin replay (→ pending).
+    Acked,
+    /// Gave up after `max_deliveries`. Moved out only by an admin replay (→ pending).
+    Dead,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Leased => "leased",
+            DeliveryState::Acked => "acked",
+            DeliveryState::Dead => "dead",
+        }
+    }
+
+    pub fn from_db(s: &str) -> Self {
+        match s {
+            "leased" => DeliveryState::Leased,
+            "acked" => DeliveryState::Acked,
+            "dead" => DeliveryState::Dead,
+            _ => DeliveryState::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pat(s: &str) -> TopicPattern {
+        TopicPattern::parse("p", s).expect("valid pattern")
+    }
+
+    #[test]
+    fn patterns_match_like_nats_subjects() {
+        assert!(pat("orders.created").matches("orders.created"));
+        assert!(!pat("orders.created").matches("orders.created.v2"));
+        assert!(pat("orders.*").matches("orders.created"));
+        assert!(!pat("orders.*").matches("orders"));
+        assert!(!pat("orders.*").matches("orders.created.v2"));
+        assert!(pat("orders.>").matches("orders.created"));
+        assert!(pat("orders.>").matches("orders.created.v2"));
+        assert!(!pat("orders.>").matches("orders"));
+        assert!(pat("*.created").matches("users.created"));
+        assert!(pat(">").matches("anything.at.all"));
+        assert!(!pat("orders.*").matches("users.created"));
+    }
+
+    #[test]
+    fn bad_patterns_and_topics_name_the_field() {
+        assert_eq!(TopicPattern::parse("topics[0]", "a.>.b").unwrap_err().field, "topics[0]");
+        assert!(TopicPattern::parse("t", "a..b").is_err());
+        assert!(TopicPattern::parse("t", "a.b c").is_err());
+        assert!(Topic::parse("topic", "orders.*").is_err());
+        assert!(Topic::parse("topic", "").is_err());
+        assert!(Topic::parse("topic", "orders.created-v2").is_ok());
+        assert!(ConsumerName::parse("consumer", "billing service").is_err());
+        assert!(MessageId::parse("message_id", "nope").is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(1) };
+        assert_eq!(b.delay(1), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(200));
+        assert_eq!(b.delay(4), Duration::from_millis(800));
+        assert_eq!(b.delay(5), Duration::from_secs(1));
+        assert_eq!(b.delay(1000), Duration::from_secs(1));
+        assert_eq!(b.delay(0), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,211 @@
+//! `service OutboxAdmin`: consumers, stats, dead letters, message inspection, replay, prune.
+use outbox_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, age, pb_consumer};
+use super::{invalid, store_status};
+use crate::domain::{ConsumerName, InvalidField, MessageId};
+use crate::pruner::Pruner;
+use crate::session::SessionContext;
+use crate::store::ReplaySelector;
+
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    pub ctx: SessionContext,
+    pub pruner: Pruner,
+}
+
+fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
+    ConsumerName::parse(field, s).map_err(invalid)
+}
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+#[tonic::async_trait]
+impl pb::outbox_admin_server::OutboxAdmin for AdminService {
+    async fn create_consumer(
+        &self,
+        request: Request<pb::CreateConsumerRequest>,
+    ) -> Result<Response<pb::CreateConsumerResponse>, Status> {
+        let Some(c) = request.into_inner().consumer else {
+            return Err(invalid(InvalidField::new("consumer", "required")));
+        };
+        let spec = convert::consumer_spec(c).map_err(invalid)?;
+        let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
+        tracing::info!(consumer = %spec.name, "consumer created");
+        Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
+    }
+
+    async fn get_consumer(&self, request: Request<pb::GetConsumerRequest>) -> Result<Response<pb::GetConsumerResponse>, Status> {
+        let n = name("consumer", &request.into_inner().consumer)?;
+        let c = self.ctx.store.consumer_get(&n).await.map_err(store_status)?;
+        Ok(Response::new(pb::GetConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+    }
+
+    async fn list_consumers(
+        &self,
+        _request: Request<pb::ListConsumersRequest>,
+    ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        let cs = self.ctx.store.consumer_list().await.map_err(store_status)?;
+        Ok(Response::new(pb::ListConsumersResponse { consumers: cs.iter().map(pb_consumer).collect() }))
+    }
+
+    async fn delete_consumer(
+        &self,
+        request: Request<pb::DeleteConsumerRequest>,
+    ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        let n = name("consumer", &request.into_inner().consumer)?;
+        self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
+        tracing::info!(consumer = %n, "consumer deleted");
+        self.ctx.hub.notify_consumer(n.as_str());
+        Ok(Response::new(pb::DeleteConsumerResponse {}))
+    }
+
+    async fn pause_consumer(
+        &self,
+        request: Request<pb::PauseConsumerRequest>,
+    ) -> Result<Response<pb::PauseConsumerResponse>, Status> {
+        let n = name("consumer", &request.into_inner().consumer)?;
+        let c = self.ctx.store.consumer_set_paused(&n, true).await.map_err(store_status)?;
+        tracing::info!(consumer = %n, "consumer paused");
+        Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+    }
+
+    async fn resume_consumer(
+        &self,
+        request: Request<pb::ResumeConsumerRequest>,
+    ) -> Result<Response<pb::ResumeConsumerResponse>, Status> {
+        let n = name("consumer", &request.into_inner().consumer)?;
+        let c = self.ctx.store.consumer_set_paused(&n, false).await.map_err(store_status)?;
+        tracing::info!(consumer = %n, "consumer resumed");
+        self.ctx.hub.notify_consumer(n.as_str());
+        Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+    }
+
+    async fn get_stats(&self, request: Request<pb::GetStatsRequest>) -> Result<Response<pb::GetStatsResponse>, Status> {
+        let req = request.into_inner();
+        let only = if req.consumer.is_empty() { None } else { Some(name("consumer", &req.consumer)?) };
+        let stats = self.ctx.store.stats(only.as_ref()).await.map_err(store_status)?;
+        let now = self.ctx.clock.now();
+        Ok(Response::new(pb::GetStatsResponse {
+            unrelayed: stats.unrelayed,
+            oldest_unrelayed_age: age(now, stats.oldest_unrelayed_at),
+            consumers: stats
+                .consumers
+                .into_iter()
+                .map(|c| pb::ConsumerStats {
+                    streams: self.ctx.hub.streams(&c.consumer),
+                    consumer: c.consumer,
+                    backlog: c.backlog,
+                    in_flight: c.in_flight,
+                    retrying: c.retrying,
+                    dead: c.dead,
+                    oldest_unacked_age: age(now, c.oldest_unacked_at),
+                    acked: c.acked,
+                    paused: c.paused,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let req = request.into_inner();
+        let n = name("consumer", &req.consumer)?;
+        let size = match req.page_size {
+            0 => DEFAULT_PAGE,
+            s if s > MAX_PAGE => return Err(invalid(InvalidField::new("page_size", format!("at most {MAX_PAGE}")))),
+            s => s,
+        };
+        let after = if req.page_token.is_empty() {
+            0
+        } else {
+            req.page_token
+                .parse::<i64>()
+                .map_err(|_| invalid(InvalidField::new("page_token", "not a token from a previous page")))?
+        };
+        let page = self.ctx.store.dead_letter_list(&n, after, i64::from(size)).await.map_err(store_status)?;
+        let next_page_token = if page.len() == size as usize {
+            page.last().map(|d| d.message.seq.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListDeadLettersResponse {
+            dead_letters: page
+                .into_iter()
+                .map(|d| pb::DeadLetter {
+                    message: Some(convert::pb_message(d.message)),
+                    consumer: d.consumer,
+                    delivery_count: d.delivery_count,
+                    last_error: d.last_error.unwrap_or_default(),
+                    dead_at: d.dead_at.map(convert::timestamp),
+                })
+                .collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn get_message(&self, request: Request<pb::GetMessageRequest>) -> Result<Response<pb::GetMessageResponse>, Status> {
+        let id = MessageId::parse("message_id", &request.into_inner().message_id).map_err(invalid)?;
+        let (message, deliveries) = self.ctx.store.message_get(id).await.map_err(store_status)?;
+        Ok(Response::new(pb::GetMessageResponse {
+            message: Some(convert::pb_message(message)),
+            deliveries: deliveries.into_iter().map(convert::pb_delivery_state).collect(),
+        }))
+    }
+
+    async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
+        let req = request.into_inner();
+        let n = name("consumer", &req.consumer)?;
+        let by_ids = !req.message_ids.is_empty();
+        let by_range = req.enqueued_after.is_some() || req.enqueued_before.is_some();
+        let selectors = usize::from(by_ids) + usize::from(req.dead_letters) + usize::from(by_range);
+        if selectors != 1 {
+            return Err(invalid(InvalidField::new(
+                "selector",
+                "exactly one of message_ids, dead_letters, or enqueued_after/enqueued_before is required",
+            )));
+        }
+        let selector = if by_ids {
+            let ids = req
+                .message_ids
+                .iter()
+                .enumerate()
+                .map(|(i, s)| MessageId::parse(&format!("message_ids[{i}]"), s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?;
+            ReplaySelector::MessageIds(ids)
+        } else if req.dead_letters {
+            ReplaySelector::DeadLetters
+        } else {
+            let after = match &req.enqueued_after {
+                Some(t) => convert::time("enqueued_after", t).map_err(invalid)?,
+                None => chrono::DateTime::<chrono::Utc>::MIN_UTC,
+            };
+            let before = match &req.enqueued_before {
+                Some(t) => convert::time("enqueued_before", t).map_err(invalid)?,
+                None => chrono::DateTime::<chrono::Utc>::MAX_UTC,
+            };
+            if before <= after {
+                return Err(invalid(InvalidField::new("enqueued_before", "must be later than enqueued_after")));
+            }
+            ReplaySelector::EnqueuedBetween { after, before }
+        };
+        let replayed = self.ctx.store.replay(&n, &selector, self.ctx.clock.now()).await.map_err(store_status)?;
+        tracing::info!(consumer = %n, ?selector, replayed, "replay");
+        self.ctx.hub.notify_consumer(n.as_str());
+        Ok(Response::new(pb::ReplayResponse { replayed: replayed as i64 }))
+    }
+
+    async fn prune(&self, request: Request<pb::PruneRequest>) -> Result<Response<pb::PruneResponse>, Status> {
+        let older_than = match request.into_inner().older_than {
+            Some(d) => Some(convert::duration("older_than", &d).map_err(invalid)?).filter(|d| !d.is_zero()),
+            None => None,
+        };
+        let pruned = self.pruner.run_once_with(older_than).await.map_err(store_status)?;
+        Ok(Response::new(pb::PruneResponse { messages_deleted: pruned.messages, deliveries_deleted: pruned.deliveries }))
+    }
+}

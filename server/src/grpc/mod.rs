@@ -1,0 +1,42 @@
+//! The gRPC edge: services, conversion between wire (`pb`) and domain types, and the one place
+//! that turns errors into `tonic::Status`.
+pub mod admin;
+pub mod convert;
+pub mod outbox;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::domain::InvalidField;
+use crate::store::StoreError;
+
+/// `INVALID_ARGUMENT` naming the field, with a `BadRequest` detail for clients that read them.
+pub fn invalid(e: InvalidField) -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        e.to_string(),
+        ErrorDetails::with_bad_request_violation(e.field, e.reason),
+    )
+}
+
+/// Store errors as statuses. Internal failures are logged here and reported without details.
+pub fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::ConsumerNotFound(_) | StoreError::MessageNotFound(_) => Status::not_found(e.to_string()),
+        StoreError::ConsumerConflict(_) => Status::already_exists(e.to_string()),
+        StoreError::InvalidValue(msg) => Status::invalid_argument(msg),
+        StoreError::Database(ref inner) if is_unavailable(inner) => {
+            tracing::warn!(error = %e, "database unavailable");
+            Status::unavailable("the database is unavailable; retry")
+        }
+        StoreError::Database(_) | StoreError::Migrate(_) => {
+            tracing::error!(error = %e, "internal error");
+            Status::internal("internal error; see the outboxd log")
+        }
+    }
+}
+
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+        || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")))
+}

@@ -1,0 +1,112 @@
+//! `service Outbox`: Enqueue, EnqueueBatch and Subscribe.
+use std::time::Duration;
+
+use futures::StreamExt;
+use outbox_proto::v1 as pb;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{self, Limits};
+use super::{invalid, store_status};
+use crate::domain::{ConsumerName, InvalidField};
+use crate::session::{MAX_ACK_DEADLINE, Session, SessionContext, SessionStart};
+
+/// Streams that ask for no `max_in_flight` get this many.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+/// The most a stream may hold unacked.
+pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
+
+#[derive(Debug, Clone)]
+pub struct OutboxService {
+    pub ctx: SessionContext,
+    pub limits: Limits,
+}
+
+#[tonic::async_trait]
+impl pb::outbox_server::Outbox for OutboxService {
+    async fn enqueue(&self, request: Request<pb::EnqueueRequest>) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let msg = convert::new_message("", request.into_inner(), &self.limits).map_err(invalid)?;
+        let out = self.ctx.store.message_insert(&msg, self.ctx.clock.now()).await.map_err(store_status)?;
+        if !out.duplicate {
+            self.ctx.hub.enqueued().notify();
+        }
+        Ok(Response::new(pb::EnqueueResponse { message_id: out.message_id.to_string(), seq: out.seq, duplicate: out.duplicate }))
+    }
+
+    async fn enqueue_batch(
+        &self,
+        request: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        let req = request.into_inner();
+        if req.messages.is_empty() {
+            return Err(invalid(InvalidField::new("messages", "at least one message is required")));
+        }
+        if req.messages.len() > self.limits.max_batch {
+            return Err(invalid(InvalidField::new(
+                "messages",
+                format!("{} messages; at most {} per batch", req.messages.len(), self.limits.max_batch),
+            )));
+        }
+        let msgs = req
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| convert::new_message(&format!("messages[{i}]"), m, &self.limits))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
+        let out = self.ctx.store.message_insert_batch(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
+        self.ctx.hub.enqueued().notify();
+        Ok(Response::new(pb::EnqueueBatchResponse {
+            results: out
+                .into_iter()
+                .map(|e| pb::EnqueueResponse { message_id: e.message_id.to_string(), seq: e.seq, duplicate: e.duplicate })
+                .collect(),
+        }))
+    }
+
+    type SubscribeStream = ReceiverStream<Result<pb::SubscribeResponse, Status>>;
+
+    /// Validates the `start` before answering, so a client whose call returned knows its
+    /// stream is attached (or got NOT_FOUND / INVALID_ARGUMENT).
+    async fn subscribe(
+        &self,
+        request: Request<Streaming<pb::SubscribeRequest>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        if self.ctx.shutdown.is_cancelled() {
+            return Err(Status::unavailable("outboxd is shutting down; reconnect"));
+        }
+        let mut inbound = request.into_inner();
+        let first = match inbound.next().await {
+            Some(Ok(req)) => req,
+            Some(Err(status)) => return Err(status),
+            None => return Err(invalid(InvalidField::new("start", "the stream closed before start"))),
+        };
+        let Some(pb::subscribe_request::Request::Start(start)) = first.request else {
+            return Err(invalid(InvalidField::new("start", "the first request on a stream must be start")));
+        };
+        let name = ConsumerName::parse("start.consumer", &start.consumer).map_err(invalid)?;
+        let max_in_flight = match start.max_in_flight {
+            0 => DEFAULT_MAX_IN_FLIGHT,
+            n if n > MAX_MAX_IN_FLIGHT => {
+                return Err(invalid(InvalidField::new("start.max_in_flight", format!("at most {MAX_MAX_IN_FLIGHT}"))));
+            }
+            n => n,
+        };
+        let consumer = self.ctx.store.consumer_get(&name).await.map_err(store_status)?;
+        let ack_deadline = match &start.ack_deadline {
+            Some(d) => {
+                let d = convert::duration("start.ack_deadline", d).map_err(invalid)?;
+                if d > MAX_ACK_DEADLINE {
+                    return Err(invalid(InvalidField::new("start.ack_deadline", "at most 12 hours")));
+                }
+                if d.is_zero() { consumer.spec.ack_deadline } else { d }
+            }
+            None => consumer.spec.ack_deadline,
+        };
+        let ack_deadline = ack_deadline.max(Duration::from_millis(1));
+        let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
+        let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
+        tokio::spawn(session.run(inbound, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

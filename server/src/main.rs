@@ -1,0 +1,49 @@
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use outbox_server::app::App;
+use outbox_server::clock::SystemClock;
+use outbox_server::config::{Cli, Command, LogFormat, ServeConfig};
+use outbox_server::store::PgStore;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().init(),
+    }
+    match cli.command {
+        Command::Serve(args) => {
+            let config = ServeConfig::try_from(args)?;
+            tracing::info!(store = "postgres", listen = %config.listen, "starting outboxd");
+            let mut app = App::build(config, Arc::new(SystemClock)).await.context("starting outboxd")?;
+            tokio::select! {
+                r = app.stopped() => { r.context("gRPC server stopped")?; }
+                r = shutdown_signal() => {
+                    r.context("listening for signals")?;
+                    tracing::info!("shutdown requested; draining streams");
+                    app.shutdown().await;
+                }
+            }
+        }
+        Command::Migrate(args) => {
+            let store = PgStore::connect(&args.database_url, 2).await.context("connecting to the database")?;
+            store.migrate().await.context("applying migrations")?;
+            tracing::info!("migrations applied");
+        }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}

@@ -1,0 +1,73 @@
+//! The relay: moves committed messages from the outbox into every matching consumer's inbox.
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::hub::Hub;
+use crate::store::{PgStore, RelayOutcome, StoreError};
+
+/// How the relay waits for work. Producers writing through their own transactions cannot signal
+/// this process (a NOTIFY on their commit path would serialise their commits), so the relay
+/// polls, quickly while there is work and backing off to `poll_max` when idle; messages
+/// enqueued through this process's `Enqueue` RPC wake it at once.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayConfig {
+    pub batch_size: i64,
+    pub poll_min: Duration,
+    pub poll_max: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self { batch_size: 500, poll_min: Duration::from_millis(5), poll_max: Duration::from_millis(500) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Relay {
+    store: PgStore,
+    clock: SharedClock,
+    hub: Hub,
+    config: RelayConfig,
+}
+
+impl Relay {
+    pub fn new(store: PgStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
+        Self { store, clock, hub, config }
+    }
+
+    /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
+    pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
+        let out = self.store.relay_batch(self.config.batch_size, self.clock.now()).await?;
+        for c in &out.consumers {
+            self.hub.notify_consumer(c);
+        }
+        if out.messages > 0 {
+            tracing::debug!(messages = out.messages, deliveries = out.deliveries, "relayed");
+        }
+        Ok(out)
+    }
+
+    /// Runs passes until cancelled; a failed pass is logged and retried after `poll_max`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut enqueued = self.hub.enqueued().subscribe();
+        let mut wait = self.config.poll_min;
+        loop {
+            match self.run_once().await {
+                Ok(out) if out.messages as i64 >= self.config.batch_size => continue,
+                Ok(out) if out.messages > 0 => wait = self.config.poll_min,
+                Ok(_) => wait = (wait * 2).min(self.config.poll_max),
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay pass failed; retrying");
+                    wait = self.config.poll_max;
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = enqueued.changed() => wait = self.config.poll_min,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

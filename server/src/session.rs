@@ -1,0 +1,380 @@
+//! A delivery session: one `Subscribe` stream of one consumer.
+//!
+//! The session leases due deliveries up to its `max_in_flight`, sends them, and applies the
+//! stream's acks, nacks and extends. It sleeps until something can change: a request from the
+//! stream, a wake-up for its consumer (the relay fanned out, a lease was released), the next
+//! retry falling due, or a slow fallback poll (work fanned out by another replica).
+//!
+//! Ending: when the stream closes, what it still holds is released at once (dead if it had
+//! reached `max_deliveries`, so a message that crashes its consumer still dies). When the
+//! server shuts down, the session stops leasing, waits up to the drain timeout for
+//! outstanding acks, releases the rest as pending, and ends the stream with `UNAVAILABLE`.
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::{Stream, StreamExt};
+use outbox_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::clock::{self, SharedClock};
+use crate::domain::{Consumer, DeliveryState, MessageId};
+use crate::hub::Hub;
+use crate::store::{LeasedDelivery, PgStore, Release, ReleaseGuard, StoreError};
+
+/// The longest ack deadline or extension a stream may ask for.
+pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
+
+/// What every session of this process shares.
+#[derive(Debug, Clone)]
+pub struct SessionContext {
+    pub store: PgStore,
+    pub clock: SharedClock,
+    pub hub: Hub,
+    /// Cancelled when the server shuts down.
+    pub shutdown: CancellationToken,
+    pub drain_timeout: Duration,
+    /// Fallback poll for work fanned out by other replicas.
+    pub poll_interval: Duration,
+}
+
+/// The validated `start` of a stream.
+#[derive(Debug, Clone)]
+pub struct SessionStart {
+    pub consumer: Consumer,
+    pub max_in_flight: u32,
+    pub ack_deadline: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    delivery_count: u32,
+    deadline: DateTime<Utc>,
+}
+
+pub type Outbound = mpsc::Sender<Result<pb::SubscribeResponse, Status>>;
+
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    ctx: SessionContext,
+    start: SessionStart,
+    held: HashMap<MessageId, Held>,
+    /// When a retry this session scheduled falls due.
+    next_due: Option<DateTime<Utc>>,
+}
+
+enum End {
+    /// The client closed the stream or went away.
+    Closed,
+    /// The server is shutting down.
+    Shutdown,
+    /// The session cannot go on; the stream ends with this status.
+    Failed(Status),
+}
+
+pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
+}
+
+fn to_delivery(d: LeasedDelivery) -> pb::Delivery {
+    let m = d.message;
+    pb::Delivery {
+        message_id: m.message_id.to_string(),
+        seq: m.seq,
+        topic: m.topic,
+        r#type: m.type_,
+        payload: m.payload,
+        headers: m.headers.into_iter().collect(),
+        ordering_key: m.ordering_key.unwrap_or_default(),
+        enqueued_at: Some(timestamp(m.enqueued_at)),
+        delivery_count: d.delivery_count,
+        ack_deadline: Some(timestamp(d.lease_expires_at)),
+    }
+}
+
+fn parse_ids(ids: &[String]) -> Vec<MessageId> {
+    ids.iter()
+        .filter_map(|s| match MessageId::parse("message_ids", s) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring malformed message id from stream");
+                None
+            }
+        })
+        .collect()
+}
+
+fn std_duration(d: &prost_types::Duration) -> Option<Duration> {
+    if d.seconds < 0 || d.nanos < 0 {
+        return None;
+    }
+    Some(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+impl Session {
+    pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
+        Self { id: uuid::Uuid::new_v4().to_string(), ctx, start, held: HashMap::new(), next_due: None }
+    }
+
+    fn consumer(&self) -> &crate::domain::ConsumerName {
+        &self.start.consumer.spec.name
+    }
+
+    /// Runs the session until the stream ends; everything still held is released.
+    pub async fn run<S>(mut self, mut inbound: S, out: Outbound)
+    where
+        S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
+    {
+        let (mut wake, _guard) = self.ctx.hub.attach(self.consumer().as_str());
+        tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
+        let end = self.serve(&mut inbound, &out, &mut wake).await;
+        let shutting_down = matches!(end, End::Shutdown);
+        if let Err(e) = self.release_all(shutting_down).await {
+            tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
+        }
+        match end {
+            End::Closed => {}
+            End::Shutdown => {
+                let _ = out.send(Err(Status::unavailable("outboxd is shutting down; reconnect"))).await;
+            }
+            End::Failed(status) => {
+                let _ = out.send(Err(status)).await;
+            }
+        }
+        tracing::info!(consumer = %self.consumer(), session = %self.id, "stream detached");
+    }
+
+    async fn serve<S>(&mut self, inbound: &mut S, out: &Outbound, wake: &mut tokio::sync::watch::Receiver<u64>) -> End
+    where
+        S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
+    {
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        let mut error_backoff = Duration::ZERO;
+        loop {
+            let now = self.ctx.clock.now();
+            // A lease past its deadline belongs to the sweeper now; it frees a slot here.
+            self.held.retain(|_, h| h.deadline > now);
+            let mut sleep_for = self.ctx.poll_interval;
+
+            if drain_until.is_none() && !self.ctx.shutdown.is_cancelled() {
+                let room = self.start.max_in_flight as usize - self.held.len().min(self.start.max_in_flight as usize);
+                if room > 0 {
+                    match self.fill(room, now, out).await {
+                        Ok(Some(sent)) if sent == room => continue,
+                        Ok(Some(_)) => {
+                            error_backoff = Duration::ZERO;
+                            match self.ctx.store.delivery_next_due(self.consumer()).await {
+                                Ok(Some(due)) => {
+                                    let until_due = (due - now).to_std().unwrap_or(Duration::ZERO);
+                                    // Due already but not leasable: blocked by an ordering key.
+                                    if !until_due.is_zero() {
+                                        sleep_for = sleep_for.min(until_due);
+                                    }
+                                }
+                                Ok(None) => {}
+                                Err(StoreError::ConsumerNotFound(name)) => {
+                                    return End::Failed(Status::not_found(format!("consumer {name:?} was deleted")));
+                                }
+                                Err(e) => tracing::warn!(error = %e, "could not read next due time"),
+                            }
+                        }
+                        Ok(None) => return End::Closed,
+                        Err(e) => {
+                            error_backoff = (error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+                            tracing::warn!(consumer = %self.consumer(), error = %e, retry_in = ?error_backoff, "lease failed");
+                            sleep_for = error_backoff;
+                        }
+                    }
+                }
+            }
+            if let Some(due) = self.next_due {
+                match (due - now).to_std() {
+                    Ok(d) if !d.is_zero() => sleep_for = sleep_for.min(d),
+                    _ => {
+                        self.next_due = None;
+                        sleep_for = Duration::ZERO;
+                    }
+                }
+            }
+            if let Some(earliest) = self.held.values().map(|h| h.deadline).min() {
+                sleep_for = sleep_for.min((earliest - now).to_std().unwrap_or(Duration::ZERO));
+            }
+            if drain_until.is_some() && self.held.is_empty() {
+                return End::Shutdown;
+            }
+            let drain_deadline = drain_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+
+            tokio::select! {
+                biased;
+                _ = self.ctx.shutdown.cancelled(), if drain_until.is_none() => {
+                    drain_until = Some(tokio::time::Instant::now() + self.ctx.drain_timeout);
+                }
+                _ = tokio::time::sleep_until(drain_deadline), if drain_until.is_some() => return End::Shutdown,
+                req = inbound.next() => match req {
+                    Some(Ok(req)) => {
+                        if let Err(status) = self.handle(req).await {
+                            return End::Failed(status);
+                        }
+                    }
+                    Some(Err(status)) => {
+                        tracing::debug!(consumer = %self.consumer(), %status, "stream error from client");
+                        return End::Closed;
+                    }
+                    None => return End::Closed,
+                },
+                _ = wake.changed() => {}
+                _ = out.closed() => return End::Closed,
+                _ = tokio::time::sleep(sleep_for) => {}
+            }
+        }
+    }
+
+    /// Leases up to `room` deliveries and sends them; `None` when the client is gone.
+    async fn fill(&mut self, room: usize, now: DateTime<Utc>, out: &Outbound) -> Result<Option<usize>, StoreError> {
+        let until = clock::add(now, self.start.ack_deadline);
+        let leased = self
+            .ctx
+            .store
+            .delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now)
+            .await?;
+        let n = leased.len();
+        for d in leased {
+            self.held.insert(
+                d.message.message_id,
+                Held { delivery_count: d.delivery_count, deadline: d.lease_expires_at },
+            );
+            let msg = pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
+            if out.send(Ok(msg)).await.is_err() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(n))
+    }
+
+    async fn handle(&mut self, req: pb::SubscribeRequest) -> Result<(), Status> {
+        use pb::subscribe_request::Request;
+        let now = self.ctx.clock.now();
+        match req.request {
+            Some(Request::Start(_)) => {
+                Err(Status::failed_precondition("start: the stream has already started; send start only once"))
+            }
+            Some(Request::Ack(ack)) => {
+                let ids = self.take_held(&parse_ids(&ack.message_ids));
+                if ids.is_empty() {
+                    return Ok(());
+                }
+                match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
+                    Ok(_) => {
+                        // Ordering-key successors, or other streams of this consumer, may be due now.
+                        self.ctx.hub.notify_consumer(self.consumer().as_str());
+                        Ok(())
+                    }
+                    Err(e) => {
+                        tracing::warn!(consumer = %self.consumer(), error = %e, "ack failed; the lease will expire and redeliver");
+                        Ok(())
+                    }
+                }
+            }
+            Some(Request::Nack(nack)) => {
+                let Some(id) = parse_ids(std::slice::from_ref(&nack.message_id)).pop() else { return Ok(()) };
+                let Some(held) = self.held.remove(&id) else {
+                    tracing::debug!(consumer = %self.consumer(), message_id = %id, "nack for a delivery this stream does not hold; ignored");
+                    return Ok(());
+                };
+                let spec = &self.start.consumer.spec;
+                let dead = held.delivery_count >= spec.max_deliveries;
+                let wait = nack.retry_after.as_ref().and_then(std_duration).unwrap_or_else(|| spec.backoff.delay(held.delivery_count));
+                let due = clock::add(now, wait);
+                let error = if nack.error.is_empty() { "nacked".to_owned() } else { nack.error };
+                let release = Release {
+                    consumer: spec.name.clone(),
+                    message_id: id,
+                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+                    available_at: if dead { now } else { due },
+                    error: Some(error),
+                };
+                match self.ctx.store.delivery_release_many(&[release], ReleaseGuard::Session(&self.id), now).await {
+                    Ok(_) if dead => {
+                        tracing::warn!(consumer = %spec.name, message_id = %id, deliveries = held.delivery_count, "dead-lettered");
+                        self.ctx.hub.notify_consumer(spec.name.as_str());
+                    }
+                    Ok(_) => {
+                        self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
+                    }
+                    Err(e) => tracing::warn!(consumer = %spec.name, error = %e, "nack failed; the lease will expire instead"),
+                }
+                Ok(())
+            }
+            Some(Request::Extend(ext)) => {
+                let Some(deadline) = ext.deadline.as_ref().and_then(std_duration).filter(|d| !d.is_zero()) else {
+                    return Err(Status::invalid_argument("extend.deadline: a positive duration is required"));
+                };
+                if deadline > MAX_ACK_DEADLINE {
+                    return Err(Status::invalid_argument("extend.deadline: at most 12 hours"));
+                }
+                let until = clock::add(now, deadline);
+                let ids: Vec<MessageId> = parse_ids(&ext.message_ids).into_iter().filter(|id| self.held.contains_key(id)).collect();
+                if ids.is_empty() {
+                    return Ok(());
+                }
+                match self.ctx.store.delivery_extend_many(self.consumer(), &self.id, &ids, until, now).await {
+                    Ok(_) => {
+                        for id in &ids {
+                            if let Some(h) = self.held.get_mut(id) {
+                                h.deadline = until;
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(consumer = %self.consumer(), error = %e, "extend failed"),
+                }
+                Ok(())
+            }
+            None => Err(Status::invalid_argument("request: one of start, ack, nack, extend is required")),
+        }
+    }
+
+    /// Removes the ids this stream holds from `held`, and returns them; others are logged.
+    fn take_held(&mut self, ids: &[MessageId]) -> Vec<MessageId> {
+        ids.iter()
+            .copied()
+            .filter(|id| {
+                let held = self.held.remove(id).is_some();
+                if !held {
+                    tracing::debug!(consumer = %self.consumer(), message_id = %id, "ack for a delivery this stream does not hold; ignored");
+                }
+                held
+            })
+            .collect()
+    }
+
+    async fn release_all(&mut self, shutting_down: bool) -> Result<(), StoreError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let now = self.ctx.clock.now();
+        let max = self.start.consumer.spec.max_deliveries;
+        let releases: Vec<Release> = self
+            .held
+            .drain()
+            .map(|(id, h)| {
+                // A stream that closes with a delivery at its last attempt may be a consumer
+                // crashing on it: that counts. A server shutdown does not.
+                let dead = !shutting_down && h.delivery_count >= max;
+                Release {
+                    consumer: self.start.consumer.spec.name.clone(),
+                    message_id: id,
+                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+                    available_at: now,
+                    error: Some(if shutting_down { "server shut down" } else { "stream closed before ack" }.to_owned()),
+                }
+            })
+            .collect();
+        let n = self.ctx.store.delivery_release_many(&releases, ReleaseGuard::Session(&self.id), now).await?;
+        self.ctx.hub.notify_consumer(self.consumer().as_str());
+        tracing::debug!(consumer = %self.consumer(), released = n, "released held deliveries");
+        Ok(())
+    }
+}

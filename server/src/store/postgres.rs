@@ -1,0 +1,788 @@
+//! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::migrate::MigrateDatabase;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::types::Json;
+use sqlx::{Executor, PgConnection, Postgres, Row};
+use uuid::Uuid;
+
+use super::{
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage,
+    Pruned, RelayOutcome, Release, ReleaseGuard, ReplaySelector, Result, Stats, StoreError,
+    StoredMessage,
+};
+use crate::domain::{
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom,
+    TopicPattern,
+};
+
+/// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
+/// for consumer changes), so a relay pass never fans out with a stale list of consumers.
+const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
+
+/// Rows read per round trip when a consumer starting from EARLIEST, or a replay by range,
+/// walks the messages table.
+const SCAN_BATCH: i64 = 5_000;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The PostgreSQL store. Cheap to clone (a pool handle).
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn from_ms(v: i64) -> Duration {
+    Duration::from_millis(u64::try_from(v).unwrap_or(0))
+}
+
+fn count(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn headers_from_json(v: serde_json::Value) -> BTreeMap<String, String> {
+    match v {
+        serde_json::Value::Object(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+fn headers_to_json(h: &BTreeMap<String, String>) -> serde_json::Value {
+    serde_json::Value::Object(h.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect())
+}
+
+const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, m.enqueued_at, m.available_at, m.relayed_at";
+
+fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
+    Ok(StoredMessage {
+        message_id: MessageId(row.try_get("message_id")?),
+        seq: row.try_get("seq")?,
+        topic: row.try_get("topic")?,
+        type_: row.try_get("type")?,
+        payload: row.try_get("payload")?,
+        headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
+        ordering_key: row.try_get("ordering_key")?,
+        enqueued_at: row.try_get("enqueued_at")?,
+        available_at: row.try_get("available_at")?,
+        relayed_at: row.try_get("relayed_at")?,
+    })
+}
+
+fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
+    let name: String = row.try_get("name")?;
+    let topics: Vec<String> = row.try_get("topics")?;
+    let topics = topics
+        .iter()
+        .map(|t| TopicPattern::parse("topics", t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
+    let name = ConsumerName::parse("name", &name)
+        .map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
+    Ok(Consumer {
+        spec: ConsumerSpec {
+            name,
+            topics,
+            max_deliveries: count(row.try_get("max_deliveries")?),
+            backoff: Backoff {
+                base: from_ms(row.try_get("backoff_base_ms")?),
+                max: from_ms(row.try_get("backoff_max_ms")?),
+            },
+            ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
+            start_from: StartFrom::from_db(row.try_get::<&str, _>("start_from")?),
+        },
+        paused: row.try_get("paused")?,
+        start_seq: row.try_get("start_seq")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn delivery_from_row(row: &PgRow) -> Result<DeliveryRow> {
+    Ok(DeliveryRow {
+        consumer: row.try_get("consumer")?,
+        state: DeliveryState::from_db(row.try_get::<&str, _>("state")?),
+        delivery_count: count(row.try_get("delivery_count")?),
+        available_at: row.try_get("available_at")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        last_error: row.try_get("last_error")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        acked_at: row.try_get("acked_at")?,
+        dead_at: row.try_get("dead_at")?,
+    })
+}
+
+/// Inserts one message through `outbox.enqueue_message`, on the caller's executor (a pool, a
+/// connection, or the producer's own transaction). `at` is the enqueue time; `None` lets the
+/// database use `now()`.
+pub async fn message_insert<'e, E>(exec: E, msg: &NewMessage, at: Option<DateTime<Utc>>) -> Result<Enqueued>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let row = sqlx::query(
+        "SELECT id, message_seq, is_duplicate FROM outbox.enqueue_message($1, $2, $3, $4, $5, $6, $7 * interval '1 millisecond', $8)",
+    )
+    .bind(msg.topic.as_str())
+    .bind(&msg.type_)
+    .bind(&msg.payload)
+    .bind(Json(headers_to_json(&msg.headers)))
+    .bind(msg.message_id.map(|m| m.0))
+    .bind(msg.ordering_key.as_deref())
+    .bind(msg.delay.map(ms))
+    .bind(at)
+    .fetch_one(exec)
+    .await?;
+    Ok(Enqueued {
+        message_id: MessageId(row.try_get("id")?),
+        seq: row.try_get("message_seq")?,
+        duplicate: row.try_get("is_duplicate")?,
+    })
+}
+
+/// Inserts delivery rows (the fan-out); existing `(message_id, consumer)` rows are left alone,
+/// which is what makes a second relay pass harmless.
+async fn delivery_insert_many(
+    conn: &mut PgConnection,
+    rows: &[(Uuid, String, i64, Option<String>, DateTime<Utc>)],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut consumers = Vec::with_capacity(rows.len());
+    let mut seqs = Vec::with_capacity(rows.len());
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut available = Vec::with_capacity(rows.len());
+    for (id, consumer, seq, key, at) in rows {
+        ids.push(*id);
+        consumers.push(consumer.clone());
+        seqs.push(*seq);
+        keys.push(key.clone());
+        available.push(*at);
+    }
+    let done = sqlx::query(
+        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT r.message_id, r.consumer, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
+           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
+                AS r(message_id, consumer, seq, ordering_key, available_at)
+         ON CONFLICT (message_id, consumer) DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&consumers)
+    .bind(&seqs)
+    .bind(&keys)
+    .bind(&available)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Upserts deliveries back to due for a replay: bypasses the inbox on purpose and restarts the
+/// delivery count. A delivery currently leased is left to its stream.
+async fn delivery_replay_ids(conn: &mut PgConnection, consumer: &str, ids: &[Uuid], now: DateTime<Utc>) -> Result<u64> {
+    let done = sqlx::query(
+        "INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
+           FROM outbox.messages m WHERE m.message_id = ANY($2)
+         ON CONFLICT (message_id, consumer) DO UPDATE
+            SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
+                acked_at = NULL, dead_at = NULL, updated_at = $3
+          WHERE d.state <> 'leased'",
+    )
+    .bind(consumer)
+    .bind(ids)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+impl PgStore {
+    /// Connects, creating the database first if it does not exist.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        if !Postgres::database_exists(url).await? {
+            // Another replica may create it at the same moment; only a still-missing database is an error.
+            if let Err(e) = Postgres::create_database(url).await
+                && !Postgres::database_exists(url).await?
+            {
+                return Err(e.into());
+            }
+            tracing::info!("created database");
+        }
+        let options = PgConnectOptions::from_str(url)?.application_name("outboxd");
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
+    /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
+    pub async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        sqlx::query("ANALYZE outbox.messages, outbox.deliveries, outbox.consumers")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        message_insert(&self.pool, msg, Some(now)).await
+    }
+
+    /// All or nothing: one transaction for the whole batch.
+    pub async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            out.push(message_insert(&mut *tx, msg, Some(now)).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// One relay pass: claims up to `limit` unrelayed messages (skipping rows another relay has
+    /// locked), fans each out to every consumer whose topics match, and marks them relayed, all
+    /// in one transaction.
+    pub async fn relay_batch(&self, limit: i64, now: DateTime<Utc>) -> Result<RelayOutcome> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(CONSUMERS_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let claimed = sqlx::query(
+            "UPDATE outbox.messages SET relayed_at = $2
+              WHERE seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
+                             ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING message_id, seq, topic, ordering_key, available_at",
+        )
+        .bind(limit)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        if claimed.is_empty() {
+            tx.rollback().await?;
+            return Ok(RelayOutcome::default());
+        }
+        let consumers = self.consumers_on(&mut tx).await?;
+        let mut rows = Vec::new();
+        for row in &claimed {
+            let seq: i64 = row.try_get("seq")?;
+            let topic: &str = row.try_get("topic")?;
+            for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
+                rows.push((
+                    row.try_get("message_id")?,
+                    c.spec.name.as_str().to_owned(),
+                    seq,
+                    row.try_get("ordering_key")?,
+                    row.try_get("available_at")?,
+                ));
+            }
+        }
+        let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
+        tx.commit().await?;
+        let mut woken: Vec<String> = rows.into_iter().map(|r| r.1).collect();
+        woken.sort_unstable();
+        woken.dedup();
+        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
+    }
+
+    async fn consumers_on(&self, conn: &mut PgConnection) -> Result<Vec<Consumer>> {
+        let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&mut *conn).await?;
+        rows.iter().map(consumer_from_row).collect()
+    }
+
+    /// Creates a consumer. An existing consumer with the same definition is returned as is; a
+    /// different one is a conflict. EARLIEST backfills the inbox from every retained message.
+    pub async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
+        if let Some(row) = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
+            .bind(spec.name.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+        {
+            let existing = consumer_from_row(&row)?;
+            return if existing.spec == *spec {
+                Ok(existing)
+            } else {
+                Err(StoreError::ConsumerConflict(spec.name.to_string()))
+            };
+        }
+        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
+        let row = sqlx::query(
+            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
+                                           ack_deadline_ms, start_from, start_seq, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7,
+                     CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
+                     $8)
+             RETURNING *",
+        )
+        .bind(spec.name.as_str())
+        .bind(&topics)
+        .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
+        .bind(ms(spec.backoff.base))
+        .bind(ms(spec.backoff.max))
+        .bind(ms(spec.ack_deadline))
+        .bind(spec.start_from.as_str())
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let consumer = consumer_from_row(&row)?;
+        if spec.start_from == StartFrom::Earliest {
+            // Every retained message, relayed or not: an unrelayed one gets its row here and the
+            // relay's insert later finds it there.
+            let mut after = 0i64;
+            loop {
+                let batch = sqlx::query(
+                    "SELECT message_id, seq, topic, ordering_key, available_at FROM outbox.messages
+                      WHERE seq > $1 ORDER BY seq LIMIT $2",
+                )
+                .bind(after)
+                .bind(SCAN_BATCH)
+                .fetch_all(&mut *tx)
+                .await?;
+                let Some(last) = batch.last() else { break };
+                after = last.try_get("seq")?;
+                let mut rows = Vec::new();
+                for row in &batch {
+                    if spec.matches(row.try_get("topic")?) {
+                        rows.push((
+                            row.try_get("message_id")?,
+                            spec.name.as_str().to_owned(),
+                            row.try_get("seq")?,
+                            row.try_get("ordering_key")?,
+                            row.try_get("available_at")?,
+                        ));
+                    }
+                }
+                delivery_insert_many(&mut tx, &rows, now).await?;
+                if (batch.len() as i64) < SCAN_BATCH {
+                    break;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(consumer)
+    }
+
+    pub async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
+        let row = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
+            .bind(name.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        consumer_from_row(&row)
+    }
+
+    pub async fn consumer_list(&self) -> Result<Vec<Consumer>> {
+        let mut conn = self.pool.acquire().await?;
+        self.consumers_on(&mut conn).await
+    }
+
+    /// Deletes a consumer and, by cascade, its inbox rows.
+    pub async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
+        let done = sqlx::query("DELETE FROM outbox.consumers WHERE name = $1")
+            .bind(name.as_str())
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::ConsumerNotFound(name.to_string()));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+        let row = sqlx::query("UPDATE outbox.consumers SET paused = $2 WHERE name = $1 RETURNING *")
+            .bind(name.as_str())
+            .bind(paused)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        consumer_from_row(&row)
+    }
+
+    /// Leases up to `limit` due deliveries of one consumer to a delivery session, in `seq`
+    /// order. A delivery whose ordering key has an earlier unfinished (pending or leased)
+    /// delivery, or a leased one, waits. Nothing is leased while the consumer is paused.
+    pub async fn delivery_lease_batch(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        limit: i64,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<LeasedDelivery>> {
+        let rows = sqlx::query(
+            "WITH cand AS (
+                SELECT d.message_id FROM outbox.deliveries d
+                 WHERE d.consumer = $1 AND d.state = 'pending' AND d.available_at <= $2
+                   AND EXISTS (SELECT 1 FROM outbox.consumers c WHERE c.name = $1 AND NOT c.paused)
+                   AND (d.ordering_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM outbox.deliveries o
+                         WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
+                           AND o.state IN ('pending', 'leased')
+                           AND (o.seq < d.seq OR o.state = 'leased')))
+                 ORDER BY d.seq
+                 LIMIT $3
+                 FOR UPDATE OF d SKIP LOCKED)
+             UPDATE outbox.deliveries d
+                SET state = 'leased', delivery_count = d.delivery_count + 1,
+                    lease_expires_at = $4, leased_by = $5, updated_at = $2
+               FROM cand, outbox.messages m
+              WHERE d.consumer = $1 AND d.message_id = cand.message_id AND m.message_id = d.message_id
+             RETURNING m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+                       m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count",
+        )
+        .bind(consumer.as_str())
+        .bind(now)
+        .bind(limit)
+        .bind(lease_until)
+        .bind(session)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                Ok(LeasedDelivery {
+                    message: message_from_row(row)?,
+                    delivery_count: count(row.try_get("delivery_count")?),
+                    lease_expires_at: lease_until,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by_key(|d| d.message.seq);
+        Ok(out)
+    }
+
+    /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
+    pub async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        let done = sqlx::query(
+            "UPDATE outbox.deliveries
+                SET state = 'acked', acked_at = $3, updated_at = $3, lease_expires_at = NULL, leased_by = NULL
+              WHERE consumer = $1 AND message_id = ANY($2) AND state IN ('leased', 'pending')",
+        )
+        .bind(consumer.as_str())
+        .bind(&ids)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Moves leased deliveries back to pending (with their next due time) or to dead, in one
+    /// statement. Only leases that `guard` allows are touched, so a release never undoes an
+    /// ack or another session's lease.
+    pub async fn delivery_release_many(&self, releases: &[Release], guard: ReleaseGuard<'_>, now: DateTime<Utc>) -> Result<u64> {
+        if releases.is_empty() {
+            return Ok(0);
+        }
+        let consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
+        let ids: Vec<Uuid> = releases.iter().map(|r| r.message_id.0).collect();
+        let states: Vec<&str> = releases.iter().map(|r| r.state.as_str()).collect();
+        let due: Vec<DateTime<Utc>> = releases.iter().map(|r| r.available_at).collect();
+        let errors: Vec<Option<&str>> = releases.iter().map(|r| r.error.as_deref()).collect();
+        let (session, expired_at) = match guard {
+            ReleaseGuard::Session(s) => (Some(s), None),
+            ReleaseGuard::ExpiredAt(t) => (None, Some(t)),
+        };
+        let done = sqlx::query(
+            "UPDATE outbox.deliveries d
+                SET state = r.state, available_at = r.available_at,
+                    last_error = coalesce(r.last_error, d.last_error),
+                    lease_expires_at = NULL, leased_by = NULL, updated_at = $6,
+                    dead_at = CASE WHEN r.state = 'dead' THEN $6 END
+               FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
+                    AS r(consumer, message_id, state, available_at, last_error)
+              WHERE d.consumer = r.consumer AND d.message_id = r.message_id AND d.state = 'leased'
+                AND ($7::text IS NULL OR d.leased_by = $7)
+                AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)",
+        )
+        .bind(&consumers)
+        .bind(&ids)
+        .bind(&states)
+        .bind(&due)
+        .bind(&errors)
+        .bind(now)
+        .bind(session)
+        .bind(expired_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Leases whose deadline has passed, oldest first.
+    pub async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+        let rows = sqlx::query(
+            "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
+               FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
+              WHERE d.state = 'leased' AND d.lease_expires_at <= $1
+              ORDER BY d.lease_expires_at LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let consumer: String = row.try_get("consumer")?;
+                Ok(ExpiredLease {
+                    consumer: ConsumerName::parse("consumer", &consumer)
+                        .map_err(|e| StoreError::InvalidValue(e.to_string()))?,
+                    message_id: MessageId(row.try_get("message_id")?),
+                    delivery_count: count(row.try_get("delivery_count")?),
+                    max_deliveries: count(row.try_get("max_deliveries")?),
+                    backoff_base: from_ms(row.try_get("backoff_base_ms")?),
+                    backoff_max: from_ms(row.try_get("backoff_max_ms")?),
+                })
+            })
+            .collect()
+    }
+
+    /// Pushes the deadline of leases this session holds.
+    pub async fn delivery_extend_many(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        ids: &[MessageId],
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        let done = sqlx::query(
+            "UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
+              WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3",
+        )
+        .bind(consumer.as_str())
+        .bind(&ids)
+        .bind(session)
+        .bind(until)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then;
+    /// `ConsumerNotFound` once the consumer has been deleted.
+    pub async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+        let row = sqlx::query(
+            "SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
+                    (SELECT min(available_at) FROM outbox.deliveries WHERE consumer = $1 AND state = 'pending') AS due",
+        )
+        .bind(consumer.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        if !row.try_get::<bool, _>("present")? {
+            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
+        }
+        Ok(row.try_get("due")?)
+    }
+
+    pub async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
+        let head = sqlx::query(
+            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.messages WHERE relayed_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let rows = sqlx::query(
+            "SELECT c.name, c.paused,
+                    count(d.*) FILTER (WHERE d.state = 'pending') AS backlog,
+                    count(d.*) FILTER (WHERE d.state = 'leased') AS in_flight,
+                    count(d.*) FILTER (WHERE d.state = 'pending' AND d.delivery_count > 0) AS retrying,
+                    count(d.*) FILTER (WHERE d.state = 'dead') AS dead,
+                    count(d.*) FILTER (WHERE d.state = 'acked') AS acked,
+                    (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq =
+                        min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased'))) AS oldest
+               FROM outbox.consumers c LEFT JOIN outbox.deliveries d ON d.consumer = c.name
+              WHERE $1::text IS NULL OR c.name = $1
+              GROUP BY c.name, c.paused ORDER BY c.name",
+        )
+        .bind(only.map(|c| c.as_str()))
+        .fetch_all(&self.pool)
+        .await?;
+        if let Some(name) = only
+            && rows.is_empty()
+        {
+            return Err(StoreError::ConsumerNotFound(name.to_string()));
+        }
+        let consumers = rows
+            .iter()
+            .map(|r| {
+                Ok(ConsumerStats {
+                    consumer: r.try_get("name")?,
+                    paused: r.try_get("paused")?,
+                    backlog: r.try_get("backlog")?,
+                    in_flight: r.try_get("in_flight")?,
+                    retrying: r.try_get("retrying")?,
+                    dead: r.try_get("dead")?,
+                    acked: r.try_get("acked")?,
+                    oldest_unacked_at: r.try_get("oldest")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Stats { unrelayed: head.try_get("unrelayed")?, oldest_unrelayed_at: head.try_get("oldest")?, consumers })
+    }
+
+    /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
+    pub async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+        self.consumer_get(consumer).await?;
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+               FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+              WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
+              ORDER BY d.seq LIMIT $3"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(consumer.as_str())
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    message: message_from_row(r)?,
+                    consumer: r.try_get("consumer")?,
+                    delivery_count: count(r.try_get("delivery_count")?),
+                    last_error: r.try_get("last_error")?,
+                    dead_at: r.try_get("dead_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// A message and its inbox row for every consumer that has one.
+    pub async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.message_id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::MessageNotFound(id))?;
+        let message = message_from_row(&row)?;
+        let rows = sqlx::query("SELECT * FROM outbox.deliveries WHERE message_id = $1 ORDER BY consumer")
+            .bind(id.0)
+            .fetch_all(&self.pool)
+            .await?;
+        let deliveries = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>>>()?;
+        Ok((message, deliveries))
+    }
+
+    /// Makes a consumer's deliveries due again (see [`ReplaySelector`]); returns how many.
+    pub async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
+        let c = self.consumer_get(consumer).await?;
+        let mut tx = self.pool.begin().await?;
+        let replayed = match selector {
+            ReplaySelector::MessageIds(ids) => {
+                let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+                delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?
+            }
+            ReplaySelector::DeadLetters => sqlx::query(
+                "UPDATE outbox.deliveries
+                    SET state = 'pending', delivery_count = 0, available_at = $2, last_error = NULL,
+                        dead_at = NULL, updated_at = $2
+                  WHERE consumer = $1 AND state = 'dead'",
+            )
+            .bind(consumer.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected(),
+            ReplaySelector::EnqueuedBetween { after, before } => {
+                let mut total = 0;
+                let mut after_seq = 0i64;
+                loop {
+                    let batch = sqlx::query(
+                        "SELECT message_id, seq, topic FROM outbox.messages
+                          WHERE enqueued_at >= $1 AND enqueued_at < $2 AND seq > $3
+                          ORDER BY seq LIMIT $4",
+                    )
+                    .bind(after)
+                    .bind(before)
+                    .bind(after_seq)
+                    .bind(SCAN_BATCH)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                    let Some(last) = batch.last() else { break };
+                    after_seq = last.try_get("seq")?;
+                    let mut ids = Vec::new();
+                    for r in &batch {
+                        if c.spec.matches(r.try_get("topic")?) {
+                            ids.push(r.try_get::<Uuid, _>("message_id")?);
+                        }
+                    }
+                    total += delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?;
+                    if (batch.len() as i64) < SCAN_BATCH {
+                        break;
+                    }
+                }
+                total
+            }
+        };
+        tx.commit().await?;
+        Ok(replayed)
+    }
+
+    /// Deletes, in bounded batches, relayed messages enqueued before `cutoff` whose deliveries
+    /// are all acked, with their inbox rows. Past this, a re-enqueued id is new again: the
+    /// retention is the dedup horizon.
+    pub async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
+        let mut total = Pruned::default();
+        loop {
+            let row = sqlx::query(
+                "WITH doomed AS (
+                    SELECT m.message_id FROM outbox.messages m
+                     WHERE m.enqueued_at < $1 AND m.relayed_at IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
+                                        WHERE d.message_id = m.message_id AND d.state <> 'acked')
+                     ORDER BY m.enqueued_at LIMIT $2
+                     FOR UPDATE SKIP LOCKED),
+                 del AS (DELETE FROM outbox.deliveries d USING doomed
+                          WHERE d.message_id = doomed.message_id RETURNING 1),
+                 msg AS (DELETE FROM outbox.messages m USING doomed
+                          WHERE m.message_id = doomed.message_id RETURNING 1)
+                 SELECT (SELECT count(*) FROM msg) AS messages, (SELECT count(*) FROM del) AS deliveries",
+            )
+            .bind(cutoff)
+            .bind(batch)
+            .fetch_one(&self.pool)
+            .await?;
+            let messages: i64 = row.try_get("messages")?;
+            total.messages += messages;
+            total.deliveries += row.try_get::<i64, _>("deliveries")?;
+            if messages < batch {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! The lease sweeper: deliveries whose ack deadline passed go back to pending after their
+//! backoff, or to dead once `max_deliveries` is reached. It covers streams that vanished
+//! without a goodbye, including every stream of a killed `outboxd`.
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{self, SharedClock};
+use crate::domain::{Backoff, DeliveryState};
+use crate::hub::Hub;
+use crate::store::{PgStore, Release, ReleaseGuard, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct LeaseSweeper {
+    store: PgStore,
+    clock: SharedClock,
+    hub: Hub,
+    pub interval: Duration,
+    pub batch_size: i64,
+}
+
+impl LeaseSweeper {
+    pub fn new(store: PgStore, clock: SharedClock, hub: Hub, interval: Duration) -> Self {
+        Self { store, clock, hub, interval, batch_size: 1000 }
+    }
+
+    /// Releases one batch of expired leases; returns how many were released.
+    pub async fn run_once(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let expired = self.store.delivery_expired_batch(now, self.batch_size).await?;
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        let releases: Vec<Release> = expired
+            .iter()
+            .map(|e| {
+                let dead = e.delivery_count >= e.max_deliveries;
+                let backoff = Backoff { base: e.backoff_base, max: e.backoff_max };
+                Release {
+                    consumer: e.consumer.clone(),
+                    message_id: e.message_id,
+                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+                    available_at: if dead { now } else { clock::add(now, backoff.delay(e.delivery_count)) },
+                    error: Some("ack deadline expired".to_owned()),
+                }
+            })
+            .collect();
+        let n = self.store.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(now), now).await?;
+        let mut consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
+        consumers.dedup();
+        for c in consumers {
+            self.hub.notify_consumer(c);
+        }
+        if n > 0 {
+            tracing::info!(released = n, "released expired leases");
+        }
+        Ok(n)
+    }
+
+    pub async fn run(self, cancel: CancellationToken) {
+        loop {
+            let wait = match self.run_once().await {
+                Ok(n) if n as i64 >= self.batch_size => Duration::ZERO,
+                Ok(_) => self.interval,
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease sweep failed; retrying");
+                    self.interval
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

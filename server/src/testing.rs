@@ -1,0 +1,49 @@
+//! Test support (feature `testing`): a fresh PostgreSQL database per test.
+use std::str::FromStr;
+
+use sqlx::ConnectOptions;
+use sqlx::postgres::PgConnectOptions;
+
+/// The server every test database is created on. `OUTBOX_TEST_DATABASE_URL` overrides it.
+pub fn base_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A database that exists for one test and is dropped (forcibly) when this value is dropped.
+#[derive(Debug)]
+pub struct TestDb {
+    pub url: String,
+    name: String,
+}
+
+impl TestDb {
+    /// Creates an empty database with a unique name (no migrations applied).
+    pub async fn create() -> Result<Self, sqlx::Error> {
+        let base = base_url();
+        let name = format!("outboxd_test_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = PgConnectOptions::from_str(&base)?.connect().await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
+        let url = PgConnectOptions::from_str(&base)?.database(&name).to_url_lossy().to_string();
+        Ok(Self { url, name })
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime; a separate thread with its own runtime may block.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async move {
+                if let Ok(opts) = PgConnectOptions::from_str(&base_url())
+                    && let Ok(mut conn) = opts.connect().await
+                {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
