@@ -1,1 +1,65 @@
+//! `outbox-client`: the producer and consumer side of outboxd.
+//!
+//! # Layout
+//!
+//! - [`message`]: [`Message`], what a producer enqueues, and [`Enqueued`], what it gets back.
+//! - [`store`]: every SQL statement of the client: [`enqueue`] in the caller's own
+//!   transaction, the transactional ack, and the inbox for consumers with their own database.
+//! - [`subscriber`]: [`Subscriber`], runs a handler per delivery with bounded concurrency,
+//!   acks on `Ok`, nacks on `Err`, reconnects with backoff, stops gracefully.
+//! - [`grpc`]: connecting to outboxd: the `Enqueue` RPC and the admin client.
+//!
+//! # Producing inside your transaction
+//!
+//! ```no_run
+//! # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut tx = pool.begin().await?;
+//! // ... your own writes on &mut *tx ...
+//! let msg = outbox_client::Message::new("orders.created", "OrderCreated", br#"{"id":42}"#.to_vec());
+//! outbox_client::enqueue(&mut *tx, &msg).await?;
+//! tx.commit().await?; // the message exists if and only if this commit succeeds
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
 
+pub mod grpc;
+pub mod message;
+pub mod store;
+pub mod subscriber;
+
+pub use message::{Enqueued, Message};
+pub use store::{Inbox, ack_in_tx, enqueue};
+pub use subscriber::{Delivery, HandlerError, Subscriber, SubscriberConfig};
+
+pub use outbox_proto::v1 as pb;
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The database rejected the message (bad topic, empty type, ...); the text says which.
+    #[error("invalid message: {0}")]
+    InvalidMessage(String),
+    /// A transactional ack found the delivery already acked (or dead): another delivery of
+    /// the same message got there first. Roll back the effect.
+    #[error("message {message_id} was already acked by consumer {consumer:?}")]
+    AlreadyAcked { consumer: String, message_id: uuid::Uuid },
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    #[error("cannot connect to outboxd at {endpoint}: {source}")]
+    Connect { endpoint: String, source: tonic::transport::Error },
+    #[error("outboxd answered {}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    #[error("invalid endpoint {0:?}")]
+    Endpoint(String),
+}
+
+impl From<sqlx::Error> for ClientError {
+    fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e
+            && db.code().is_some_and(|c| c.starts_with("22") || c == "23514")
+        {
+            return ClientError::InvalidMessage(db.message().to_owned());
+        }
+        ClientError::Database(e)
+    }
+}

@@ -9,6 +9,17 @@ pub fn base_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// `url` with its database (path) replaced by `name`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (head, query) = url.split_once('?').map_or((url, None), |(h, q)| (h, Some(q)));
+    let (scheme, rest) = head.split_once("://").unwrap_or(("postgres", head));
+    let authority = rest.split_once('/').map_or(rest, |(a, _)| a);
+    match query {
+        Some(q) => format!("{scheme}://{authority}/{name}?{q}"),
+        None => format!("{scheme}://{authority}/{name}"),
+    }
+}
+
 /// A database that exists for one test and is dropped (forcibly) when this value is dropped.
 #[derive(Debug)]
 pub struct TestDb {
@@ -23,7 +34,7 @@ impl TestDb {
         let name = format!("outboxd_test_{}", uuid::Uuid::new_v4().simple());
         let mut conn = PgConnectOptions::from_str(&base)?.connect().await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
-        let url = PgConnectOptions::from_str(&base)?.database(&name).to_url_lossy().to_string();
+        let url = with_database(&base, &name);
         Ok(Self { url, name })
     }
 }

@@ -1,1 +1,280 @@
+//! The end-to-end harness: real `outboxd` processes on fresh PostgreSQL databases, real gRPC
+//! streams, a TCP proxy that can take the database away, and bounded polling helpers.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used)]
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use outbox_client::grpc::{AdminClient, OutboxClient};
+use outbox_proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+pub use outbox_server::testing::TestDb;
+
+/// Where the test binary of outboxd lives; set by cargo for this crate's integration tests.
+pub fn outboxd_path() -> PathBuf {
+    if let Ok(p) = std::env::var("OUTBOXD_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/outboxd-e2e
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    dir.join("outboxd-e2e")
+}
+
+/// Fast loops for tests: short polls so that waiting on conditions stays quick.
+pub const FAST: &[&str] = &["--sweep-interval", "50ms", "--stream-poll", "100ms", "--relay-poll-max", "50ms", "--drain-timeout", "2s"];
+
+/// A running `outboxd` process. Killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Outboxd {
+    child: Child,
+    pub addr: SocketAddr,
+    pub endpoint: String,
+}
+
+impl Outboxd {
+    /// Starts `outboxd serve` on `database_url`, port 0, with `extra` flags; returns once it
+    /// is serving.
+    pub async fn start(database_url: &str, extra: &[&str]) -> Result<Self> {
+        let mut child = Command::new(outboxd_path())
+            .arg("serve")
+            .args(["--database-url", database_url, "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", std::env::var("OUTBOXD_TEST_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", outboxd_path().display()))?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let (tx, mut rx) = mpsc::channel::<SocketAddr>(1);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("[outboxd] {line}");
+                if line.contains("outboxd serving")
+                    && let Some(addr) = line.split("local_addr=").nth(1).and_then(|s| s.split_whitespace().next())
+                    && let Ok(addr) = addr.parse()
+                {
+                    let _ = tx.send(addr).await;
+                }
+            }
+        });
+        let addr = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .context("outboxd did not start serving within 60 s")?
+            .context("outboxd exited before serving")?;
+        Ok(Self { child, addr, endpoint: format!("http://{addr}") })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// SIGKILL: no graceful anything.
+    pub async fn kill(mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+
+    /// SIGTERM, then wait (bounded) for the process to exit; returns whether it exited 0.
+    pub async fn terminate(mut self, within: Duration) -> Result<bool> {
+        let status = std::process::Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
+        if !status.success() {
+            bail!("kill -TERM failed");
+        }
+        let exit = tokio::time::timeout(within, self.child.wait()).await.context("outboxd did not exit after SIGTERM")??;
+        Ok(exit.success())
+    }
+
+    pub async fn admin(&self) -> Result<AdminClient> {
+        Ok(outbox_client::grpc::admin(&self.endpoint).await?)
+    }
+
+    pub async fn client(&self) -> Result<OutboxClient> {
+        Ok(outbox_client::grpc::outbox(&self.endpoint).await?)
+    }
+}
+
+/// A consumer definition for tests: fast retries, short deadline.
+pub fn consumer(name: &str, topics: &[&str]) -> pb::Consumer {
+    pb::Consumer {
+        name: name.into(),
+        topics: topics.iter().map(|s| s.to_string()).collect(),
+        max_deliveries: 5,
+        backoff_base: Some(dur(Duration::from_millis(20))),
+        backoff_max: Some(dur(Duration::from_millis(200))),
+        ack_deadline: Some(dur(Duration::from_secs(30))),
+        ..Default::default()
+    }
+}
+
+pub fn dur(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+pub async fn create_consumer(admin: &mut AdminClient, c: pb::Consumer) -> Result<pb::Consumer> {
+    Ok(admin
+        .create_consumer(pb::CreateConsumerRequest { consumer: Some(c) })
+        .await?
+        .into_inner()
+        .consumer
+        .context("no consumer in response")?)
+}
+
+/// Polls `check` until it returns `Some`, at most `within`; fails naming `what` otherwise.
+pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {within:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A raw `Subscribe` stream that the test drives by hand.
+#[derive(Debug)]
+pub struct RawStream {
+    tx: Option<mpsc::Sender<pb::SubscribeRequest>>,
+    inbound: tonic::Streaming<pb::SubscribeResponse>,
+}
+
+impl RawStream {
+    pub async fn open(endpoint: &str, consumer: &str, max_in_flight: u32) -> Result<Self, tonic::Status> {
+        Self::open_with(endpoint, pb::Start { consumer: consumer.into(), max_in_flight, ack_deadline: None }).await
+    }
+
+    pub async fn open_with(endpoint: &str, start: pb::Start) -> Result<Self, tonic::Status> {
+        let mut client = outbox_client::grpc::outbox(endpoint).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let (tx, rx) = mpsc::channel(256);
+        tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await.unwrap();
+        let inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(Self { tx: Some(tx), inbound })
+    }
+
+    /// The next delivery, or `None` if none arrives within `within`.
+    pub async fn next(&mut self, within: Duration) -> Result<Option<pb::Delivery>, tonic::Status> {
+        match tokio::time::timeout(within, self.inbound.message()).await {
+            Err(_) => Ok(None),
+            Ok(Ok(Some(pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(d)) }))) => Ok(Some(d)),
+            Ok(Ok(_)) => Err(tonic::Status::cancelled("stream ended")),
+            Ok(Err(s)) => Err(s),
+        }
+    }
+
+    /// Exactly `n` deliveries, each within `within` of the previous.
+    pub async fn take(&mut self, n: usize, within: Duration) -> Result<Vec<pb::Delivery>> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match self.next(within).await? {
+                Some(d) => out.push(d),
+                None => bail!("got {} of {n} deliveries", out.len()),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The status the server ends the stream with (waits at most `within`).
+    pub async fn end_status(&mut self, within: Duration) -> Result<Option<tonic::Status>> {
+        loop {
+            match tokio::time::timeout(within, self.inbound.message()).await.context("stream did not end")? {
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(None),
+                Err(s) => return Ok(Some(s)),
+            }
+        }
+    }
+
+    pub async fn send(&self, r: pb::subscribe_request::Request) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(pb::SubscribeRequest { request: Some(r) }).await;
+        }
+    }
+
+    pub async fn ack(&self, ids: &[&str]) {
+        self.send(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: ids.iter().map(|s| s.to_string()).collect() })).await;
+    }
+
+    pub async fn nack(&self, id: &str, error: &str) {
+        self.send(pb::subscribe_request::Request::Nack(pb::Nack { message_id: id.into(), error: error.into(), retry_after: None })).await;
+    }
+
+    /// Half-closes the request stream, as a client that goes away cleanly does.
+    pub fn close(&mut self) {
+        self.tx = None;
+    }
+}
+
+/// Enqueues through the SQL function, as a producer in any language would.
+pub async fn sql_enqueue(pool: &sqlx::PgPool, topic: &str, type_: &str, payload: &[u8]) -> Result<uuid::Uuid> {
+    Ok(sqlx::query_scalar("SELECT outbox.enqueue($1, $2, $3)").bind(topic).bind(type_).bind(payload).fetch_one(pool).await?)
+}
+
+/// A TCP proxy in front of PostgreSQL that a test can take down and bring back: the database
+/// disappears for outboxd (connections cut, new ones refused) while other tests go on.
+#[derive(Debug, Clone)]
+pub struct DbProxy {
+    pub port: u16,
+    up: watch::Sender<bool>,
+    accepting: Arc<AtomicBool>,
+}
+
+impl DbProxy {
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (up, _) = watch::channel(true);
+        let accepting = Arc::new(AtomicBool::new(true));
+        let (up2, acc2) = (up.clone(), accepting.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !acc2.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let mut down = up2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { port, up, accepting })
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.accepting.store(up, Ordering::SeqCst);
+        self.up.send_replace(up);
+    }
+
+    /// `url` with its host and port replaced by this proxy's.
+    pub fn url_for(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (auth_host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let auth = auth_host.rsplit_once('@').map(|(a, _)| format!("{a}@")).unwrap_or_default();
+        format!("{scheme}://{auth}127.0.0.1:{}/{path}", self.port)
+    }
+}

@@ -1,0 +1,95 @@
+//! Every SQL statement of the client. Enqueue and the transactional ack go through the SQL
+//! functions that outboxd's migrations install, so their logic lives in one place.
+use sqlx::types::Json;
+use sqlx::{Executor, Postgres, Row};
+use uuid::Uuid;
+
+use crate::{ClientError, Enqueued, Message};
+
+/// Enqueues `msg` on the caller's executor: pass `&mut *tx` to make it part of your own
+/// transaction, so the message exists if and only if that transaction commits. Enqueueing an
+/// existing `message_id` succeeds with `duplicate = true` and does not abort the transaction.
+pub async fn enqueue<'e, E>(exec: E, msg: &Message) -> Result<Enqueued, ClientError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let headers: serde_json::Map<String, serde_json::Value> =
+        msg.headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+    let delay_ms = msg.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let row = sqlx::query(
+        "SELECT id, message_seq, is_duplicate
+           FROM outbox.enqueue_message($1, $2, $3, $4, $5, $6, $7 * interval '1 millisecond')",
+    )
+    .bind(&msg.topic)
+    .bind(&msg.type_)
+    .bind(&msg.payload)
+    .bind(Json(serde_json::Value::Object(headers)))
+    .bind(msg.message_id)
+    .bind(msg.ordering_key.as_deref())
+    .bind(delay_ms)
+    .fetch_one(exec)
+    .await?;
+    Ok(Enqueued {
+        message_id: row.try_get("id")?,
+        seq: row.try_get("message_seq")?,
+        duplicate: row.try_get("is_duplicate")?,
+    })
+}
+
+/// Transactional ack, for consumers that share outboxd's database: call it inside the
+/// transaction that performs the effect, so effect and ack commit together or not at all.
+///
+/// Returns [`ClientError::AlreadyAcked`] when another delivery of the message was acked first;
+/// propagate it (roll back) and the [`Subscriber`](crate::Subscriber) treats it as done.
+pub async fn ack_in_tx<'e, E>(exec: E, consumer: &str, message_id: Uuid) -> Result<(), ClientError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let acked: bool = sqlx::query_scalar("SELECT outbox.ack($1, $2)")
+        .bind(consumer)
+        .bind(message_id)
+        .fetch_one(exec)
+        .await?;
+    if acked { Ok(()) } else { Err(ClientError::AlreadyAcked { consumer: consumer.to_owned(), message_id }) }
+}
+
+/// The inbox for a consumer that keeps its own PostgreSQL database: a table
+/// `outbox_inbox (consumer, message_id)` in that database, written in the same transaction as
+/// the effect, turns redeliveries into no second effect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inbox;
+
+impl Inbox {
+    /// Creates the inbox table if it does not exist.
+    pub async fn install<'e, E>(exec: E) -> Result<(), ClientError>
+    where
+        E: Executor<'e, Database = Postgres>,
+    {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS outbox_inbox (
+                 consumer     text        NOT NULL,
+                 message_id   uuid        NOT NULL,
+                 processed_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (consumer, message_id))",
+        )
+        .execute(exec)
+        .await?;
+        Ok(())
+    }
+
+    /// Records `(consumer, message_id)` inside the caller's transaction. `true`: first time,
+    /// perform the effect and commit. `false`: already processed, skip the effect and ack.
+    /// Two concurrent deliveries of one message serialise on the primary key: the second
+    /// waits for the first transaction and then sees `false`.
+    pub async fn claim<'e, E>(exec: E, consumer: &str, message_id: Uuid) -> Result<bool, ClientError>
+    where
+        E: Executor<'e, Database = Postgres>,
+    {
+        let done = sqlx::query("INSERT INTO outbox_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(consumer)
+            .bind(message_id)
+            .execute(exec)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,125 @@
+"""A producer and consumer in Python, using only what other languages get: the SQL function
+`outbox.enqueue` inside the producer's own transaction, and gRPC code generated from proto/.
+
+Exits non-zero on any failed expectation; prints PYTHON CLIENT OK at the end.
+"""
+import os
+import queue
+import sys
+import tempfile
+import threading
+
+import grpc
+import psycopg
+from grpc_tools import protoc
+
+ADDR = os.environ["OUTBOXD_ADDR"]
+DB = os.environ["DATABASE_URL"]
+PROTO = os.environ["PROTO_DIR"]
+
+out = tempfile.mkdtemp()
+rc = protoc.main(["protoc", f"-I{PROTO}", f"-I{os.path.dirname(protoc.__file__)}/_proto",
+                  f"--python_out={out}", f"--grpc_python_out={out}",
+                  "outbox/v1/outbox.proto", "outbox/v1/admin.proto"])
+assert rc == 0, "protoc failed"
+sys.path.insert(0, out)
+from outbox.v1 import admin_pb2, admin_pb2_grpc, outbox_pb2, outbox_pb2_grpc  # noqa: E402
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAILED: {what}", flush=True)
+        sys.exit(1)
+
+
+# Produce: the order row and its event commit together; a rolled-back one leaves nothing.
+with psycopg.connect(DB) as conn:
+    with conn.transaction():
+        conn.execute("CREATE TABLE py_orders (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO py_orders VALUES (1)")
+        first = conn.execute(
+            "SELECT outbox.enqueue(%s, %s, %s, %s::jsonb)",
+            ("orders.created", "OrderCreated", b'{"id":1}', '{"source":"python"}'),
+        ).fetchone()[0]
+        dup = conn.execute(
+            "SELECT outbox.enqueue(%s, %s, %s, '{}'::jsonb, %s)",
+            ("orders.created", "OrderCreated", b'{"id":1}', first),
+        ).fetchone()[0]
+        check(dup == first, "duplicate enqueue returns the same id")
+    try:
+        with conn.transaction():
+            conn.execute("SELECT outbox.enqueue('orders.created', 'Never', '\\x00'::bytea)")
+            raise RuntimeError("roll back")
+    except RuntimeError:
+        pass
+    with conn.transaction():
+        second = conn.execute(
+            "SELECT outbox.enqueue('orders.shipped', 'OrderShipped', '\\x7b7d'::bytea)"
+        ).fetchone()[0]
+
+channel = grpc.insecure_channel(ADDR)
+admin = admin_pb2_grpc.OutboxAdminStub(channel)
+stub = outbox_pb2_grpc.OutboxStub(channel)
+
+requests = queue.Queue()
+requests.put(outbox_pb2.SubscribeRequest(start=outbox_pb2.Start(consumer="py", max_in_flight=10)))
+
+
+def request_iter():
+    while True:
+        r = requests.get()
+        if r is None:
+            return
+        yield r
+
+
+responses = stub.Subscribe(request_iter())
+deliveries = []
+done = threading.Event()
+
+
+def next_delivery():
+    resp = next(responses)
+    check(resp.WhichOneof("response") == "delivery", "a delivery")
+    return resp.delivery
+
+
+d1 = next_delivery()
+d2 = next_delivery()
+check({d1.message_id, d2.message_id} == {str(first), str(second)}, "both committed messages, nothing else")
+check(d1.delivery_count == 1 and d2.delivery_count == 1, "first deliveries count 1")
+first_d = d1 if d1.message_id == str(first) else d2
+check(first_d.headers["source"] == "python", "headers carried")
+check(first_d.type == "OrderCreated" and first_d.payload == b'{"id":1}', "type and payload carried")
+
+# Nack the first: it comes back with delivery_count 2; ack everything.
+requests.put(outbox_pb2.SubscribeRequest(nack=outbox_pb2.Nack(message_id=str(first), error="python says no")))
+other = d2 if first_d is d1 else d1
+requests.put(outbox_pb2.SubscribeRequest(ack=outbox_pb2.Ack(message_ids=[other.message_id])))
+again = next_delivery()
+check(again.message_id == str(first) and again.delivery_count == 2, "nacked message redelivered with count 2")
+requests.put(outbox_pb2.SubscribeRequest(ack=outbox_pb2.Ack(message_ids=[again.message_id])))
+
+import time  # noqa: E402
+
+deadline = time.time() + 15
+while True:
+    stats = admin.GetStats(admin_pb2.GetStatsRequest(consumer="py"))
+    c = stats.consumers[0]
+    if c.acked == 2 and c.backlog == 0 and c.in_flight == 0:
+        break
+    check(time.time() < deadline, f"acks applied (stats: {c})")
+    time.sleep(0.05)
+
+msg = admin.GetMessage(admin_pb2.GetMessageRequest(message_id=str(first)))
+check(msg.deliveries[0].state == admin_pb2.DeliveryState.ACKED, "delivery state ACKED")
+check(msg.deliveries[0].delivery_count == 2, "delivery count recorded")
+
+try:
+    stub.Enqueue(outbox_pb2.EnqueueRequest(topic="", type="T"))
+    check(False, "empty topic rejected")
+except grpc.RpcError as e:
+    check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "topic" in e.details(), "INVALID_ARGUMENT names topic")
+
+requests.put(None)
+print("PYTHON CLIENT OK", flush=True)

@@ -1,0 +1,176 @@
+//! The admin API: consumers, replay, message inspection, prune; and the SQL producer path.
+use std::time::Duration;
+
+use anyhow::Result;
+use outbox_proto::v1 as pb;
+use outbox_tests::{RawStream, consumer, create_consumer, eventually};
+use tonic::Code;
+
+use crate::{WAIT, setup, stats};
+
+const QUIET: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    let c = create_consumer(&mut admin, consumer("c", &["t"])).await?;
+    assert_eq!(c.max_deliveries, 5);
+    assert!(c.created_at.is_some());
+    // Same definition again: success. A different one: ALREADY_EXISTS.
+    create_consumer(&mut admin, consumer("c", &["t"])).await?;
+    let err = create_consumer(&mut admin, consumer("c", &["other"])).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<tonic::Status>().map(|s| s.code()), Some(Code::AlreadyExists));
+    let list = admin.list_consumers(pb::ListConsumersRequest {}).await?.into_inner();
+    assert_eq!(list.consumers.len(), 1);
+    let err = admin.get_consumer(pb::GetConsumerRequest { consumer: "nobody".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let paused = admin.pause_consumer(pb::PauseConsumerRequest { consumer: "c".into() }).await?.into_inner();
+    assert!(paused.consumer.unwrap().paused);
+    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    eventually("relayed while paused", WAIT, || async { Ok((stats(&srv, "c").await?.backlog == 1).then_some(())) }).await?;
+    assert!(s.next(QUIET).await?.is_none(), "nothing delivered while paused");
+    admin.resume_consumer(pb::ResumeConsumerRequest { consumer: "c".into() }).await?;
+    s.take(1, WAIT).await?;
+
+    admin.delete_consumer(pb::DeleteConsumerRequest { consumer: "c".into() }).await?;
+    let status = s.end_status(WAIT).await?.expect("stream ends");
+    assert_eq!(status.code(), Code::NotFound);
+    let err = admin.delete_consumer(pb::DeleteConsumerRequest { consumer: "c".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    Ok(())
+}
+
+#[tokio::test]
+async fn start_from_earliest_gets_retained_messages_and_new_does_not() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("first", &["t"])).await?;
+    let old = outbox_tests::sql_enqueue(&pool, "t", "Old", b"").await?;
+    eventually("old relayed", WAIT, || async { Ok((stats(&srv, "first").await?.backlog == 1).then_some(())) }).await?;
+
+    let mut early = consumer("early", &["t"]);
+    early.start_from = pb::consumer::StartFrom::Earliest as i32;
+    create_consumer(&mut admin, early).await?;
+    create_consumer(&mut admin, consumer("late", &["t"])).await?;
+    let new = outbox_tests::sql_enqueue(&pool, "t", "New", b"").await?;
+
+    let mut e = RawStream::open(&srv.endpoint, "early", 10).await?;
+    let got: Vec<String> = e.take(2, WAIT).await?.into_iter().map(|d| d.message_id).collect();
+    assert_eq!(got, [old.to_string(), new.to_string()]);
+    let mut l = RawStream::open(&srv.endpoint, "late", 10).await?;
+    let got: Vec<String> = l.take(1, WAIT).await?.into_iter().map(|d| d.message_id).collect();
+    assert_eq!(got, [new.to_string()]);
+    assert!(l.next(QUIET).await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("c", &["t"])).await?;
+    let a = outbox_tests::sql_enqueue(&pool, "t", "A", b"").await?;
+    let b = outbox_tests::sql_enqueue(&pool, "t", "B", b"").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    for d in s.take(2, WAIT).await? {
+        s.ack(&[&d.message_id]).await;
+    }
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 2).then_some(())) }).await?;
+    assert!(s.next(QUIET).await?.is_none(), "acked messages are not redelivered");
+
+    let r = admin.replay(pb::ReplayRequest { consumer: "c".into(), message_ids: vec![a.to_string()], ..Default::default() }).await?;
+    assert_eq!(r.into_inner().replayed, 1);
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((d.message_id.clone(), d.delivery_count), (a.to_string(), 1));
+    s.ack(&[&d.message_id]).await;
+
+    let m = admin.get_message(pb::GetMessageRequest { message_id: b.to_string() }).await?.into_inner();
+    let enqueued = m.message.unwrap().enqueued_at.unwrap();
+    let r = admin
+        .replay(pb::ReplayRequest {
+            consumer: "c".into(),
+            enqueued_after: Some(enqueued),
+            enqueued_before: Some(prost_types::Timestamp { seconds: enqueued.seconds + 60, nanos: 0 }),
+            ..Default::default()
+        })
+        .await?;
+    assert_eq!(r.into_inner().replayed, 1, "only b is in the range");
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, b.to_string());
+
+    // Exactly one selector.
+    let err = admin
+        .replay(pb::ReplayRequest { consumer: "c".into(), dead_letters: true, message_ids: vec![a.to_string()], ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = admin.replay(pb::ReplayRequest { consumer: "c".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    Ok(())
+}
+
+#[tokio::test]
+async fn get_message_shows_each_consumers_delivery_and_prune_removes_acked_history() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("a", &["t"])).await?;
+    create_consumer(&mut admin, consumer("b", &["t"])).await?;
+    let id = outbox_tests::sql_enqueue(&pool, "t", "T", b"payload").await?;
+    let mut s = RawStream::open(&srv.endpoint, "a", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    s.ack(&[&d.message_id]).await;
+    eventually("a acked", WAIT, || async { Ok((stats(&srv, "a").await?.acked == 1).then_some(())) }).await?;
+
+    let m = admin.get_message(pb::GetMessageRequest { message_id: id.to_string() }).await?.into_inner();
+    assert_eq!(m.message.as_ref().unwrap().payload, b"payload");
+    let states: Vec<(String, i32)> = m.deliveries.iter().map(|d| (d.consumer.clone(), d.state)).collect();
+    use pb::delivery_state::State;
+    assert_eq!(states, [("a".into(), State::Acked as i32), ("b".into(), State::Pending as i32)]);
+    let err = admin.get_message(pb::GetMessageRequest { message_id: uuid::Uuid::new_v4().to_string() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    // b has not acked: nothing is pruned.
+    let older_than = Some(prost_types::Duration { seconds: 0, nanos: 1 });
+    let p = admin.prune(pb::PruneRequest { older_than }).await?.into_inner();
+    assert_eq!(p.messages_deleted, 0);
+    let mut s = RawStream::open(&srv.endpoint, "b", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    s.ack(&[&d.message_id]).await;
+    eventually("b acked", WAIT, || async { Ok((stats(&srv, "b").await?.acked == 1).then_some(())) }).await?;
+    let p = admin.prune(pb::PruneRequest { older_than }).await?.into_inner();
+    assert_eq!((p.messages_deleted, p.deliveries_deleted), (1, 2));
+    // The default retention (7 days) keeps recent history.
+    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    let p = admin.prune(pb::PruneRequest { older_than: None }).await?.into_inner();
+    assert_eq!(p.messages_deleted, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_sql_function_joins_the_callers_transaction_and_tolerates_duplicates() -> Result<()> {
+    let (_db, _srv, pool) = setup(&[]).await?;
+    let id = uuid::Uuid::new_v4();
+    let mut tx = pool.begin().await?;
+    sqlx::query("CREATE TABLE orders (id int)").execute(&mut *tx).await?;
+    let first: uuid::Uuid = sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x7b7d'::bytea, '{\"traceparent\":\"00-abc\"}'::jsonb, $1)")
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    let again: uuid::Uuid = sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x7b7d'::bytea, '{}'::jsonb, $1)")
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    assert_eq!((first, again), (id, id));
+    sqlx::query("INSERT INTO orders VALUES (1)").execute(&mut *tx).await?; // the transaction is still usable
+    tx.commit().await?;
+    let (count, traceparent): (i64, Option<String>) =
+        sqlx::query_as("SELECT count(*), max(headers->>'traceparent') FROM outbox.messages").fetch_one(&pool).await?;
+    assert_eq!((count, traceparent.as_deref()), (1, Some("00-abc")));
+
+    let err = sqlx::query("SELECT outbox.enqueue('bad topic', 'T', ''::bytea)").execute(&pool).await.unwrap_err();
+    assert!(err.to_string().contains("invalid topic"), "{err}");
+    Ok(())
+}

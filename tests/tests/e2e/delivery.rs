@@ -1,0 +1,259 @@
+//! Delivery semantics: fan-out, order, ordering keys, flow control, retries, bad input,
+//! graceful shutdown.
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use outbox_client::Message;
+use outbox_proto::v1 as pb;
+use outbox_tests::{FAST, Outboxd, RawStream, consumer, create_consumer, dur, eventually};
+use tonic::Code;
+
+use crate::{WAIT, setup, stats};
+
+const QUIET: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn fan_out_reaches_every_matching_consumer_and_only_those() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("exact", &["orders.created"])).await?;
+    create_consumer(&mut admin, consumer("one", &["orders.*"])).await?;
+    create_consumer(&mut admin, consumer("rest", &["orders.>"])).await?;
+    create_consumer(&mut admin, consumer("users", &["users.created", "users.deleted"])).await?;
+
+    let a = outbox_tests::sql_enqueue(&pool, "orders.created", "T", b"").await?;
+    let b = outbox_tests::sql_enqueue(&pool, "orders.created.v2", "T", b"").await?;
+    let c = outbox_tests::sql_enqueue(&pool, "users.deleted", "T", b"").await?;
+    let consumers_of = |id: uuid::Uuid| {
+        let mut admin = admin.clone();
+        async move {
+            let m = admin.get_message(pb::GetMessageRequest { message_id: id.to_string() }).await?.into_inner();
+            if m.message.as_ref().and_then(|m| m.relayed_at.as_ref()).is_none() {
+                return Ok(None);
+            }
+            Ok(Some(m.deliveries.into_iter().map(|d| d.consumer).collect::<Vec<_>>()))
+        }
+    };
+    assert_eq!(eventually("a relayed", WAIT, || consumers_of(a)).await?, ["exact", "one", "rest"]);
+    assert_eq!(eventually("b relayed", WAIT, || consumers_of(b)).await?, ["rest"]);
+    assert_eq!(eventually("c relayed", WAIT, || consumers_of(c)).await?, ["users"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn deliveries_come_in_seq_order_within_max_in_flight() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+    let mut tx = pool.begin().await?;
+    for i in 0..12u8 {
+        outbox_client::enqueue(&mut *tx, &Message::new("t", "T", vec![i])).await?;
+    }
+    tx.commit().await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 4).await?;
+    let mut all = Vec::new();
+    for _ in 0..3 {
+        let batch = s.take(4, WAIT).await?;
+        assert!(s.next(QUIET).await?.is_none(), "no more than max_in_flight unacked");
+        s.ack(&batch.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>()).await;
+        all.extend(batch);
+    }
+    let seqs: Vec<i64> = all.iter().map(|d| d.seq).collect();
+    let mut sorted = seqs.clone();
+    sorted.sort();
+    assert_eq!(seqs, sorted, "seq order");
+    assert_eq!(all.iter().map(|d| d.payload[0]).collect::<Vec<_>>(), (0..12).collect::<Vec<u8>>());
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_ordering_key_is_delivered_one_at_a_time_through_retries() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+    let mut tx = pool.begin().await?;
+    for (key, name) in [("k1", "a"), ("k1", "b"), ("k2", "x"), ("k1", "c")] {
+        outbox_client::enqueue(&mut *tx, &Message::new("t", name, b"".to_vec()).ordering_key(key)).await?;
+    }
+    tx.commit().await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let first = s.take(2, WAIT).await?;
+    let names: Vec<&str> = first.iter().map(|d| d.r#type.as_str()).collect();
+    assert_eq!(names, ["a", "x"]);
+    assert!(s.next(QUIET).await?.is_none(), "b waits for a");
+    s.ack(&[&first[0].message_id]).await;
+    let b = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(b.r#type, "b");
+    s.nack(&b.message_id, "transient").await;
+    let b2 = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((b2.r#type.as_str(), b2.delivery_count), ("b", 2), "the retry comes before c");
+    s.ack(&[&b2.message_id]).await;
+    let c = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(c.r#type, "c");
+    assert_eq!(c.ordering_key, "k1");
+    Ok(())
+}
+
+#[tokio::test]
+async fn nack_retries_after_backoff_with_a_growing_count() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.backoff_base = Some(dur(Duration::from_millis(300)));
+    c.backoff_max = Some(dur(Duration::from_secs(5)));
+    create_consumer(&mut srv.admin().await?, c).await?;
+    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    let nacked = Instant::now();
+    s.nack(&d.message_id, "try later").await;
+    let d2 = s.take(1, WAIT).await?.remove(0);
+    assert!(nacked.elapsed() >= Duration::from_millis(280), "waited the backoff, got {:?}", nacked.elapsed());
+    assert_eq!(d2.delivery_count, 2);
+    let nacked = Instant::now();
+    s.nack(&d2.message_id, "try later").await;
+    let d3 = s.take(1, WAIT).await?.remove(0);
+    assert!(nacked.elapsed() >= Duration::from_millis(580), "backoff doubled, got {:?}", nacked.elapsed());
+    assert_eq!(d3.delivery_count, 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_delay_postpones_delivery() -> Result<()> {
+    let (_db, srv, _pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+    let mut client = srv.client().await?;
+    let sent = Instant::now();
+    outbox_client::grpc::enqueue_rpc(&mut client, &Message::new("t", "Later", b"".to_vec()).delay(Duration::from_millis(800))).await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.r#type, "Later");
+    assert!(sent.elapsed() >= Duration::from_millis(790), "delivered after {:?}", sent.elapsed());
+    Ok(())
+}
+
+#[tokio::test]
+async fn acks_for_ids_the_stream_does_not_hold_are_ignored() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    s.ack(&["not-a-uuid", &uuid::Uuid::new_v4().to_string()]).await;
+    s.nack(&uuid::Uuid::new_v4().to_string(), "nothing").await;
+    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    s.ack(&[&d.message_id]).await;
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn subscribe_errors_unknown_consumer_and_missing_start() -> Result<()> {
+    let (_db, srv, _pool) = setup(&[]).await?;
+    let err = RawStream::open(&srv.endpoint, "nobody", 10).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("nobody"), "{}", err.message());
+    let err = RawStream::open(&srv.endpoint, "bad name!", 10).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("start.consumer"), "{}", err.message());
+
+    // A first request that is not `start`.
+    let mut client = srv.client().await?;
+    let first = pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: vec![] })) };
+    let err = client.subscribe(tokio_stream::iter(vec![first])).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("start"), "{}", err.message());
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing() -> Result<()> {
+    let (_db, srv, pool) = setup(&["--max-payload-bytes", "1024"]).await?;
+    let mut client = srv.client().await?;
+    let ok = || pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    let cases = [
+        (pb::EnqueueRequest { topic: "".into(), ..ok() }, "topic"),
+        (pb::EnqueueRequest { topic: "orders..created".into(), ..ok() }, "topic"),
+        (pb::EnqueueRequest { topic: "orders.*".into(), ..ok() }, "topic"),
+        (pb::EnqueueRequest { r#type: "".into(), ..ok() }, "type"),
+        (pb::EnqueueRequest { message_id: Some("12345".into()), ..ok() }, "message_id"),
+        (pb::EnqueueRequest { payload: vec![0; 1025], ..ok() }, "payload"),
+    ];
+    for (req, field) in cases {
+        let err = client.enqueue(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
+        assert!(err.message().starts_with(field), "{field}: {}", err.message());
+    }
+    // All or nothing: one bad message in a batch rejects the batch.
+    let err = client
+        .enqueue_batch(pb::EnqueueBatchRequest { messages: vec![ok(), pb::EnqueueRequest { topic: "a b".into(), ..ok() }] })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("messages[1].topic"), "{}", err.message());
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
+    assert_eq!(count, 0, "nothing written");
+
+    let batch = client.enqueue_batch(pb::EnqueueBatchRequest { messages: vec![ok(), ok()] }).await?.into_inner();
+    assert_eq!(batch.results.len(), 2);
+    assert!(batch.results[0].seq < batch.results[1].seq);
+
+    // Admin input too.
+    let mut admin = srv.admin().await?;
+    let err = admin
+        .create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("c", &["orders.>.x"])) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("consumer.topics[0]"), "{}", err.message());
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery() -> Result<()> {
+    let (db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?; // 30 s ack deadline
+    for i in 0..3u8 {
+        outbox_tests::sql_enqueue(&pool, "t", "T", &[i]).await?;
+    }
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let held = s.take(3, WAIT).await?;
+    s.ack(&[&held[0].message_id]).await;
+    eventually("first ack applied", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
+
+    let stopping = tokio::spawn(srv.terminate(Duration::from_secs(20)));
+    let status = s.end_status(Duration::from_secs(20)).await?.expect("the stream ends with a status");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(stopping.await??, "outboxd exits 0 after SIGTERM");
+
+    // Released at shutdown: redelivered at once, long before the 30 s deadline.
+    let srv = Outboxd::start(&db.url, FAST).await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let again = s.take(2, Duration::from_secs(5)).await?;
+    let ids: HashSet<_> = again.iter().map(|d| d.message_id.clone()).collect();
+    let expected: HashSet<_> = held[1..].iter().map(|d| d.message_id.clone()).collect();
+    assert_eq!(ids, expected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_and_reflection_are_served() -> Result<()> {
+    let (_db, srv, _pool) = setup(&[]).await?;
+    let channel = outbox_client::grpc::connect(&srv.endpoint).await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"] {
+        let r = health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await?.into_inner();
+        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service:?}");
+    }
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let req = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut resp = reflection.server_reflection_info(tokio_stream::iter(vec![req])).await?.into_inner();
+    let msg = resp.message().await?.unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { anyhow::bail!("unexpected reflection answer") };
+    let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains("outbox.v1.Outbox") && names.contains("outbox.v1.OutboxAdmin"), "{names:?}");
+    Ok(())
+}

@@ -1,0 +1,387 @@
+//! One test per row of DESIGN.md's failure matrix.
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use outbox_client::{ClientError, Inbox, Message, Subscriber, SubscriberConfig};
+use outbox_proto::v1 as pb;
+use outbox_tests::{DbProxy, FAST, Outboxd, RawStream, TestDb, consumer, create_consumer, dur, eventually};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::{WAIT, setup, stats};
+
+#[tokio::test]
+async fn producer_commit_fails_leaves_no_message() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
+    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)").execute(&pool).await?;
+
+    // A rolled-back transaction.
+    let mut tx = pool.begin().await?;
+    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "Rolled", b"x".to_vec())).await?;
+    tx.rollback().await?;
+
+    // A transaction whose COMMIT itself fails (deferred constraint).
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO orders VALUES (1), (1)").execute(&mut *tx).await?;
+    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "CommitFailed", b"x".to_vec())).await?;
+    assert!(tx.commit().await.is_err(), "the commit must fail");
+
+    // A committed marker: the only thing ever delivered.
+    let mut tx = pool.begin().await?;
+    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "Committed", b"x".to_vec())).await?;
+    tx.commit().await?;
+
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let got = s.take(1, WAIT).await?;
+    assert_eq!(got[0].r#type, "Committed");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
+    assert_eq!(count, 1, "only the committed message exists");
+    Ok(())
+}
+
+#[tokio::test]
+async fn crash_after_commit_before_relay_is_delivered_by_a_restarted_relay() -> Result<()> {
+    let (db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
+    srv.kill().await?;
+
+    let mut ids = HashSet::new();
+    for i in 0..10 {
+        let mut tx = pool.begin().await?;
+        let e = outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "OrderCreated", vec![i])).await?;
+        tx.commit().await?;
+        ids.insert(e.message_id.to_string());
+    }
+
+    let srv = Outboxd::start(&db.url, FAST).await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 100).await?;
+    let got = s.take(10, WAIT).await?;
+    let got_ids: HashSet<String> = got.iter().map(|d| d.message_id.clone()).collect();
+    assert_eq!(got_ids, ids);
+    s.ack(&got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>()).await;
+    eventually("all acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 10).then_some(())) }).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn outboxd_killed_mid_stream_redelivers_with_a_higher_count() -> Result<()> {
+    let (db, srv, pool) = setup(&[]).await?;
+    let mut c = consumer("c", &["orders.*"]);
+    c.ack_deadline = Some(dur(Duration::from_millis(500)));
+    create_consumer(&mut srv.admin().await?, c).await?;
+    for i in 0..3u8 {
+        outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", &[i]).await?;
+    }
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let first = s.take(3, WAIT).await?;
+    assert!(first.iter().all(|d| d.delivery_count == 1));
+    srv.kill().await?;
+
+    let srv = Outboxd::start(&db.url, FAST).await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let again = s.take(3, WAIT).await?;
+    let ids = |v: &[pb::Delivery]| v.iter().map(|d| d.message_id.clone()).collect::<HashSet<_>>();
+    assert_eq!(ids(&first), ids(&again));
+    assert!(again.iter().all(|d| d.delivery_count == 2), "counts: {:?}", again.iter().map(|d| d.delivery_count).collect::<Vec<_>>());
+    Ok(())
+}
+
+#[tokio::test]
+async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_effect() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("billing", &["orders.*"])).await?;
+    // The consumer keeps its own database, with the client's inbox table in it.
+    let own = TestDb::create().await?;
+    let own_pool = PgPool::connect(&own.url).await?;
+    Inbox::install(&own_pool).await?;
+    sqlx::query("CREATE TABLE effects (message_id uuid, n int)").execute(&own_pool).await?;
+
+    let id = outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", b"{}").await?;
+    let handle = |d: pb::Delivery| {
+        let own_pool = own_pool.clone();
+        async move {
+            let id: uuid::Uuid = d.message_id.parse()?;
+            let mut tx = own_pool.begin().await?;
+            if Inbox::claim(&mut *tx, "billing", id).await? {
+                sqlx::query("INSERT INTO effects VALUES ($1, 1)").bind(id).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            anyhow::Ok(())
+        }
+    };
+
+    let mut s = RawStream::open(&srv.endpoint, "billing", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.delivery_count, 1);
+    handle(d).await?;
+    drop(s); // the ack never reaches the server
+
+    let mut s = RawStream::open(&srv.endpoint, "billing", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, id.to_string());
+    assert_eq!(d.delivery_count, 2, "redelivered");
+    handle(d.clone()).await?;
+    s.ack(&[&d.message_id]).await;
+
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(&own_pool).await?;
+    assert_eq!(effects, 1, "one effect despite two deliveries");
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "billing").await?.acked == 1).then_some(())) }).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn ack_lost_after_a_transactional_ack_is_not_redelivered() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("ledger", &["orders.*"])).await?;
+    sqlx::query("CREATE TABLE ledger (message_id uuid PRIMARY KEY)").execute(&pool).await?;
+    let first = outbox_tests::sql_enqueue(&pool, "orders.created", "First", b"{}").await?;
+
+    let mut s = RawStream::open(&srv.endpoint, "ledger", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO ledger VALUES ($1)").bind(first).execute(&mut *tx).await?;
+    outbox_client::ack_in_tx(&mut *tx, "ledger", d.message_id.parse()?).await?;
+    tx.commit().await?;
+    drop(s); // effect and ack committed together; the stream's ack is lost
+
+    let marker = outbox_tests::sql_enqueue(&pool, "orders.created", "Marker", b"{}").await?;
+    let mut s = RawStream::open(&srv.endpoint, "ledger", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, marker.to_string(), "the acked message is not delivered again");
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
+    sqlx::query("CREATE TABLE effects (message_id uuid, by_stream int)").execute(&pool).await?;
+
+    // Two producers enqueue one id in parallel transactions.
+    let id = uuid::Uuid::now_v7();
+    let msg = Message::new("orders.created", "OrderCreated", b"{}".to_vec()).message_id(id);
+    let mut tx1 = pool.begin().await?;
+    let a = outbox_client::enqueue(&mut *tx1, &msg).await?;
+    let (pool2, msg2) = (pool.clone(), msg.clone());
+    let second = tokio::spawn(async move {
+        let mut tx2 = pool2.begin().await?;
+        let b = outbox_client::enqueue(&mut *tx2, &msg2).await?; // waits for tx1
+        tx2.commit().await?;
+        anyhow::Ok(b)
+    });
+    tx1.commit().await?;
+    let b = second.await??;
+    assert!(!a.duplicate && b.duplicate, "exactly the second is a duplicate");
+    // And over gRPC.
+    let mut client = srv.client().await?;
+    let r = outbox_client::grpc::enqueue_rpc(&mut client, &msg).await?;
+    assert!(r.duplicate);
+    assert_eq!(r.message_id, id);
+
+    // The same delivery is in two consumers' hands at once: the first one's stream broke while
+    // its handler was still working, and the message was redelivered to a second stream. Both
+    // run the effect with a transactional ack: exactly one commits.
+    let mut s1 = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d1 = s1.take(1, WAIT).await?.remove(0);
+    drop(s1);
+    let mut s2 = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d2 = s2.take(1, WAIT).await?.remove(0);
+    assert_eq!(d1.message_id, d2.message_id);
+    assert_eq!(d2.delivery_count, 2);
+    let effect = |n: i32| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("INSERT INTO effects VALUES ($1, $2)").bind(id).bind(n).execute(&mut *tx).await?;
+            match outbox_client::ack_in_tx(&mut *tx, "c", id).await {
+                Ok(()) => {
+                    tx.commit().await?;
+                    anyhow::Ok(true)
+                }
+                Err(ClientError::AlreadyAcked { .. }) => Ok(false), // dropped: rolled back
+                Err(e) => Err(e.into()),
+            }
+        }
+    };
+    let (r1, r2) = tokio::join!(effect(1), effect(2));
+    assert!(r1? ^ r2?, "exactly one transactional ack wins");
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(&pool).await?;
+    assert_eq!(effects, 1);
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
+    assert_eq!(messages, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn poison_message_is_dead_after_max_deliveries_visible_and_replayable() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    let mut admin = srv.admin().await?;
+    let mut c = consumer("c", &["orders.*"]);
+    c.max_deliveries = 3;
+    create_consumer(&mut admin, c).await?;
+    let id = outbox_tests::sql_enqueue(&pool, "orders.created", "Poison", b"{}").await?;
+
+    let failing = Arc::new(AtomicBool::new(true));
+    let seen = Arc::new(AtomicU32::new(0));
+    let last_count = Arc::new(AtomicU32::new(0));
+    let stop = CancellationToken::new();
+    let (f, n, lc) = (failing.clone(), seen.clone(), last_count.clone());
+    let sub = tokio::spawn(Subscriber::new(SubscriberConfig::new(srv.endpoint.clone(), "c")).run(
+        move |d| {
+            let (f, n, lc) = (f.clone(), n.clone(), lc.clone());
+            async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                lc.store(d.delivery_count, Ordering::SeqCst);
+                if f.load(Ordering::SeqCst) { Err("boom: cannot parse".into()) } else { Ok(()) }
+            }
+        },
+        stop.clone(),
+    ));
+
+    eventually("dead letter", WAIT, || async { Ok((stats(&srv, "c").await?.dead == 1).then_some(())) }).await?;
+    assert_eq!(seen.load(Ordering::SeqCst), 3, "delivered exactly max_deliveries times");
+    let dl = admin
+        .list_dead_letters(pb::ListDeadLettersRequest { consumer: "c".into(), page_size: 10, page_token: String::new() })
+        .await?
+        .into_inner();
+    assert_eq!(dl.dead_letters.len(), 1);
+    let d = &dl.dead_letters[0];
+    assert_eq!(d.message.as_ref().unwrap().message_id, id.to_string());
+    assert_eq!(d.delivery_count, 3);
+    assert_eq!(d.last_error, "boom: cannot parse");
+    assert!(d.dead_at.is_some());
+
+    failing.store(false, Ordering::SeqCst);
+    let r = admin
+        .replay(pb::ReplayRequest { consumer: "c".into(), dead_letters: true, ..Default::default() })
+        .await?
+        .into_inner();
+    assert_eq!(r.replayed, 1);
+    eventually("replayed and acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
+    assert_eq!(last_count.load(Ordering::SeqCst), 1, "replay restarts the delivery count");
+    assert_eq!(stats(&srv, "c").await?.dead, 0);
+    stop.cancel();
+    sub.await??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
+    let (db, a, pool) = setup(&[]).await?;
+    let b = Outboxd::start(&db.url, FAST).await?;
+    let mut admin = a.admin().await?;
+    for name in ["c1", "c2"] {
+        create_consumer(&mut admin, consumer(name, &["orders.*"])).await?;
+    }
+    const N: usize = 400;
+    for chunk in 0..(N / 100) {
+        let mut tx = pool.begin().await?;
+        for i in 0..100 {
+            let payload = format!("{}", chunk * 100 + i);
+            outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "OrderCreated", payload.into_bytes())).await?;
+        }
+        tx.commit().await?;
+    }
+    // Both replicas relay and serve: a stream per consumer on each.
+    let mut handles = Vec::new();
+    for name in ["c1", "c2"] {
+        for srv in [&a, &b] {
+            let endpoint = srv.endpoint.clone();
+            handles.push(tokio::spawn(async move {
+                let mut s = RawStream::open(&endpoint, name, 50).await?;
+                let mut got = Vec::new();
+                while let Some(d) = s.next(Duration::from_secs(2)).await? {
+                    s.ack(&[&d.message_id]).await;
+                    got.push(d.message_id);
+                }
+                anyhow::Ok((name, got))
+            }));
+        }
+    }
+    let mut per_consumer: std::collections::HashMap<&str, Vec<String>> = Default::default();
+    for h in handles {
+        let (name, got) = h.await??;
+        per_consumer.entry(name).or_default().extend(got);
+    }
+    for name in ["c1", "c2"] {
+        let got = &per_consumer[name];
+        let unique: HashSet<&String> = got.iter().collect();
+        assert_eq!(unique.len(), N, "{name}: every message delivered");
+        assert_eq!(got.len(), N, "{name}: none delivered twice");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(&pool).await?;
+    assert_eq!(rows, 2 * N as i64, "one inbox row per (message, consumer)");
+    Ok(())
+}
+
+#[tokio::test]
+async fn database_down_loses_nothing_and_the_backlog_drains_when_it_returns() -> Result<()> {
+    let db = TestDb::create().await?;
+    let proxy = DbProxy::start("127.0.0.1:5432".parse()?).await?;
+    let srv = Outboxd::start(&proxy.url_for(&db.url), FAST).await?;
+    let pool = PgPool::connect(&db.url).await?; // producers reach the database directly
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("c", &["orders.*"])).await?;
+
+    let mut s = RawStream::open(&srv.endpoint, "c", 100).await?;
+    for i in 0..5u8 {
+        outbox_tests::sql_enqueue(&pool, "orders.created", "Before", &[i]).await?;
+    }
+    for d in s.take(5, WAIT).await? {
+        s.ack(&[&d.message_id]).await;
+    }
+    eventually("first acks", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 5).then_some(())) }).await?;
+
+    proxy.set_up(false);
+    for i in 0..20u8 {
+        outbox_tests::sql_enqueue(&pool, "orders.created", "During", &[i]).await?;
+    }
+    eventually("outboxd to notice the outage", WAIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let r = admin.get_stats(pb::GetStatsRequest::default()).await;
+            Ok(r.is_err().then_some(()))
+        }
+    })
+    .await?;
+
+    proxy.set_up(true);
+    let mut got = HashSet::new();
+    while got.len() < 20 {
+        let Some(d) = s.next(WAIT).await? else { anyhow::bail!("only {} of 20 delivered after recovery", got.len()) };
+        s.ack(&[&d.message_id]).await;
+        if d.r#type == "During" {
+            got.insert(d.message_id);
+        }
+    }
+    eventually("all acked", WAIT, || async {
+        let st = stats(&srv, "c").await?;
+        Ok((st.acked == 25 && st.backlog == 0).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn slow_consumer_shows_as_backlog_and_oldest_unacked_age() -> Result<()> {
+    let (_db, srv, pool) = setup(&[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("slow", &["orders.*"])).await?;
+    for i in 0..20u8 {
+        outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", &[i]).await?;
+    }
+    let mut s = RawStream::open(&srv.endpoint, "slow", 5).await?;
+    s.take(5, WAIT).await?;
+    let st = eventually("stats to show the slow consumer", WAIT, || async {
+        let st = stats(&srv, "slow").await?;
+        Ok((st.in_flight == 5 && st.backlog == 15).then_some(st))
+    })
+    .await?;
+    let age = st.oldest_unacked_age.unwrap();
+    assert!(age.seconds > 0 || age.nanos > 0, "oldest unacked age is reported");
+    assert_eq!(st.streams, 1);
+    Ok(())
+}

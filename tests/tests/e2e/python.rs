@@ -1,0 +1,56 @@
+//! A client in another language: Python with grpcio, code generated from `proto/` at test
+//! time. It enqueues through the SQL function in its own transaction, subscribes, nacks, acks.
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use outbox_tests::{consumer, create_consumer};
+
+use crate::setup;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A virtualenv with grpcio, grpcio-tools and psycopg, made once under `target/`.
+fn python() -> Result<PathBuf> {
+    let venv = repo().join("target").join("py-venv");
+    let py = venv.join("bin").join("python");
+    let ready = venv.join(".ready");
+    if !ready.exists() {
+        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().context("python3 is required for this test")?;
+        if !ok.success() {
+            bail!("python3 -m venv failed");
+        }
+        let ok = Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(repo().join("tests/python/requirements.txt"))
+            .status()?;
+        if !ok.success() {
+            bail!("pip install of tests/python/requirements.txt failed");
+        }
+        std::fs::write(&ready, b"")?;
+    }
+    Ok(py)
+}
+
+#[tokio::test]
+async fn a_python_client_generated_from_proto_enqueues_in_sql_subscribes_nacks_and_acks() -> Result<()> {
+    let py = tokio::task::spawn_blocking(python).await??;
+    let (db, srv, _pool) = setup(&[]).await?;
+    let mut c = consumer("py", &["orders.*"]);
+    c.max_deliveries = 5;
+    create_consumer(&mut srv.admin().await?, c).await?;
+    let out = tokio::process::Command::new(py)
+        .arg(repo().join("tests/python/client_test.py"))
+        .env("OUTBOXD_ADDR", srv.addr.to_string())
+        .env("DATABASE_URL", &db.url)
+        .env("PROTO_DIR", repo().join("proto"))
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the Python client failed");
+    assert!(stdout.contains("PYTHON CLIENT OK"), "the script did not finish");
+    Ok(())
+}
