@@ -40,7 +40,10 @@ pub async fn outbox(endpoint: &str) -> Result<OutboxClient, ClientError> {
 pub async fn enqueue_rpc(client: &mut OutboxClient, msg: &Message) -> Result<Enqueued, ClientError> {
     let resp = client.enqueue(to_request(msg)).await?.into_inner();
     Ok(Enqueued {
-        message_id: resp.message_id.parse().map_err(|_| ClientError::Endpoint("server returned a malformed message_id".into()))?,
+        message_id: resp
+            .message_id
+            .parse()
+            .map_err(|_| ClientError::Endpoint("server returned a malformed message_id".into()))?,
         seq: resp.seq,
         duplicate: resp.duplicate,
     })

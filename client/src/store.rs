@@ -45,11 +45,8 @@ pub async fn ack_in_tx<'e, E>(exec: E, consumer: &str, message_id: Uuid) -> Resu
 where
     E: Executor<'e, Database = Postgres>,
 {
-    let acked: bool = sqlx::query_scalar("SELECT outbox.ack($1, $2)")
-        .bind(consumer)
-        .bind(message_id)
-        .fetch_one(exec)
-        .await?;
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack($1, $2)").bind(consumer).bind(message_id).fetch_one(exec).await?;
     if acked { Ok(()) } else { Err(ClientError::AlreadyAcked { consumer: consumer.to_owned(), message_id }) }
 }
 
@@ -85,11 +82,12 @@ impl Inbox {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        let done = sqlx::query("INSERT INTO outbox_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-            .bind(consumer)
-            .bind(message_id)
-            .execute(exec)
-            .await?;
+        let done =
+            sqlx::query("INSERT INTO outbox_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(consumer)
+                .bind(message_id)
+                .execute(exec)
+                .await?;
         Ok(done.rows_affected() == 1)
     }
 }

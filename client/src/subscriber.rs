@@ -122,7 +122,11 @@ fn permanent(e: &ClientError) -> bool {
     match e {
         ClientError::Status(s) => matches!(
             s.code(),
-            Code::NotFound | Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
+            Code::NotFound
+                | Code::InvalidArgument
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
         ),
         ClientError::Endpoint(_) => true,
         _ => false,
@@ -148,9 +152,13 @@ impl Subscriber {
             }
             match self.session(&handler, &shutdown, &mut backoff).await {
                 Ok(End::Shutdown) => return Ok(()),
-                Ok(End::ServerClosed) => tracing::info!(consumer = %self.config.consumer, "stream ended by the server; reconnecting"),
+                Ok(End::ServerClosed) => {
+                    tracing::info!(consumer = %self.config.consumer, "stream ended by the server; reconnecting")
+                }
                 Err(e) if permanent(&e) => return Err(e),
-                Err(e) => tracing::warn!(consumer = %self.config.consumer, error = %e, retry_in = ?backoff, "subscription lost; reconnecting"),
+                Err(e) => {
+                    tracing::warn!(consumer = %self.config.consumer, error = %e, retry_in = ?backoff, "subscription lost; reconnecting")
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
@@ -176,7 +184,9 @@ impl Subscriber {
         let start = pb::Start {
             consumer: c.consumer.clone(),
             max_in_flight: c.max_in_flight,
-            ack_deadline: c.ack_deadline.map(|d| prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }),
+            ack_deadline: c
+                .ack_deadline
+                .map(|d| prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }),
         };
         let _ = req_tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await;
         let mut inbound = client.subscribe(ReceiverStream::new(req_rx)).await?.into_inner();
@@ -231,7 +241,9 @@ impl Subscriber {
         // the server applies everything sent before the close, then releases what is left.
         while tasks.join_next().await.is_some() {}
         drop(req_tx);
-        let _ = tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = inbound.message().await {} }).await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = inbound.message().await {} })
+                .await;
         end
     }
 }

@@ -10,5 +10,4 @@ pub mod v1 {
 }
 
 /// The encoded `FileDescriptorSet` of `outbox.v1`, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/outbox_v1_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/outbox_v1_descriptor.bin"));

@@ -16,6 +16,7 @@ CREATE TABLE outbox.consumers (
 -- The delivery state machine (mirrored by `DeliveryState` in the server):
 --   pending -> leased   a delivery session leases it and sends it to a stream
 --   leased  -> acked    the consumer acks (over the stream, or in its own transaction)
+--   pending -> acked    a transactional ack (or a late stream ack) after the lease was released
 --   leased  -> pending  nack, expired ack deadline, or closed stream, while retries remain
 --   leased  -> dead     the same, once delivery_count has reached max_deliveries
 --   acked | dead -> pending   only an admin replay

@@ -59,9 +59,8 @@ impl App {
         if config.migrate {
             store.migrate().await?;
         }
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| AppError::Bind { addr: config.listen, source })?;
+        let listener =
+            TcpListener::bind(config.listen).await.map_err(|source| AppError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
 
         let shutdown = CancellationToken::new();
@@ -79,7 +78,11 @@ impl App {
             store.clone(),
             clock.clone(),
             hub.clone(),
-            RelayConfig { batch_size: config.relay_batch, poll_min: config.relay_poll_min, poll_max: config.relay_poll_max },
+            RelayConfig {
+                batch_size: config.relay_batch,
+                poll_min: config.relay_poll_min,
+                poll_max: config.relay_poll_max,
+            },
         );
         let sweeper = LeaseSweeper::new(store.clone(), clock.clone(), hub.clone(), config.sweep_interval);
         let pruner = Pruner::new(store.clone(), clock.clone(), config.retention, config.prune_interval);
@@ -95,7 +98,8 @@ impl App {
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
-        let outbox = OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
+        let outbox =
+            OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone() });
 
         let stop_accepting = shutdown.clone();

@@ -44,8 +44,5 @@ pub type SharedClock = Arc<dyn Clock>;
 
 /// `chrono` arithmetic with a std duration, saturating instead of panicking.
 pub fn add(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(d)
-        .ok()
-        .and_then(|d| t.checked_add_signed(d))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    chrono::Duration::from_std(d).ok().and_then(|d| t.checked_add_signed(d)).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }

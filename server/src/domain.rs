@@ -29,9 +29,7 @@ impl MessageId {
     }
 
     pub fn parse(field: &str, s: &str) -> Result<Self, InvalidField> {
-        Uuid::parse_str(s.trim())
-            .map(Self)
-            .map_err(|_| InvalidField::new(field, format!("{s:?} is not a UUID")))
+        Uuid::parse_str(s.trim()).map(Self).map_err(|_| InvalidField::new(field, format!("{s:?} is not a UUID")))
     }
 }
 
@@ -115,7 +113,10 @@ impl TopicPattern {
             return Err(InvalidField::new(field, "topic pattern must not be empty"));
         }
         if s.len() > Topic::MAX_LEN {
-            return Err(InvalidField::new(field, format!("topic pattern is longer than {} characters", Topic::MAX_LEN)));
+            return Err(InvalidField::new(
+                field,
+                format!("topic pattern is longer than {} characters", Topic::MAX_LEN),
+            ));
         }
         let segments: Vec<&str> = s.split('.').collect();
         for (i, seg) in segments.iter().enumerate() {
@@ -127,9 +128,7 @@ impl TopicPattern {
             if !ok {
                 return Err(InvalidField::new(
                     field,
-                    format!(
-                        "topic pattern {s:?}: segment {seg:?} must be [A-Za-z0-9_-]+, `*`, or a final `>`"
-                    ),
+                    format!("topic pattern {s:?}: segment {seg:?} must be [A-Za-z0-9_-]+, `*`, or a final `>`"),
                 ));
             }
         }
@@ -229,8 +228,9 @@ pub struct Consumer {
 /// The delivery (inbox row) state machine; the schema's CHECK lists the same four states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryState {
-    /// Due at `available_at`. Moved out by a delivery session's lease (→ leased) or by
-    /// deleting the consumer.
+    /// Due at `available_at`. Moved out by a delivery session's lease (→ leased), by a
+    /// transactional ack or a late ack of a released lease (→ acked), or by deleting the
+    /// consumer.
     Pending,
     /// Sent to a stream. Moved out by an ack (→ acked), a nack, an expired deadline (the lease
     /// sweeper) or the stream closing (→ pending, or → dead once `max_deliveries` is reached).

@@ -32,5 +32,5 @@ pub mod session;
 pub mod store;
 pub mod sweeper;
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;

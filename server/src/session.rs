@@ -183,7 +183,8 @@ impl Session {
                         }
                         Ok(None) => return End::Closed,
                         Err(e) => {
-                            error_backoff = (error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+                            error_backoff =
+                                (error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
                             tracing::warn!(consumer = %self.consumer(), error = %e, retry_in = ?error_backoff, "lease failed");
                             sleep_for = error_backoff;
                         }
@@ -235,18 +236,13 @@ impl Session {
     /// Leases up to `room` deliveries and sends them; `None` when the client is gone.
     async fn fill(&mut self, room: usize, now: DateTime<Utc>, out: &Outbound) -> Result<Option<usize>, StoreError> {
         let until = clock::add(now, self.start.ack_deadline);
-        let leased = self
-            .ctx
-            .store
-            .delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now)
-            .await?;
+        let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await?;
         let n = leased.len();
         for d in leased {
-            self.held.insert(
-                d.message.message_id,
-                Held { delivery_count: d.delivery_count, deadline: d.lease_expires_at },
-            );
-            let msg = pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
+            self.held
+                .insert(d.message.message_id, Held { delivery_count: d.delivery_count, deadline: d.lease_expires_at });
+            let msg =
+                pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
             if out.send(Ok(msg)).await.is_err() {
                 return Ok(None);
             }
@@ -286,7 +282,11 @@ impl Session {
                 };
                 let spec = &self.start.consumer.spec;
                 let dead = held.delivery_count >= spec.max_deliveries;
-                let wait = nack.retry_after.as_ref().and_then(std_duration).unwrap_or_else(|| spec.backoff.delay(held.delivery_count));
+                let wait = nack
+                    .retry_after
+                    .as_ref()
+                    .and_then(std_duration)
+                    .unwrap_or_else(|| spec.backoff.delay(held.delivery_count));
                 let due = clock::add(now, wait);
                 let error = if nack.error.is_empty() { "nacked".to_owned() } else { nack.error };
                 let release = Release {
@@ -304,7 +304,9 @@ impl Session {
                     Ok(_) => {
                         self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
                     }
-                    Err(e) => tracing::warn!(consumer = %spec.name, error = %e, "nack failed; the lease will expire instead"),
+                    Err(e) => {
+                        tracing::warn!(consumer = %spec.name, error = %e, "nack failed; the lease will expire instead")
+                    }
                 }
                 Ok(())
             }
@@ -316,7 +318,8 @@ impl Session {
                     return Err(Status::invalid_argument("extend.deadline: at most 12 hours"));
                 }
                 let until = clock::add(now, deadline);
-                let ids: Vec<MessageId> = parse_ids(&ext.message_ids).into_iter().filter(|id| self.held.contains_key(id)).collect();
+                let ids: Vec<MessageId> =
+                    parse_ids(&ext.message_ids).into_iter().filter(|id| self.held.contains_key(id)).collect();
                 if ids.is_empty() {
                     return Ok(());
                 }

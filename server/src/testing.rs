@@ -6,7 +6,8 @@ use sqlx::postgres::PgConnectOptions;
 
 /// The server every test database is created on. `OUTBOX_TEST_DATABASE_URL` overrides it.
 pub fn base_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
 /// `url` with its database (path) replaced by `name`.

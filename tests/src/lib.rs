@@ -34,7 +34,8 @@ pub fn outboxd_path() -> PathBuf {
 }
 
 /// Fast loops for tests: short polls so that waiting on conditions stays quick.
-pub const FAST: &[&str] = &["--sweep-interval", "50ms", "--stream-poll", "100ms", "--relay-poll-max", "50ms", "--drain-timeout", "2s"];
+pub const FAST: &[&str] =
+    &["--sweep-interval", "50ms", "--stream-poll", "100ms", "--relay-poll-max", "50ms", "--drain-timeout", "2s"];
 
 /// A running `outboxd` process. Killed (SIGKILL) when dropped.
 #[derive(Debug)]
@@ -95,7 +96,8 @@ impl Outboxd {
         if !status.success() {
             bail!("kill -TERM failed");
         }
-        let exit = tokio::time::timeout(within, self.child.wait()).await.context("outboxd did not exit after SIGTERM")??;
+        let exit =
+            tokio::time::timeout(within, self.child.wait()).await.context("outboxd did not exit after SIGTERM")??;
         Ok(exit.success())
     }
 
@@ -126,12 +128,12 @@ pub fn dur(d: Duration) -> prost_types::Duration {
 }
 
 pub async fn create_consumer(admin: &mut AdminClient, c: pb::Consumer) -> Result<pb::Consumer> {
-    Ok(admin
+    admin
         .create_consumer(pb::CreateConsumerRequest { consumer: Some(c) })
         .await?
         .into_inner()
         .consumer
-        .context("no consumer in response")?)
+        .context("no consumer in response")
 }
 
 /// Polls `check` until it returns `Some`, at most `within`; fails naming `what` otherwise.
@@ -165,7 +167,8 @@ impl RawStream {
     }
 
     pub async fn open_with(endpoint: &str, start: pb::Start) -> Result<Self, tonic::Status> {
-        let mut client = outbox_client::grpc::outbox(endpoint).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client =
+            outbox_client::grpc::outbox(endpoint).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let (tx, rx) = mpsc::channel(256);
         tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await.unwrap();
         let inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
@@ -176,7 +179,9 @@ impl RawStream {
     pub async fn next(&mut self, within: Duration) -> Result<Option<pb::Delivery>, tonic::Status> {
         match tokio::time::timeout(within, self.inbound.message()).await {
             Err(_) => Ok(None),
-            Ok(Ok(Some(pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(d)) }))) => Ok(Some(d)),
+            Ok(Ok(Some(pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(d)) }))) => {
+                Ok(Some(d))
+            }
             Ok(Ok(_)) => Err(tonic::Status::cancelled("stream ended")),
             Ok(Err(s)) => Err(s),
         }
@@ -212,11 +217,19 @@ impl RawStream {
     }
 
     pub async fn ack(&self, ids: &[&str]) {
-        self.send(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: ids.iter().map(|s| s.to_string()).collect() })).await;
+        self.send(pb::subscribe_request::Request::Ack(pb::Ack {
+            message_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }))
+        .await;
     }
 
     pub async fn nack(&self, id: &str, error: &str) {
-        self.send(pb::subscribe_request::Request::Nack(pb::Nack { message_id: id.into(), error: error.into(), retry_after: None })).await;
+        self.send(pb::subscribe_request::Request::Nack(pb::Nack {
+            message_id: id.into(),
+            error: error.into(),
+            retry_after: None,
+        }))
+        .await;
     }
 
     /// Half-closes the request stream, as a client that goes away cleanly does.
@@ -227,7 +240,22 @@ impl RawStream {
 
 /// Enqueues through the SQL function, as a producer in any language would.
 pub async fn sql_enqueue(pool: &sqlx::PgPool, topic: &str, type_: &str, payload: &[u8]) -> Result<uuid::Uuid> {
-    Ok(sqlx::query_scalar("SELECT outbox.enqueue($1, $2, $3)").bind(topic).bind(type_).bind(payload).fetch_one(pool).await?)
+    Ok(sqlx::query_scalar("SELECT outbox.enqueue($1, $2, $3)")
+        .bind(topic)
+        .bind(type_)
+        .bind(payload)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// The address of the PostgreSQL server the tests use (from `OUTBOX_TEST_DATABASE_URL`).
+pub async fn db_addr() -> Result<SocketAddr> {
+    let url = outbox_server::testing::base_url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host_port = if host_port.contains(':') { host_port.to_owned() } else { format!("{host_port}:5432") };
+    tokio::net::lookup_host(&host_port).await?.next().with_context(|| format!("cannot resolve {host_port}"))
 }
 
 /// A TCP proxy in front of PostgreSQL that a test can take down and bring back: the database

@@ -37,7 +37,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
     }
 
-    async fn get_consumer(&self, request: Request<pb::GetConsumerRequest>) -> Result<Response<pb::GetConsumerResponse>, Status> {
+    async fn get_consumer(
+        &self,
+        request: Request<pb::GetConsumerRequest>,
+    ) -> Result<Response<pb::GetConsumerResponse>, Status> {
         let n = name("consumer", &request.into_inner().consumer)?;
         let c = self.ctx.store.consumer_get(&n).await.map_err(store_status)?;
         Ok(Response::new(pb::GetConsumerResponse { consumer: Some(pb_consumer(&c)) }))
@@ -148,7 +151,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         }))
     }
 
-    async fn get_message(&self, request: Request<pb::GetMessageRequest>) -> Result<Response<pb::GetMessageResponse>, Status> {
+    async fn get_message(
+        &self,
+        request: Request<pb::GetMessageRequest>,
+    ) -> Result<Response<pb::GetMessageResponse>, Status> {
         let id = MessageId::parse("message_id", &request.into_inner().message_id).map_err(invalid)?;
         let (message, deliveries) = self.ctx.store.message_get(id).await.map_err(store_status)?;
         Ok(Response::new(pb::GetMessageResponse {
@@ -206,6 +212,9 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             None => None,
         };
         let pruned = self.pruner.run_once_with(older_than).await.map_err(store_status)?;
-        Ok(Response::new(pb::PruneResponse { messages_deleted: pruned.messages, deliveries_deleted: pruned.deliveries }))
+        Ok(Response::new(pb::PruneResponse {
+            messages_deleted: pruned.messages,
+            deliveries_deleted: pruned.deliveries,
+        }))
     }
 }

@@ -7,8 +7,7 @@ use chrono::{DateTime, Utc};
 use outbox_proto::v1 as pb;
 
 use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, StartFrom, Topic,
-    TopicPattern,
+    Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, StartFrom, Topic, TopicPattern,
 };
 use crate::store::{DeliveryRow, NewMessage, StoredMessage};
 

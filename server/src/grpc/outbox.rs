@@ -30,7 +30,11 @@ impl pb::outbox_server::Outbox for OutboxService {
         if !out.duplicate {
             self.ctx.hub.enqueued().notify();
         }
-        Ok(Response::new(pb::EnqueueResponse { message_id: out.message_id.to_string(), seq: out.seq, duplicate: out.duplicate }))
+        Ok(Response::new(pb::EnqueueResponse {
+            message_id: out.message_id.to_string(),
+            seq: out.seq,
+            duplicate: out.duplicate,
+        }))
     }
 
     async fn enqueue_batch(
@@ -59,7 +63,11 @@ impl pb::outbox_server::Outbox for OutboxService {
         Ok(Response::new(pb::EnqueueBatchResponse {
             results: out
                 .into_iter()
-                .map(|e| pb::EnqueueResponse { message_id: e.message_id.to_string(), seq: e.seq, duplicate: e.duplicate })
+                .map(|e| pb::EnqueueResponse {
+                    message_id: e.message_id.to_string(),
+                    seq: e.seq,
+                    duplicate: e.duplicate,
+                })
                 .collect(),
         }))
     }

@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
 
 pub mod postgres;
+#[cfg(test)]
+mod tests;
 
 pub use postgres::PgStore;
 
@@ -179,7 +181,10 @@ pub enum ReplaySelector {
     MessageIds(Vec<MessageId>),
     DeadLetters,
     /// `after` inclusive, `before` exclusive, on `enqueued_at`.
-    EnqueuedBetween { after: DateTime<Utc>, before: DateTime<Utc> },
+    EnqueuedBetween {
+        after: DateTime<Utc>,
+        before: DateTime<Utc>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

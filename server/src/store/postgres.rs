@@ -11,14 +11,10 @@ use sqlx::{Executor, PgConnection, Postgres, Row};
 use uuid::Uuid;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage,
-    Pruned, RelayOutcome, Release, ReleaseGuard, ReplaySelector, Result, Stats, StoreError,
-    StoredMessage,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
+    Release, ReleaseGuard, ReplaySelector, Result, Stats, StoreError, StoredMessage,
 };
-use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom,
-    TopicPattern,
-};
+use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
@@ -90,8 +86,8 @@ fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
         .map(|t| TopicPattern::parse("topics", t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
-    let name = ConsumerName::parse("name", &name)
-        .map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
+    let name =
+        ConsumerName::parse("name", &name).map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
     Ok(Consumer {
         spec: ConsumerSpec {
             name,
@@ -152,13 +148,30 @@ where
     })
 }
 
+/// A delivery row to create (pending, due at the message's `available_at`).
+struct NewDelivery {
+    message_id: Uuid,
+    consumer: String,
+    seq: i64,
+    ordering_key: Option<String>,
+    available_at: DateTime<Utc>,
+}
+
+impl NewDelivery {
+    fn from_message_row(row: &PgRow, consumer: &str) -> Result<Self> {
+        Ok(Self {
+            message_id: row.try_get("message_id")?,
+            consumer: consumer.to_owned(),
+            seq: row.try_get("seq")?,
+            ordering_key: row.try_get("ordering_key")?,
+            available_at: row.try_get("available_at")?,
+        })
+    }
+}
+
 /// Inserts delivery rows (the fan-out); existing `(message_id, consumer)` rows are left alone,
 /// which is what makes a second relay pass harmless.
-async fn delivery_insert_many(
-    conn: &mut PgConnection,
-    rows: &[(Uuid, String, i64, Option<String>, DateTime<Utc>)],
-    now: DateTime<Utc>,
-) -> Result<u64> {
+async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -167,12 +180,12 @@ async fn delivery_insert_many(
     let mut seqs = Vec::with_capacity(rows.len());
     let mut keys = Vec::with_capacity(rows.len());
     let mut available = Vec::with_capacity(rows.len());
-    for (id, consumer, seq, key, at) in rows {
-        ids.push(*id);
-        consumers.push(consumer.clone());
-        seqs.push(*seq);
-        keys.push(key.clone());
-        available.push(*at);
+    for r in rows {
+        ids.push(r.message_id);
+        consumers.push(r.consumer.as_str());
+        seqs.push(r.seq);
+        keys.push(r.ordering_key.as_deref());
+        available.push(r.available_at);
     }
     let done = sqlx::query(
         "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
@@ -245,9 +258,7 @@ impl PgStore {
     /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
     pub async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await?;
-        sqlx::query("ANALYZE outbox.messages, outbox.deliveries, outbox.consumers")
-            .execute(&self.pool)
-            .await?;
+        sqlx::query("ANALYZE outbox.messages, outbox.deliveries, outbox.consumers").execute(&self.pool).await?;
         Ok(())
     }
 
@@ -271,10 +282,7 @@ impl PgStore {
     /// in one transaction.
     pub async fn relay_batch(&self, limit: i64, now: DateTime<Utc>) -> Result<RelayOutcome> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-            .bind(CONSUMERS_LOCK)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         let claimed = sqlx::query(
             "UPDATE outbox.messages SET relayed_at = $2
               WHERE seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
@@ -295,18 +303,12 @@ impl PgStore {
             let seq: i64 = row.try_get("seq")?;
             let topic: &str = row.try_get("topic")?;
             for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
-                rows.push((
-                    row.try_get("message_id")?,
-                    c.spec.name.as_str().to_owned(),
-                    seq,
-                    row.try_get("ordering_key")?,
-                    row.try_get("available_at")?,
-                ));
+                rows.push(NewDelivery::from_message_row(row, c.spec.name.as_str())?);
             }
         }
         let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
         tx.commit().await?;
-        let mut woken: Vec<String> = rows.into_iter().map(|r| r.1).collect();
+        let mut woken: Vec<String> = rows.into_iter().map(|r| r.consumer).collect();
         woken.sort_unstable();
         woken.dedup();
         Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
@@ -372,13 +374,7 @@ impl PgStore {
                 let mut rows = Vec::new();
                 for row in &batch {
                     if spec.matches(row.try_get("topic")?) {
-                        rows.push((
-                            row.try_get("message_id")?,
-                            spec.name.as_str().to_owned(),
-                            row.try_get("seq")?,
-                            row.try_get("ordering_key")?,
-                            row.try_get("available_at")?,
-                        ));
+                        rows.push(NewDelivery::from_message_row(row, spec.name.as_str())?);
                     }
                 }
                 delivery_insert_many(&mut tx, &rows, now).await?;
@@ -409,10 +405,8 @@ impl PgStore {
     pub async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
-        let done = sqlx::query("DELETE FROM outbox.consumers WHERE name = $1")
-            .bind(name.as_str())
-            .execute(&mut *tx)
-            .await?;
+        let done =
+            sqlx::query("DELETE FROM outbox.consumers WHERE name = $1").bind(name.as_str()).execute(&mut *tx).await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::ConsumerNotFound(name.to_string()));
         }
@@ -484,7 +478,12 @@ impl PgStore {
     }
 
     /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
-    pub async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+    pub async fn delivery_ack_many(
+        &self,
+        consumer: &ConsumerName,
+        ids: &[MessageId],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let done = sqlx::query(
             "UPDATE outbox.deliveries
@@ -502,7 +501,12 @@ impl PgStore {
     /// Moves leased deliveries back to pending (with their next due time) or to dead, in one
     /// statement. Only leases that `guard` allows are touched, so a release never undoes an
     /// ack or another session's lease.
-    pub async fn delivery_release_many(&self, releases: &[Release], guard: ReleaseGuard<'_>, now: DateTime<Utc>) -> Result<u64> {
+    pub async fn delivery_release_many(
+        &self,
+        releases: &[Release],
+        guard: ReleaseGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
         if releases.is_empty() {
             return Ok(0);
         }
@@ -654,7 +658,12 @@ impl PgStore {
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    pub async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+    pub async fn dead_letter_list(
+        &self,
+        consumer: &ConsumerName,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at

@@ -30,7 +30,8 @@ async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted() 
     let paused = admin.pause_consumer(pb::PauseConsumerRequest { consumer: "c".into() }).await?.into_inner();
     assert!(paused.consumer.unwrap().paused);
     outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
-    eventually("relayed while paused", WAIT, || async { Ok((stats(&srv, "c").await?.backlog == 1).then_some(())) }).await?;
+    eventually("relayed while paused", WAIT, || async { Ok((stats(&srv, "c").await?.backlog == 1).then_some(())) })
+        .await?;
     assert!(s.next(QUIET).await?.is_none(), "nothing delivered while paused");
     admin.resume_consumer(pb::ResumeConsumerRequest { consumer: "c".into() }).await?;
     s.take(1, WAIT).await?;
@@ -81,7 +82,9 @@ async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one() -
     eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 2).then_some(())) }).await?;
     assert!(s.next(QUIET).await?.is_none(), "acked messages are not redelivered");
 
-    let r = admin.replay(pb::ReplayRequest { consumer: "c".into(), message_ids: vec![a.to_string()], ..Default::default() }).await?;
+    let r = admin
+        .replay(pb::ReplayRequest { consumer: "c".into(), message_ids: vec![a.to_string()], ..Default::default() })
+        .await?;
     assert_eq!(r.into_inner().replayed, 1);
     let d = s.take(1, WAIT).await?.remove(0);
     assert_eq!((d.message_id.clone(), d.delivery_count), (a.to_string(), 1));
@@ -103,7 +106,12 @@ async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one() -
 
     // Exactly one selector.
     let err = admin
-        .replay(pb::ReplayRequest { consumer: "c".into(), dead_letters: true, message_ids: vec![a.to_string()], ..Default::default() })
+        .replay(pb::ReplayRequest {
+            consumer: "c".into(),
+            dead_letters: true,
+            message_ids: vec![a.to_string()],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -129,7 +137,8 @@ async fn get_message_shows_each_consumers_delivery_and_prune_removes_acked_histo
     let states: Vec<(String, i32)> = m.deliveries.iter().map(|d| (d.consumer.clone(), d.state)).collect();
     use pb::delivery_state::State;
     assert_eq!(states, [("a".into(), State::Acked as i32), ("b".into(), State::Pending as i32)]);
-    let err = admin.get_message(pb::GetMessageRequest { message_id: uuid::Uuid::new_v4().to_string() }).await.unwrap_err();
+    let err =
+        admin.get_message(pb::GetMessageRequest { message_id: uuid::Uuid::new_v4().to_string() }).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
     // b has not acked: nothing is pruned.
@@ -159,10 +168,12 @@ async fn the_sql_function_joins_the_callers_transaction_and_tolerates_duplicates
         .bind(id)
         .fetch_one(&mut *tx)
         .await?;
-    let again: uuid::Uuid = sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x7b7d'::bytea, '{}'::jsonb, $1)")
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let again: uuid::Uuid = sqlx::query_scalar(
+        "SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x7b7d'::bytea, '{}'::jsonb, $1)",
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
     assert_eq!((first, again), (id, id));
     sqlx::query("INSERT INTO orders VALUES (1)").execute(&mut *tx).await?; // the transaction is still usable
     tx.commit().await?;

@@ -122,7 +122,11 @@ async fn a_delay_postpones_delivery() -> Result<()> {
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
     let mut client = srv.client().await?;
     let sent = Instant::now();
-    outbox_client::grpc::enqueue_rpc(&mut client, &Message::new("t", "Later", b"".to_vec()).delay(Duration::from_millis(800))).await?;
+    outbox_client::grpc::enqueue_rpc(
+        &mut client,
+        &Message::new("t", "Later", b"".to_vec()).delay(Duration::from_millis(800)),
+    )
+    .await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
     assert_eq!(d.r#type, "Later");
@@ -156,7 +160,8 @@ async fn subscribe_errors_unknown_consumer_and_missing_start() -> Result<()> {
 
     // A first request that is not `start`.
     let mut client = srv.client().await?;
-    let first = pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: vec![] })) };
+    let first =
+        pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: vec![] })) };
     let err = client.subscribe(tokio_stream::iter(vec![first])).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("start"), "{}", err.message());
@@ -183,7 +188,9 @@ async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing() -
     }
     // All or nothing: one bad message in a batch rejects the batch.
     let err = client
-        .enqueue_batch(pb::EnqueueBatchRequest { messages: vec![ok(), pb::EnqueueRequest { topic: "a b".into(), ..ok() }] })
+        .enqueue_batch(pb::EnqueueBatchRequest {
+            messages: vec![ok(), pb::EnqueueRequest { topic: "a b".into(), ..ok() }],
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -252,7 +259,9 @@ async fn health_and_reflection_are_served() -> Result<()> {
     };
     let mut resp = reflection.server_reflection_info(tokio_stream::iter(vec![req])).await?.into_inner();
     let msg = resp.message().await?.unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { anyhow::bail!("unexpected reflection answer") };
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        anyhow::bail!("unexpected reflection answer")
+    };
     let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
     assert!(names.contains("outbox.v1.Outbox") && names.contains("outbox.v1.OutboxAdmin"), "{names:?}");
     Ok(())

@@ -86,7 +86,11 @@ async fn outboxd_killed_mid_stream_redelivers_with_a_higher_count() -> Result<()
     let again = s.take(3, WAIT).await?;
     let ids = |v: &[pb::Delivery]| v.iter().map(|d| d.message_id.clone()).collect::<HashSet<_>>();
     assert_eq!(ids(&first), ids(&again));
-    assert!(again.iter().all(|d| d.delivery_count == 2), "counts: {:?}", again.iter().map(|d| d.delivery_count).collect::<Vec<_>>());
+    assert!(
+        again.iter().all(|d| d.delivery_count == 2),
+        "counts: {:?}",
+        again.iter().map(|d| d.delivery_count).collect::<Vec<_>>()
+    );
     Ok(())
 }
 
@@ -245,7 +249,11 @@ async fn poison_message_is_dead_after_max_deliveries_visible_and_replayable() ->
     eventually("dead letter", WAIT, || async { Ok((stats(&srv, "c").await?.dead == 1).then_some(())) }).await?;
     assert_eq!(seen.load(Ordering::SeqCst), 3, "delivered exactly max_deliveries times");
     let dl = admin
-        .list_dead_letters(pb::ListDeadLettersRequest { consumer: "c".into(), page_size: 10, page_token: String::new() })
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            consumer: "c".into(),
+            page_size: 10,
+            page_token: String::new(),
+        })
         .await?
         .into_inner();
     assert_eq!(dl.dead_letters.len(), 1);
@@ -282,7 +290,8 @@ async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
         let mut tx = pool.begin().await?;
         for i in 0..100 {
             let payload = format!("{}", chunk * 100 + i);
-            outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "OrderCreated", payload.into_bytes())).await?;
+            outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "OrderCreated", payload.into_bytes()))
+                .await?;
         }
         tx.commit().await?;
     }
@@ -321,7 +330,7 @@ async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
 #[tokio::test]
 async fn database_down_loses_nothing_and_the_backlog_drains_when_it_returns() -> Result<()> {
     let db = TestDb::create().await?;
-    let proxy = DbProxy::start("127.0.0.1:5432".parse()?).await?;
+    let proxy = DbProxy::start(outbox_tests::db_addr().await?).await?;
     let srv = Outboxd::start(&proxy.url_for(&db.url), FAST).await?;
     let pool = PgPool::connect(&db.url).await?; // producers reach the database directly
     let mut admin = srv.admin().await?;

@@ -18,7 +18,11 @@ fn python() -> Result<PathBuf> {
     let py = venv.join("bin").join("python");
     let ready = venv.join(".ready");
     if !ready.exists() {
-        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().context("python3 is required for this test")?;
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("python3 is required for this test")?;
         if !ok.success() {
             bail!("python3 -m venv failed");
         }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit, store, end-to-end (real outboxd processes) and the Python
+# client test. Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
+# or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and drops its own database).
+# A local cluster that is installed but stopped is started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+url="${OUTBOX_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+if ! pg_isready -d "$url" -q 2>/dev/null; then
+  if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    echo "starting PostgreSQL $version" >&2
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  fi
+  for _ in $(seq 1 30); do
+    pg_isready -d "$url" -q 2>/dev/null && break
+    sleep 1
+  done
+fi
+if ! pg_isready -d "$url" -q 2>/dev/null; then
+  echo "PostgreSQL is not reachable at $url; start one or set OUTBOX_TEST_DATABASE_URL" >&2
+  exit 1
+fi
+
+exec cargo test --workspace "$@"

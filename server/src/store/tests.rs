@@ -1,0 +1,177 @@
+//! Store and background-loop tests on a fresh PostgreSQL database each, driven with
+//! `run_once()` and a manual clock: no sleeping.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{SubsecRound, Utc};
+
+use super::*;
+use crate::clock::{Clock, ManualClock, SharedClock};
+use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
+use crate::hub::Hub;
+use crate::pruner::Pruner;
+use crate::relay::{Relay, RelayConfig};
+use crate::sweeper::LeaseSweeper;
+use crate::testing::TestDb;
+
+async fn store() -> (TestDb, PgStore) {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    (db, store)
+}
+
+fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
+    ConsumerSpec {
+        name: ConsumerName::parse("name", name).unwrap(),
+        topics: topics.iter().map(|t| TopicPattern::parse("topics", t).unwrap()).collect(),
+        max_deliveries,
+        backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(10) },
+        ack_deadline: Duration::from_secs(30),
+        start_from: StartFrom::New,
+    }
+}
+
+fn msg(topic: &str) -> NewMessage {
+    NewMessage {
+        message_id: None,
+        topic: Topic::parse("topic", topic).unwrap(),
+        type_: "T".into(),
+        payload: b"{}".to_vec(),
+        headers: Default::default(),
+        ordering_key: None,
+        delay: None,
+    }
+}
+
+#[tokio::test]
+async fn migrations_apply_to_an_empty_database_and_again_as_a_no_op() {
+    let (_db, store) = store().await;
+    store.migrate().await.unwrap();
+    let e = store.message_insert(&msg("a.b"), Utc::now()).await.unwrap();
+    assert!(!e.duplicate);
+}
+
+#[tokio::test]
+async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery() {
+    let (_db, store) = store().await;
+    let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
+    store.consumer_create(&spec("a", &["t.*"], 5), clock.now()).await.unwrap();
+    store.consumer_create(&spec("b", &["t.>"], 5), clock.now()).await.unwrap();
+    let batch: Vec<NewMessage> = (0..1200).map(|_| msg("t.x")).collect();
+    store.message_insert_batch(&batch, clock.now()).await.unwrap();
+
+    let relay = |size| {
+        Relay::new(store.clone(), clock.clone(), Hub::default(), RelayConfig { batch_size: size, ..Default::default() })
+    };
+    let (r1, r2) = (relay(100), relay(100));
+    let mut relayed = 0;
+    loop {
+        let (a, b) = tokio::join!(r1.run_once(), r2.run_once());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        if a.messages + b.messages == 0 {
+            break;
+        }
+        relayed += a.messages + b.messages;
+    }
+    assert_eq!(relayed, 1200, "each message claimed by exactly one pass");
+    let stats = store.stats(None).await.unwrap();
+    assert_eq!(stats.unrelayed, 0);
+    assert!(stats.consumers.iter().all(|c| c.backlog == 1200), "{stats:?}");
+    assert_eq!(relay(500).run_once().await.unwrap().messages, 0);
+}
+
+#[tokio::test]
+async fn expired_leases_back_off_then_die_at_max_deliveries() {
+    let (_db, store) = store().await;
+    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
+    let shared: SharedClock = Arc::new(clock.clone());
+    let hub = Hub::default();
+    let c = spec("c", &["t"], 3);
+    store.consumer_create(&c, clock.now()).await.unwrap();
+    let id = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
+    Relay::new(store.clone(), shared.clone(), hub.clone(), RelayConfig::default()).run_once().await.unwrap();
+    let sweeper = LeaseSweeper::new(store.clone(), shared.clone(), hub, Duration::from_secs(1));
+
+    for attempt in 1..=3u32 {
+        let now = clock.now();
+        let leased =
+            store.delivery_lease_batch(&c.name, "s", 10, crate::clock::add(now, c.ack_deadline), now).await.unwrap();
+        assert_eq!(leased.len(), 1, "attempt {attempt} leases the message");
+        assert_eq!(leased[0].delivery_count, attempt);
+        assert_eq!(sweeper.run_once().await.unwrap(), 0, "not expired yet");
+        clock.advance(c.ack_deadline + Duration::from_millis(1));
+        assert_eq!(sweeper.run_once().await.unwrap(), 1);
+        let (_, rows) = store.message_get(id).await.unwrap();
+        if attempt < 3 {
+            assert_eq!(rows[0].state, DeliveryState::Pending);
+            let wait = rows[0].available_at - clock.now();
+            assert_eq!(wait.to_std().unwrap(), c.backoff.delay(attempt), "backoff after attempt {attempt}");
+            assert!(
+                store.delivery_lease_batch(&c.name, "s", 10, clock.now(), clock.now()).await.unwrap().is_empty(),
+                "not due during backoff"
+            );
+            clock.advance(c.backoff.delay(attempt));
+        } else {
+            assert_eq!(rows[0].state, DeliveryState::Dead);
+            assert_eq!(rows[0].last_error.as_deref(), Some("ack deadline expired"));
+        }
+    }
+    let stats = store.stats(Some(&c.name)).await.unwrap();
+    assert_eq!(stats.consumers[0].dead, 1);
+}
+
+#[tokio::test]
+async fn a_release_never_undoes_an_ack_or_another_sessions_lease() {
+    let (_db, store) = store().await;
+    let now = Utc::now();
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    let a = store.message_insert(&msg("t"), now).await.unwrap().message_id;
+    let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
+    store.relay_batch(10, now).await.unwrap();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, later, now).await.unwrap().len(), 1);
+    assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, later, now).await.unwrap().len(), 1);
+    assert_eq!(store.delivery_ack_many(&c.name, &[a], now).await.unwrap(), 1);
+    assert_eq!(store.delivery_ack_many(&c.name, &[a], now).await.unwrap(), 0, "ack is idempotent");
+    let release = |id| Release {
+        consumer: c.name.clone(),
+        message_id: id,
+        state: DeliveryState::Pending,
+        available_at: now,
+        error: None,
+    };
+    // s1 held a (acked now), s2 holds b: s1 can release neither.
+    assert_eq!(
+        store.delivery_release_many(&[release(a), release(b)], ReleaseGuard::Session("s1"), now).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        store.delivery_release_many(&[release(b)], ReleaseGuard::ExpiredAt(now), now).await.unwrap(),
+        0,
+        "b is not expired"
+    );
+    assert_eq!(store.delivery_release_many(&[release(b)], ReleaseGuard::Session("s2"), now).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention() {
+    let (_db, store) = store().await;
+    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
+    let shared: SharedClock = Arc::new(clock.clone());
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, clock.now()).await.unwrap();
+    let done = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
+    let open = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
+    store.relay_batch(10, clock.now()).await.unwrap();
+    store.delivery_ack_many(&c.name, &[done], clock.now()).await.unwrap();
+    let pruner = Pruner::new(store.clone(), shared, Duration::from_secs(7 * 86400), Duration::from_secs(600));
+    assert_eq!(pruner.run_once().await.unwrap(), Pruned::default(), "within retention");
+    clock.advance(Duration::from_secs(8 * 86400));
+    assert_eq!(pruner.run_once().await.unwrap(), Pruned { messages: 1, deliveries: 1 });
+    assert!(matches!(store.message_get(done).await, Err(StoreError::MessageNotFound(_))));
+    assert!(store.message_get(open).await.is_ok(), "a pending delivery keeps its message");
+}
