@@ -23,4 +23,13 @@ if ! pg_isready -d "$url" -q 2>/dev/null; then
   exit 1
 fi
 
-exec cargo test --workspace "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "outboxd suite: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -16,6 +16,7 @@ use crate::grpc::admin::AdminService;
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
+use crate::listener::WorkListener;
 use crate::pruner::Pruner;
 use crate::relay::{Relay, RelayConfig};
 use crate::session::SessionContext;
@@ -82,6 +83,7 @@ impl App {
                 batch_size: config.relay_batch,
                 poll_min: config.relay_poll_min,
                 poll_max: config.relay_poll_max,
+                notify: config.listen_notify,
             },
         );
         let sweeper = LeaseSweeper::new(store.clone(), clock.clone(), hub.clone(), config.sweep_interval);
@@ -115,9 +117,14 @@ impl App {
         );
 
         let mut tasks = JoinSet::new();
-        tasks.spawn(relay.run(loops.clone()));
+        if config.relay {
+            tasks.spawn(relay.run(loops.clone()));
+        }
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
+        if config.listen_notify {
+            tasks.spawn(WorkListener::new(store.clone(), hub.clone()).run(loops.clone()));
+        }
         tracing::info!(%local_addr, "outboxd serving");
         Ok(Self { local_addr, store, shutdown, loops, health, server, tasks })
     }

@@ -64,9 +64,18 @@ pub struct ServeArgs {
     /// How often expired leases are swept.
     #[arg(long, env = "OUTBOXD_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
-    /// Fallback poll of idle streams, for work fanned out by other replicas.
-    #[arg(long, env = "OUTBOXD_STREAM_POLL", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Fallback poll of idle streams, for work fanned out by other replicas when a
+    /// notification was missed (or with --no-listen).
+    #[arg(long, env = "OUTBOXD_STREAM_POLL", default_value = "2s", value_parser = humantime::parse_duration)]
     pub stream_poll: Duration,
+    /// Poll only: no LISTEN/NOTIFY between replicas (for transaction-mode connection poolers,
+    /// which do not carry notifications). Lower --stream-poll to keep latency down.
+    #[arg(long, env = "OUTBOXD_NO_LISTEN")]
+    pub no_listen: bool,
+    /// Run no relay in this process: it only serves streams and the admin API (the relay runs
+    /// in other replicas).
+    #[arg(long, env = "OUTBOXD_NO_RELAY")]
+    pub no_relay: bool,
 }
 
 /// A validated server configuration.
@@ -86,6 +95,8 @@ pub struct ServeConfig {
     pub relay_batch: i64,
     pub sweep_interval: Duration,
     pub stream_poll: Duration,
+    pub listen_notify: bool,
+    pub relay: bool,
 }
 
 /// A configuration value that cannot work.
@@ -110,7 +121,9 @@ impl ServeConfig {
             relay_poll_max: Duration::from_millis(500),
             relay_batch: 500,
             sweep_interval: Duration::from_secs(1),
-            stream_poll: Duration::from_secs(1),
+            stream_poll: Duration::from_secs(2),
+            listen_notify: true,
+            relay: true,
         }
     }
 
@@ -152,6 +165,8 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.relay_poll_max = a.relay_poll_max;
         c.sweep_interval = a.sweep_interval;
         c.stream_poll = a.stream_poll;
+        c.listen_notify = !a.no_listen;
+        c.relay = !a.no_relay;
         c.validate()?;
         Ok(c)
     }

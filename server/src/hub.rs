@@ -60,6 +60,14 @@ impl Hub {
         }
     }
 
+    /// Wakes the streams of every consumer.
+    pub fn notify_all(&self) {
+        let map = self.0.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        for e in map.values() {
+            e.signal.notify();
+        }
+    }
+
     /// Registers a stream of `consumer`; the returned guard unregisters it when dropped.
     pub fn attach(&self, consumer: &str) -> (watch::Receiver<u64>, StreamGuard) {
         let rx = self.with_entry(consumer, |e| {

@@ -16,6 +16,7 @@
 //! - [`sweeper`]: returns expired leases to pending (with backoff) or to dead.
 //! - [`pruner`]: deletes old, fully acked messages; its retention is the dedup horizon.
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
+//! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
 //! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod config;
 pub mod domain;
 pub mod grpc;
 pub mod hub;
+pub mod listener;
 pub mod pruner;
 pub mod relay;
 pub mod session;

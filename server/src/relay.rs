@@ -16,11 +16,13 @@ pub struct RelayConfig {
     pub batch_size: i64,
     pub poll_min: Duration,
     pub poll_max: Duration,
+    /// Announce new deliveries to other replicas with one NOTIFY per batch.
+    pub notify: bool,
 }
 
 impl Default for RelayConfig {
     fn default() -> Self {
-        Self { batch_size: 500, poll_min: Duration::from_millis(5), poll_max: Duration::from_millis(500) }
+        Self { batch_size: 500, poll_min: Duration::from_millis(5), poll_max: Duration::from_millis(500), notify: true }
     }
 }
 
@@ -39,7 +41,7 @@ impl Relay {
 
     /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
-        let out = self.store.relay_batch(self.config.batch_size, self.clock.now()).await?;
+        let out = self.store.relay_batch(self.config.batch_size, self.clock.now(), self.config.notify).await?;
         for c in &out.consumers {
             self.hub.notify_consumer(c);
         }

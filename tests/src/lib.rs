@@ -46,12 +46,13 @@ pub struct Outboxd {
 }
 
 impl Outboxd {
-    /// Starts `outboxd serve` on `database_url`, port 0, with `extra` flags; returns once it
-    /// is serving.
+    /// Starts `outboxd serve` on `database_url` with `extra` flags (on port 0 unless they
+    /// name `--listen`); returns once it is serving.
     pub async fn start(database_url: &str, extra: &[&str]) -> Result<Self> {
         let mut child = Command::new(outboxd_path())
             .arg("serve")
-            .args(["--database-url", database_url, "--listen", "127.0.0.1:0"])
+            .args(["--database-url", database_url])
+            .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(extra)
             .env("RUST_LOG", std::env::var("OUTBOXD_TEST_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
             .stdout(Stdio::null())

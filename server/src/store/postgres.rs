@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::MigrateDatabase;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{Executor, PgConnection, Postgres, Row};
 use uuid::Uuid;
@@ -23,6 +23,12 @@ const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
 /// Rows read per round trip when a consumer starting from EARLIEST, or a replay by range,
 /// walks the messages table.
 const SCAN_BATCH: i64 = 5_000;
+
+/// The channel on which relays announce new deliveries: the payload is a comma-separated list
+/// of consumer names, or empty for "all".
+pub const WORK_CHANNEL: &str = "outbox_work";
+/// PostgreSQL's payload limit is 8000 bytes.
+const MAX_NOTIFY_PAYLOAD: usize = 7900;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -262,6 +268,13 @@ impl PgStore {
         Ok(())
     }
 
+    /// A listener on [`WORK_CHANNEL`], on its own connection.
+    pub async fn work_listener(&self) -> Result<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(WORK_CHANNEL).await?;
+        Ok(listener)
+    }
+
     pub async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         message_insert(&self.pool, msg, Some(now)).await
     }
@@ -280,7 +293,11 @@ impl PgStore {
     /// One relay pass: claims up to `limit` unrelayed messages (skipping rows another relay has
     /// locked), fans each out to every consumer whose topics match, and marks them relayed, all
     /// in one transaction.
-    pub async fn relay_batch(&self, limit: i64, now: DateTime<Utc>) -> Result<RelayOutcome> {
+    ///
+    /// With `notify`, the transaction also sends one `NOTIFY outbox_work` naming the consumers
+    /// that got deliveries, so the streams of other replicas wake at once. It costs this
+    /// transaction, never a producer's.
+    pub async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         let claimed = sqlx::query(
@@ -307,10 +324,17 @@ impl PgStore {
             }
         }
         let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
-        tx.commit().await?;
         let mut woken: Vec<String> = rows.into_iter().map(|r| r.consumer).collect();
         woken.sort_unstable();
         woken.dedup();
+        if notify && deliveries > 0 {
+            let mut payload = woken.join(",");
+            if payload.len() > MAX_NOTIFY_PAYLOAD {
+                payload.clear(); // empty: wake every consumer
+            }
+            sqlx::query("SELECT pg_notify($1, $2)").bind(WORK_CHANNEL).bind(payload).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
     }
 

@@ -394,3 +394,59 @@ async fn slow_consumer_shows_as_backlog_and_oldest_unacked_age() -> Result<()> {
     assert_eq!(st.streams, 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_replica_wakes_streams_on_another_replica_without_waiting_for_the_poll() -> Result<()> {
+    // `a` relays; `b` runs no relay and polls only once a minute: a delivery on `b` within
+    // seconds can only come from `a`'s NOTIFY.
+    let (db, a, _pool) = setup(&[]).await?;
+    let b = Outboxd::start(&db.url, &["--no-relay", "--stream-poll", "60s"]).await?;
+    create_consumer(&mut a.admin().await?, consumer("c", &["t"])).await?;
+    let mut s = RawStream::open(&b.endpoint, "c", 10).await?;
+    let mut client = a.client().await?;
+    let sent = std::time::Instant::now();
+    outbox_client::grpc::enqueue_rpc(&mut client, &Message::new("t", "T", b"".to_vec())).await?;
+    let d = s.next(Duration::from_secs(10)).await?;
+    assert!(d.is_some(), "delivered through the other replica's notification");
+    assert!(sent.elapsed() < Duration::from_secs(10));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_subscriber_reconnects_when_outboxd_restarts() -> Result<()> {
+    let db = TestDb::create().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let listen = format!("127.0.0.1:{port}");
+    let args: Vec<&str> = FAST.iter().copied().chain(["--listen", listen.as_str()]).collect();
+    let srv = Outboxd::start(&db.url, &args).await?;
+    let pool = PgPool::connect(&db.url).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+
+    let handled = Arc::new(AtomicU32::new(0));
+    let stop = CancellationToken::new();
+    let h = handled.clone();
+    let mut config = SubscriberConfig::new(format!("http://{listen}"), "c");
+    config.reconnect_max = Duration::from_millis(200);
+    let sub = tokio::spawn(Subscriber::new(config).run(
+        move |_d| {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        },
+        stop.clone(),
+    ));
+    outbox_tests::sql_enqueue(&pool, "t", "Before", b"").await?;
+    eventually("first handled", WAIT, || async { Ok((handled.load(Ordering::SeqCst) == 1).then_some(())) }).await?;
+    assert!(srv.terminate(WAIT).await?);
+
+    outbox_tests::sql_enqueue(&pool, "t", "During", b"").await?;
+    let srv = Outboxd::start(&db.url, &args).await?;
+    eventually("handled after the restart", WAIT, || async { Ok((handled.load(Ordering::SeqCst) == 2).then_some(())) })
+        .await?;
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 2).then_some(())) }).await?;
+    stop.cancel();
+    sub.await??;
+    Ok(())
+}
