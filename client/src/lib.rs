@@ -28,7 +28,7 @@ pub mod store;
 pub mod subscriber;
 
 pub use message::{Enqueued, Message};
-pub use store::{Inbox, ack_in_tx, enqueue};
+pub use store::{Inbox, OutboxDatabase, ack_in_tx, enqueue};
 pub use subscriber::{Delivery, HandlerError, Subscriber, SubscriberConfig};
 
 pub use outbox_proto::v1 as pb;
@@ -37,6 +37,7 @@ pub use outbox_proto::v1 as pb;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The database rejected the message (bad topic, empty type, ...); the text says which.
+    /// On SQLite the text is the failed CHECK constraint.
     #[error("invalid message: {0}")]
     InvalidMessage(String),
     /// A transactional ack found the delivery already acked (or dead): another delivery of
@@ -56,7 +57,8 @@ pub enum ClientError {
 impl From<sqlx::Error> for ClientError {
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e
-            && db.code().is_some_and(|c| c.starts_with("22") || c == "23514")
+            && (matches!(db.kind(), sqlx::error::ErrorKind::CheckViolation | sqlx::error::ErrorKind::NotNullViolation)
+                || db.code().is_some_and(|c| c.starts_with("22")))
         {
             return ClientError::InvalidMessage(db.message().to_owned());
         }

@@ -1,17 +1,120 @@
-//! Every SQL statement of the client. Enqueue and the transactional ack go through the SQL
-//! functions that outboxd's migrations install, so their logic lives in one place.
+//! Every SQL statement of the client. On PostgreSQL, enqueue and the transactional ack go
+//! through the SQL functions that outboxd's migrations install, so their logic lives in one
+//! place; SQLite has no stored functions, so its two statements are here (and documented in
+//! the README for other languages).
+use futures::future::BoxFuture;
 use sqlx::types::Json;
-use sqlx::{Executor, Postgres, Row};
+use sqlx::{Executor, Postgres, Row, Sqlite};
 use uuid::Uuid;
 
 use crate::{ClientError, Enqueued, Message};
 
-/// Enqueues `msg` on the caller's executor: pass `&mut *tx` to make it part of your own
-/// transaction, so the message exists if and only if that transaction commits. Enqueueing an
-/// existing `message_id` succeeds with `duplicate = true` and does not abort the transaction.
-pub async fn enqueue<'e, E>(exec: E, msg: &Message) -> Result<Enqueued, ClientError>
+/// A database outboxd can run on: PostgreSQL, or the embedded SQLite file.
+pub trait OutboxDatabase: sqlx::Database {
+    #[doc(hidden)]
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e;
+
+    #[doc(hidden)]
+    fn ack_on<'e, E>(exec: E, consumer: &'e str, message_id: Uuid) -> BoxFuture<'e, Result<bool, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e;
+}
+
+impl OutboxDatabase for Postgres {
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e,
+    {
+        Box::pin(pg_enqueue(exec, msg))
+    }
+
+    fn ack_on<'e, E>(exec: E, consumer: &'e str, message_id: Uuid) -> BoxFuture<'e, Result<bool, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e,
+    {
+        Box::pin(async move {
+            Ok(sqlx::query_scalar("SELECT outbox.ack($1, $2)").bind(consumer).bind(message_id).fetch_one(exec).await?)
+        })
+    }
+}
+
+impl OutboxDatabase for Sqlite {
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e,
+    {
+        Box::pin(sqlite_enqueue(exec, msg))
+    }
+
+    fn ack_on<'e, E>(exec: E, consumer: &'e str, message_id: Uuid) -> BoxFuture<'e, Result<bool, ClientError>>
+    where
+        E: Executor<'e, Database = Self> + 'e,
+    {
+        Box::pin(async move {
+            let now = chrono::Utc::now().timestamp_micros();
+            let done = sqlx::query(
+                "UPDATE outbox_deliveries
+                    SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
+                  WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')",
+            )
+            .bind(consumer)
+            .bind(message_id.to_string())
+            .bind(now)
+            .execute(exec)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+}
+
+/// Enqueues `msg` on the caller's executor, PostgreSQL or SQLite: pass `&mut *tx` to make it
+/// part of your own transaction, so the message exists if and only if that transaction
+/// commits. Enqueueing an existing `message_id` succeeds with `duplicate = true` and does not
+/// abort the transaction.
+pub async fn enqueue<'e, DB, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
 where
-    E: Executor<'e, Database = Postgres>,
+    DB: OutboxDatabase,
+    E: Executor<'e, Database = DB> + 'e,
+{
+    DB::enqueue_on(exec, msg).await
+}
+
+/// SQLite's enqueue, in one statement (a generic executor can run only one). On a duplicate
+/// `message_id` the no-op `DO UPDATE` makes `RETURNING` give the existing row, whose
+/// `enqueued_at` is not this call's: that is how a duplicate is told apart.
+async fn sqlite_enqueue<'e, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
+where
+    E: Executor<'e, Database = Sqlite> + 'e,
+{
+    let id = msg.message_id.unwrap_or_else(Uuid::now_v7);
+    let now = chrono::Utc::now().timestamp_micros();
+    let available = msg.delay.map(|d| now.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)));
+    let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
+    let row = sqlx::query(
+        "INSERT INTO outbox_messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+         RETURNING seq, enqueued_at",
+    )
+    .bind(id.to_string())
+    .bind(&msg.topic)
+    .bind(&msg.type_)
+    .bind(&msg.payload)
+    .bind(headers)
+    .bind(msg.ordering_key.as_deref())
+    .bind(now)
+    .bind(available)
+    .fetch_one(exec)
+    .await?;
+    let enqueued_at: i64 = row.try_get("enqueued_at")?;
+    Ok(Enqueued { message_id: id, seq: row.try_get("seq")?, duplicate: enqueued_at != now })
+}
+
+async fn pg_enqueue<'e, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
+where
+    E: Executor<'e, Database = Postgres> + 'e,
 {
     let headers: serde_json::Map<String, serde_json::Value> =
         msg.headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
@@ -41,12 +144,12 @@ where
 ///
 /// Returns [`ClientError::AlreadyAcked`] when another delivery of the message was acked first;
 /// propagate it (roll back) and the [`Subscriber`](crate::Subscriber) treats it as done.
-pub async fn ack_in_tx<'e, E>(exec: E, consumer: &str, message_id: Uuid) -> Result<(), ClientError>
+pub async fn ack_in_tx<'e, DB, E>(exec: E, consumer: &'e str, message_id: Uuid) -> Result<(), ClientError>
 where
-    E: Executor<'e, Database = Postgres>,
+    DB: OutboxDatabase,
+    E: Executor<'e, Database = DB> + 'e,
 {
-    let acked: bool =
-        sqlx::query_scalar("SELECT outbox.ack($1, $2)").bind(consumer).bind(message_id).fetch_one(exec).await?;
+    let acked = DB::ack_on(exec, consumer, message_id).await?;
     if acked { Ok(()) } else { Err(ClientError::AlreadyAcked { consumer: consumer.to_owned(), message_id }) }
 }
 

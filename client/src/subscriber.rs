@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_proto::v1 as pb;
-use sqlx::{Executor, Postgres};
+use sqlx::Executor;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
@@ -49,9 +49,10 @@ pub struct Delivery {
 impl Delivery {
     /// Transactional ack (see [`store::ack_in_tx`]): call it on the transaction that performs
     /// the effect, in outboxd's database, and propagate its error with `?`.
-    pub async fn ack_in<'e, E>(&self, exec: E) -> Result<(), ClientError>
+    pub async fn ack_in<'e, DB, E>(&'e self, exec: E) -> Result<(), ClientError>
     where
-        E: Executor<'e, Database = Postgres>,
+        DB: store::OutboxDatabase,
+        E: Executor<'e, Database = DB> + 'e,
     {
         store::ack_in_tx(exec, &self.consumer, self.message_id).await
     }

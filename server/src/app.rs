@@ -16,11 +16,10 @@ use crate::grpc::admin::AdminService;
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
-use crate::listener::WorkListener;
 use crate::pruner::Pruner;
 use crate::relay::{Relay, RelayConfig};
 use crate::session::SessionContext;
-use crate::store::{PgStore, StoreError};
+use crate::store::{self, SharedStore, StoreError};
 use crate::sweeper::LeaseSweeper;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +40,7 @@ pub enum AppError {
 #[derive(Debug)]
 pub struct App {
     local_addr: SocketAddr,
-    store: PgStore,
+    store: SharedStore,
     shutdown: CancellationToken,
     loops: CancellationToken,
     health: HealthReporter,
@@ -56,7 +55,7 @@ impl App {
     /// listener (port 0 picks a free one) and starts serving and the background loops.
     pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, AppError> {
         config.validate()?;
-        let store = PgStore::connect(&config.database_url, config.max_connections).await?;
+        let store = store::connect(&config.database_url, config.max_connections).await?;
         if config.migrate {
             store.migrate().await?;
         }
@@ -123,7 +122,8 @@ impl App {
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
         if config.listen_notify {
-            tasks.spawn(WorkListener::new(store.clone(), hub.clone()).run(loops.clone()));
+            let (store, hub, cancel) = (store.clone(), hub.clone(), loops.clone());
+            tasks.spawn(async move { store.watch(hub, cancel).await });
         }
         tracing::info!(%local_addr, "outboxd serving");
         Ok(Self { local_addr, store, shutdown, loops, health, server, tasks })
@@ -133,7 +133,7 @@ impl App {
         self.local_addr
     }
 
-    pub fn store(&self) -> &PgStore {
+    pub fn store(&self) -> &SharedStore {
         &self.store
     }
 
@@ -167,7 +167,7 @@ impl App {
         self.loops.cancel();
         let mut tasks = self.tasks;
         while tasks.join_next().await.is_some() {}
-        self.store.pool().close().await;
+        self.store.close().await;
         tracing::info!("outboxd stopped");
     }
 }

@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The embedded store, used when no database URL is given.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
+
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Transactional outbox relay and delivery server")]
 pub struct Cli {
@@ -30,8 +33,9 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL, e.g. postgres://user@host:5432/db. The database is created if missing.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    /// The store: postgres://user@host:5432/db (created if missing), or sqlite://PATH (the
+    /// embedded default, a file created if missing).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
     /// Largest number of database connections this process opens.
     #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS", default_value_t = 16)]
@@ -128,8 +132,8 @@ impl ServeConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.database_url.starts_with("postgres://") || self.database_url.starts_with("postgresql://")) {
-            return Err(ConfigError("--database-url must be a postgres:// URL".into()));
+        if !["postgres://", "postgresql://", "sqlite:"].iter().any(|p| self.database_url.starts_with(p)) {
+            return Err(ConfigError("--database-url must be a postgres://… or sqlite://… URL".into()));
         }
         if self.max_connections < 2 {
             return Err(ConfigError("--max-connections must be at least 2".into()));

@@ -5,7 +5,7 @@ use clap::Parser as _;
 use outbox_server::app::App;
 use outbox_server::clock::SystemClock;
 use outbox_server::config::{Cli, Command, LogFormat, ServeConfig};
-use outbox_server::store::PgStore;
+use outbox_server::store;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -23,7 +23,8 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let config = ServeConfig::try_from(args)?;
-            tracing::info!(store = "postgres", listen = %config.listen, "starting outboxd");
+            let (store, location) = describe(&config.database_url);
+            tracing::info!(store, location = %location, listen = %config.listen, "starting outboxd on {store}");
             let mut app = App::build(config, Arc::new(SystemClock)).await.context("starting outboxd")?;
             tokio::select! {
                 r = app.stopped() => { r.context("gRPC server stopped")?; }
@@ -35,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Migrate(args) => {
-            let store = PgStore::connect(&args.database_url, 2).await.context("connecting to the database")?;
+            let store = store::connect(&args.database_url, 2).await.context("opening the database")?;
             store.migrate().await.context("applying migrations")?;
             tracing::info!("migrations applied");
         }
@@ -48,5 +49,16 @@ async fn shutdown_signal() -> std::io::Result<()> {
     tokio::select! {
         r = tokio::signal::ctrl_c() => r,
         _ = term.recv() => Ok(()),
+    }
+}
+
+/// The store kind and where it is, for the first log line; no credentials.
+fn describe(url: &str) -> (&'static str, String) {
+    if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+        ("sqlite", path.to_owned())
+    } else {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let host_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        ("postgres", host_db.split('?').next().unwrap_or(host_db).to_owned())
     }
 }

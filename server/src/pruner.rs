@@ -6,11 +6,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::store::{PgStore, Pruned, StoreError};
+use crate::store::{SharedStore, Pruned, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct Pruner {
-    store: PgStore,
+    store: SharedStore,
     clock: SharedClock,
     pub retention: Duration,
     pub interval: Duration,
@@ -18,7 +18,7 @@ pub struct Pruner {
 }
 
 impl Pruner {
-    pub fn new(store: PgStore, clock: SharedClock, retention: Duration, interval: Duration) -> Self {
+    pub fn new(store: SharedStore, clock: SharedClock, retention: Duration, interval: Duration) -> Self {
         Self { store, clock, retention, interval, batch_size: 5000 }
     }
 

@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::hub::Hub;
-use crate::store::{PgStore, RelayOutcome, StoreError};
+use crate::store::{SharedStore, RelayOutcome, StoreError};
 
 /// How the relay waits for work. Producers writing through their own transactions cannot signal
 /// this process (a NOTIFY on their commit path would serialise their commits), so the relay
@@ -28,14 +28,14 @@ impl Default for RelayConfig {
 
 #[derive(Debug, Clone)]
 pub struct Relay {
-    store: PgStore,
+    store: SharedStore,
     clock: SharedClock,
     hub: Hub,
     config: RelayConfig,
 }
 
 impl Relay {
-    pub fn new(store: PgStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
+    pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
         Self { store, clock, hub, config }
     }
 

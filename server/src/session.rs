@@ -22,7 +22,7 @@ use tonic::Status;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
-use crate::store::{LeasedDelivery, PgStore, Release, ReleaseGuard, StoreError};
+use crate::store::{LeasedDelivery, SharedStore, Release, ReleaseGuard, StoreError};
 
 /// The longest ack deadline or extension a stream may ask for.
 pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
@@ -30,7 +30,7 @@ pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 /// What every session of this process shares.
 #[derive(Debug, Clone)]
 pub struct SessionContext {
-    pub store: PgStore,
+    pub store: SharedStore,
     pub clock: SharedClock,
     pub hub: Hub,
     /// Cancelled when the server shuts down.

@@ -8,11 +8,11 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Backoff, DeliveryState};
 use crate::hub::Hub;
-use crate::store::{PgStore, Release, ReleaseGuard, StoreError};
+use crate::store::{SharedStore, Release, ReleaseGuard, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct LeaseSweeper {
-    store: PgStore,
+    store: SharedStore,
     clock: SharedClock,
     hub: Hub,
     pub interval: Duration,
@@ -20,7 +20,7 @@ pub struct LeaseSweeper {
 }
 
 impl LeaseSweeper {
-    pub fn new(store: PgStore, clock: SharedClock, hub: Hub, interval: Duration) -> Self {
+    pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, interval: Duration) -> Self {
         Self { store, clock, hub, interval, batch_size: 1000 }
     }
 

@@ -59,3 +59,25 @@ impl Drop for TestDb {
         .join();
     }
 }
+
+/// A SQLite file in its own temporary directory, removed when this value is dropped.
+#[derive(Debug)]
+pub struct TestSqlite {
+    pub url: String,
+    dir: std::path::PathBuf,
+}
+
+impl TestSqlite {
+    pub fn create() -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("outboxd_test_{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir)?;
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        Ok(Self { url, dir })
+    }
+}
+
+impl Drop for TestSqlite {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -29,7 +29,7 @@ pub fn store_status(e: StoreError) -> Status {
             tracing::warn!(error = %e, "database unavailable");
             Status::unavailable("the database is unavailable; retry")
         }
-        StoreError::Database(_) | StoreError::Migrate(_) => {
+        StoreError::Database(_) | StoreError::Migrate(_) | StoreError::Locked(_) | StoreError::Io { .. } => {
             tracing::error!(error = %e, "internal error");
             Status::internal("internal error; see the outboxd log")
         }

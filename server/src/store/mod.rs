@@ -10,10 +10,108 @@ use chrono::{DateTime, Utc};
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
 
 pub mod postgres;
+pub mod sqlite;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{Consumer, ConsumerSpec};
+use crate::hub::Hub;
+
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// The storage seam: everything the relay, the delivery sessions, the maintenance loops and
+/// the admin service ask of a database. Each implementation gives the same semantics; the
+/// conformance suite (`tests/`) runs against every one.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// `"postgres"` or `"sqlite"`, for logs.
+    fn backend(&self) -> &'static str;
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<()>;
+    /// Closes the connections (at shutdown).
+    async fn close(&self);
+    /// Runs until cancelled, waking `hub` when work appears that this process did not cause:
+    /// another replica's relay (PostgreSQL: LISTEN), or a producer in another process
+    /// committing to the same file (SQLite: `PRAGMA data_version`).
+    async fn watch(&self, hub: Hub, cancel: CancellationToken);
+
+    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued>;
+    /// All or nothing: one transaction for the whole batch.
+    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>>;
+    /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
+    /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
+    /// deliveries to other replicas where the store supports that.
+    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome>;
+
+    /// Creates a consumer; the same definition again returns the existing one, a different
+    /// one is [`StoreError::ConsumerConflict`]. EARLIEST backfills from retained messages.
+    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer>;
+    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer>;
+    async fn consumer_list(&self) -> Result<Vec<Consumer>>;
+    /// Deletes a consumer and its inbox rows.
+    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()>;
+    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer>;
+
+    /// Leases up to `limit` due deliveries in `seq` order to `session`, honouring ordering keys
+    /// and pausing; each lease increments `delivery_count`.
+    async fn delivery_lease_batch(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        limit: i64,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<LeasedDelivery>>;
+    /// Acks leased or pending deliveries; returns how many changed.
+    async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
+    /// Moves leased deliveries to pending or dead, only where `guard` allows.
+    async fn delivery_release_many(
+        &self,
+        releases: &[Release],
+        guard: ReleaseGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64>;
+    /// Leases whose deadline is at or before `now`, oldest first.
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>>;
+    /// Pushes the deadline of leases that `session` holds.
+    async fn delivery_extend_many(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        ids: &[MessageId],
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64>;
+    /// The earliest `available_at` of a consumer's pending deliveries;
+    /// [`StoreError::ConsumerNotFound`] once the consumer is gone.
+    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
+
+    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats>;
+    /// A page of dead letters in `seq` order after `after_seq`.
+    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
+    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
+    /// Makes deliveries due again with a fresh count; leased ones are left to their stream.
+    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64>;
+    /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
+    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
+}
+
+/// The store the server runs on.
+pub type SharedStore = Arc<dyn Store>;
+
+/// Opens the store a URL names: `postgres://…` / `postgresql://…`, or `sqlite://PATH`.
+pub async fn connect(url: &str, max_connections: u32) -> Result<SharedStore> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else {
+        Ok(Arc::new(PgStore::connect(url, max_connections).await?))
+    }
+}
 
 /// Errors of the storage layer, carrying the ids involved.
 #[derive(Debug, thiserror::Error)]
@@ -31,14 +129,22 @@ pub enum StoreError {
     Database(#[source] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Another process serves this SQLite file already.
+    #[error("{0}")]
+    Locked(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {
             let code = db.code().unwrap_or_default();
-            // data_exception (22xxx) and check_violation (23514): the caller's value is wrong.
-            if code.starts_with("22") || code == "23514" {
+            // A CHECK constraint, or PostgreSQL's data_exception class (22xxx): the caller's
+            // value is wrong.
+            if matches!(db.kind(), sqlx::error::ErrorKind::CheckViolation)
+                || (db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() && code.starts_with("22"))
+            {
                 return StoreError::InvalidValue(db.message().to_owned());
             }
         }

@@ -8,12 +8,15 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{Executor, PgConnection, Postgres, Row};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
+    Store, ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
     Release, ReleaseGuard, ReplaySelector, Result, Stats, StoreError, StoredMessage,
 };
+use crate::hub::Hub;
+use crate::listener::WorkListener;
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
@@ -231,6 +234,11 @@ async fn delivery_replay_ids(conn: &mut PgConnection, consumer: &str, ids: &[Uui
     Ok(done.rows_affected())
 }
 
+async fn consumers_on(conn: &mut PgConnection) -> Result<Vec<Consumer>> {
+    let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&mut *conn).await?;
+    rows.iter().map(consumer_from_row).collect()
+}
+
 impl PgStore {
     /// Connects, creating the database first if it does not exist.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -260,14 +268,6 @@ impl PgStore {
         &self.pool
     }
 
-    /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
-    /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
-    pub async fn migrate(&self) -> Result<()> {
-        MIGRATOR.run(&self.pool).await?;
-        sqlx::query("ANALYZE outbox.messages, outbox.deliveries, outbox.consumers").execute(&self.pool).await?;
-        Ok(())
-    }
-
     /// A listener on [`WORK_CHANNEL`], on its own connection.
     pub async fn work_listener(&self) -> Result<PgListener> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
@@ -275,12 +275,36 @@ impl PgStore {
         Ok(listener)
     }
 
-    pub async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn watch(&self, hub: Hub, cancel: CancellationToken) {
+        WorkListener::new(self.clone(), hub).run(cancel).await;
+    }
+
+    /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
+    /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        sqlx::query("ANALYZE outbox.messages, outbox.deliveries, outbox.consumers").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         message_insert(&self.pool, msg, Some(now)).await
     }
 
     /// All or nothing: one transaction for the whole batch.
-    pub async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
+    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
         let mut tx = self.pool.begin().await?;
         let mut out = Vec::with_capacity(msgs.len());
         for msg in msgs {
@@ -297,7 +321,7 @@ impl PgStore {
     /// With `notify`, the transaction also sends one `NOTIFY outbox_work` naming the consumers
     /// that got deliveries, so the streams of other replicas wake at once. It costs this
     /// transaction, never a producer's.
-    pub async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome> {
+    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         let claimed = sqlx::query(
@@ -314,7 +338,7 @@ impl PgStore {
             tx.rollback().await?;
             return Ok(RelayOutcome::default());
         }
-        let consumers = self.consumers_on(&mut tx).await?;
+        let consumers = consumers_on(&mut tx).await?;
         let mut rows = Vec::new();
         for row in &claimed {
             let seq: i64 = row.try_get("seq")?;
@@ -338,14 +362,9 @@ impl PgStore {
         Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
     }
 
-    async fn consumers_on(&self, conn: &mut PgConnection) -> Result<Vec<Consumer>> {
-        let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&mut *conn).await?;
-        rows.iter().map(consumer_from_row).collect()
-    }
-
     /// Creates a consumer. An existing consumer with the same definition is returned as is; a
     /// different one is a conflict. EARLIEST backfills the inbox from every retained message.
-    pub async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
+    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         if let Some(row) = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
@@ -411,7 +430,7 @@ impl PgStore {
         Ok(consumer)
     }
 
-    pub async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
+    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
         let row = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
             .bind(name.as_str())
             .fetch_optional(&self.pool)
@@ -420,13 +439,13 @@ impl PgStore {
         consumer_from_row(&row)
     }
 
-    pub async fn consumer_list(&self) -> Result<Vec<Consumer>> {
+    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
         let mut conn = self.pool.acquire().await?;
-        self.consumers_on(&mut conn).await
+        consumers_on(&mut conn).await
     }
 
     /// Deletes a consumer and, by cascade, its inbox rows.
-    pub async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
+    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         let done =
@@ -438,7 +457,7 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
         let row = sqlx::query("UPDATE outbox.consumers SET paused = $2 WHERE name = $1 RETURNING *")
             .bind(name.as_str())
             .bind(paused)
@@ -451,7 +470,7 @@ impl PgStore {
     /// Leases up to `limit` due deliveries of one consumer to a delivery session, in `seq`
     /// order. A delivery whose ordering key has an earlier unfinished (pending or leased)
     /// delivery, or a leased one, waits. Nothing is leased while the consumer is paused.
-    pub async fn delivery_lease_batch(
+    async fn delivery_lease_batch(
         &self,
         consumer: &ConsumerName,
         session: &str,
@@ -502,7 +521,7 @@ impl PgStore {
     }
 
     /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
-    pub async fn delivery_ack_many(
+    async fn delivery_ack_many(
         &self,
         consumer: &ConsumerName,
         ids: &[MessageId],
@@ -525,7 +544,7 @@ impl PgStore {
     /// Moves leased deliveries back to pending (with their next due time) or to dead, in one
     /// statement. Only leases that `guard` allows are touched, so a release never undoes an
     /// ack or another session's lease.
-    pub async fn delivery_release_many(
+    async fn delivery_release_many(
         &self,
         releases: &[Release],
         guard: ReleaseGuard<'_>,
@@ -569,7 +588,7 @@ impl PgStore {
     }
 
     /// Leases whose deadline has passed, oldest first.
-    pub async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
         let rows = sqlx::query(
             "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
                FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
@@ -597,7 +616,7 @@ impl PgStore {
     }
 
     /// Pushes the deadline of leases this session holds.
-    pub async fn delivery_extend_many(
+    async fn delivery_extend_many(
         &self,
         consumer: &ConsumerName,
         session: &str,
@@ -622,7 +641,7 @@ impl PgStore {
 
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then;
     /// `ConsumerNotFound` once the consumer has been deleted.
-    pub async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
         let row = sqlx::query(
             "SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
                     (SELECT min(available_at) FROM outbox.deliveries WHERE consumer = $1 AND state = 'pending') AS due",
@@ -636,7 +655,7 @@ impl PgStore {
         Ok(row.try_get("due")?)
     }
 
-    pub async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
+    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
         let head = sqlx::query(
             "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.messages WHERE relayed_at IS NULL",
         )
@@ -682,7 +701,7 @@ impl PgStore {
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    pub async fn dead_letter_list(
+    async fn dead_letter_list(
         &self,
         consumer: &ConsumerName,
         after_seq: i64,
@@ -715,7 +734,7 @@ impl PgStore {
     }
 
     /// A message and its inbox row for every consumer that has one.
-    pub async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
+    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
         let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.message_id = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id.0)
@@ -732,7 +751,7 @@ impl PgStore {
     }
 
     /// Makes a consumer's deliveries due again (see [`ReplaySelector`]); returns how many.
-    pub async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
+    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
         let c = self.consumer_get(consumer).await?;
         let mut tx = self.pool.begin().await?;
         let replayed = match selector {
@@ -789,7 +808,7 @@ impl PgStore {
     /// Deletes, in bounded batches, relayed messages enqueued before `cutoff` whose deliveries
     /// are all acked, with their inbox rows. Past this, a re-enqueued id is new again: the
     /// retention is the dedup horizon.
-    pub async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
+    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
         let mut total = Pruned::default();
         loop {
             let row = sqlx::query(

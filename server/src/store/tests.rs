@@ -1,5 +1,6 @@
-//! Store and background-loop tests on a fresh PostgreSQL database each, driven with
-//! `run_once()` and a manual clock: no sleeping.
+//! Store and background-loop tests, driven with `run_once()` and a manual clock (no sleeping),
+//! each run on a fresh PostgreSQL database and on a fresh SQLite file: the store half of the
+//! conformance suite (the end-to-end half is in `tests/`).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -14,14 +15,56 @@ use crate::hub::Hub;
 use crate::pruner::Pruner;
 use crate::relay::{Relay, RelayConfig};
 use crate::sweeper::LeaseSweeper;
-use crate::testing::TestDb;
+use crate::testing::{TestDb, TestSqlite};
 
-async fn store() -> (TestDb, PgStore) {
-    let db = TestDb::create().await.unwrap();
-    let store = PgStore::connect(&db.url, 8).await.unwrap();
-    store.migrate().await.unwrap();
-    (db, store)
+/// Keeps a test database alive.
+#[allow(dead_code)]
+enum Guard {
+    Pg(TestDb),
+    Sqlite(TestSqlite),
 }
+
+async fn postgres() -> (Guard, SharedStore) {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    (Guard::Pg(db), store)
+}
+
+async fn sqlite() -> (Guard, SharedStore) {
+    let db = TestSqlite::create().unwrap();
+    let store = connect(&db.url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    (Guard::Sqlite(db), store)
+}
+
+/// Runs each named case once per store, as `postgres::NAME` and `sqlite::NAME`.
+macro_rules! on_every_store {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $case() {
+                let (_db, store) = super::postgres().await;
+                super::$case(store).await;
+            })*
+        }
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $case() {
+                let (_db, store) = super::sqlite().await;
+                super::$case(store).await;
+            })*
+        }
+    };
+}
+
+on_every_store!(
+    migrations_apply_to_an_empty_database_and_again_as_a_no_op,
+    a_second_relay_pass_and_concurrent_relays_add_no_delivery,
+    expired_leases_back_off_then_die_at_max_deliveries,
+    a_release_never_undoes_an_ack_or_another_sessions_lease,
+    the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
+);
 
 fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
     ConsumerSpec {
@@ -46,17 +89,13 @@ fn msg(topic: &str) -> NewMessage {
     }
 }
 
-#[tokio::test]
-async fn migrations_apply_to_an_empty_database_and_again_as_a_no_op() {
-    let (_db, store) = store().await;
+async fn migrations_apply_to_an_empty_database_and_again_as_a_no_op(store: SharedStore) {
     store.migrate().await.unwrap();
     let e = store.message_insert(&msg("a.b"), Utc::now()).await.unwrap();
     assert!(!e.duplicate);
 }
 
-#[tokio::test]
-async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery() {
-    let (_db, store) = store().await;
+async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: SharedStore) {
     let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
     store.consumer_create(&spec("a", &["t.*"], 5), clock.now()).await.unwrap();
     store.consumer_create(&spec("b", &["t.>"], 5), clock.now()).await.unwrap();
@@ -83,9 +122,7 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery() {
     assert_eq!(relay(500).run_once().await.unwrap().messages, 0);
 }
 
-#[tokio::test]
-async fn expired_leases_back_off_then_die_at_max_deliveries() {
-    let (_db, store) = store().await;
+async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) {
     let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
     let shared: SharedClock = Arc::new(clock.clone());
     let hub = Hub::default();
@@ -123,9 +160,7 @@ async fn expired_leases_back_off_then_die_at_max_deliveries() {
     assert_eq!(stats.consumers[0].dead, 1);
 }
 
-#[tokio::test]
-async fn a_release_never_undoes_an_ack_or_another_sessions_lease() {
-    let (_db, store) = store().await;
+async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedStore) {
     let now = Utc::now();
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
@@ -157,9 +192,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease() {
     assert_eq!(store.delivery_release_many(&[release(b)], ReleaseGuard::Session("s2"), now).await.unwrap(), 1);
 }
 
-#[tokio::test]
-async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention() {
-    let (_db, store) = store().await;
+async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention(store: SharedStore) {
     let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
     let shared: SharedClock = Arc::new(clock.clone());
     let c = spec("c", &["t"], 5);
@@ -174,4 +207,14 @@ async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retent
     assert_eq!(pruner.run_once().await.unwrap(), Pruned { messages: 1, deliveries: 1 });
     assert!(matches!(store.message_get(done).await, Err(StoreError::MessageNotFound(_))));
     assert!(store.message_get(open).await.is_ok(), "a pending delivery keeps its message");
+}
+
+/// SQLite only: several replicas on one database is what PostgreSQL is for.
+#[tokio::test]
+async fn a_second_server_on_one_sqlite_file_is_refused() {
+    let held = TestSqlite::create().unwrap();
+    let _first = connect(&held.url, 2).await.unwrap();
+    let err = connect(&held.url, 2).await.unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err}");
+    assert!(err.to_string().contains("only one server"), "{err}");
 }

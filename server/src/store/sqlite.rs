@@ -1,0 +1,862 @@
+//! The embedded SQLite store: one file, WAL mode, migrations in `server/migrations-sqlite`.
+//!
+//! SQLite has one writer at a time and no `SKIP LOCKED`, so exactly one `outboxd` may serve a
+//! file: [`SqliteStore::open`] takes an exclusive lock on `<file>.lock` and a second server
+//! exits with a clear error. Producers in other processes still write to the file; the store's
+//! watcher notices their commits through `PRAGMA data_version` and wakes the relay. Every
+//! write transaction starts with `BEGIN IMMEDIATE`, so writers queue on the busy timeout
+//! instead of failing on a lock upgrade. Batches are passed as JSON arrays (`json_each`),
+//! SQLite's counterpart of PostgreSQL's `unnest`.
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, Row, Sqlite, SqliteExecutor};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned,
+    RelayOutcome, Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
+};
+use crate::domain::{
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern,
+};
+use crate::hub::Hub;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
+
+/// How often the watcher looks for commits made by other processes.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// Rows read per round trip when walking the messages table.
+const SCAN_BATCH: i64 = 5_000;
+
+/// The SQLite store. Cheap to clone; the file lock lives as long as any clone.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    options: SqliteConnectOptions,
+    _lock: Option<Arc<File>>,
+}
+
+fn us(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn time(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(v).unwrap_or_default()
+}
+
+fn opt_time(v: Option<i64>) -> Option<DateTime<Utc>> {
+    v.map(time)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn from_ms(v: i64) -> Duration {
+    Duration::from_millis(u64::try_from(v).unwrap_or(0))
+}
+
+fn count(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn uuid(s: &str) -> Result<MessageId> {
+    MessageId::parse("message_id", s).map_err(|e| StoreError::InvalidValue(format!("stored message id: {e}")))
+}
+
+fn headers_from_text(s: &str) -> BTreeMap<String, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => BTreeMap::new(),
+    }
+}
+
+const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, \
+     m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at";
+
+fn message_from_row(row: &SqliteRow) -> Result<StoredMessage> {
+    Ok(StoredMessage {
+        message_id: uuid(row.try_get("message_id")?)?,
+        seq: row.try_get("seq")?,
+        topic: row.try_get("topic")?,
+        type_: row.try_get("type")?,
+        payload: row.try_get("payload")?,
+        headers: headers_from_text(row.try_get("headers")?),
+        ordering_key: row.try_get("ordering_key")?,
+        enqueued_at: time(row.try_get("enqueued_at")?),
+        available_at: time(row.try_get("available_at")?),
+        relayed_at: opt_time(row.try_get("relayed_at")?),
+    })
+}
+
+fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
+    let name: String = row.try_get("name")?;
+    let topics: Vec<String> = serde_json::from_str(row.try_get("topics")?)
+        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: topics: {e}")))?;
+    let topics = topics
+        .iter()
+        .map(|t| TopicPattern::parse("topics", t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
+    let name =
+        ConsumerName::parse("name", &name).map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
+    Ok(Consumer {
+        spec: ConsumerSpec {
+            name,
+            topics,
+            max_deliveries: count(row.try_get("max_deliveries")?),
+            backoff: Backoff { base: from_ms(row.try_get("backoff_base_ms")?), max: from_ms(row.try_get("backoff_max_ms")?) },
+            ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
+            start_from: StartFrom::from_db(row.try_get::<&str, _>("start_from")?),
+        },
+        paused: row.try_get::<i64, _>("paused")? != 0,
+        start_seq: row.try_get("start_seq")?,
+        created_at: time(row.try_get("created_at")?),
+    })
+}
+
+fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRow> {
+    Ok(DeliveryRow {
+        consumer: row.try_get("consumer")?,
+        state: DeliveryState::from_db(row.try_get::<&str, _>("state")?),
+        delivery_count: count(row.try_get("delivery_count")?),
+        available_at: time(row.try_get("available_at")?),
+        lease_expires_at: opt_time(row.try_get("lease_expires_at")?),
+        last_error: row.try_get("last_error")?,
+        created_at: time(row.try_get("created_at")?),
+        updated_at: time(row.try_get("updated_at")?),
+        acked_at: opt_time(row.try_get("acked_at")?),
+        dead_at: opt_time(row.try_get("dead_at")?),
+    })
+}
+
+fn ids_json(ids: &[MessageId]) -> String {
+    serde_json::Value::Array(ids.iter().map(|i| json!(i.to_string())).collect()).to_string()
+}
+
+/// Inserts one message on the caller's executor (a pool, a connection or a transaction).
+async fn message_insert<'e, E>(exec: E, msg: &NewMessage, now: DateTime<Utc>) -> Result<Option<i64>>
+where
+    E: SqliteExecutor<'e>,
+{
+    let id = msg.message_id.unwrap_or_else(MessageId::generate);
+    let available = msg.delay.map(|d| us(crate::clock::add(now, d)));
+    let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
+    let seq: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox_messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (message_id) DO NOTHING
+         RETURNING seq",
+    )
+    .bind(id.to_string())
+    .bind(msg.topic.as_str())
+    .bind(&msg.type_)
+    .bind(&msg.payload)
+    .bind(headers)
+    .bind(msg.ordering_key.as_deref())
+    .bind(us(now))
+    .bind(available)
+    .fetch_optional(exec)
+    .await?;
+    Ok(seq)
+}
+
+async fn message_insert_tx(conn: &mut SqliteConnection, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+    let id = msg.message_id.unwrap_or_else(MessageId::generate);
+    let msg = NewMessage { message_id: Some(id), ..msg.clone() };
+    if let Some(seq) = message_insert(&mut *conn, &msg, now).await? {
+        return Ok(Enqueued { message_id: id, seq, duplicate: false });
+    }
+    let seq: i64 = sqlx::query_scalar("SELECT seq FROM outbox_messages WHERE message_id = ?1")
+        .bind(id.to_string())
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Enqueued { message_id: id, seq, duplicate: true })
+}
+
+/// A delivery to create, as JSON for `json_each`.
+fn new_delivery(row: &SqliteRow, consumer: &str) -> Result<serde_json::Value> {
+    let available: i64 = row.try_get("available_at")?;
+    Ok(json!({
+        "m": row.try_get::<String, _>("message_id")?,
+        "c": consumer,
+        "s": row.try_get::<i64, _>("seq")?,
+        "k": row.try_get::<Option<String>, _>("ordering_key")?,
+        "a": available,
+    }))
+}
+
+/// The fan-out insert; an existing `(message_id, consumer)` row is left alone.
+async fn delivery_insert_many(conn: &mut SqliteConnection, rows: &[serde_json::Value], now: DateTime<Utc>) -> Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT json_extract(value, '$.m'), json_extract(value, '$.c'), json_extract(value, '$.s'),
+                json_extract(value, '$.k'), 'pending', json_extract(value, '$.a'), ?2, ?2
+           FROM json_each(?1) WHERE true
+         ON CONFLICT (message_id, consumer) DO NOTHING",
+    )
+    .bind(serde_json::Value::Array(rows.to_vec()).to_string())
+    .bind(us(now))
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+async fn delivery_replay_ids(conn: &mut SqliteConnection, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT m.message_id, ?1, m.seq, m.ordering_key, 'pending', ?3, ?3, ?3
+           FROM outbox_messages m WHERE m.message_id IN (SELECT value FROM json_each(?2))
+         ON CONFLICT (message_id, consumer) DO UPDATE
+            SET state = 'pending', delivery_count = 0, available_at = ?3, last_error = NULL,
+                acked_at = NULL, dead_at = NULL, updated_at = ?3
+          WHERE outbox_deliveries.state <> 'leased'",
+    )
+    .bind(consumer)
+    .bind(ids_json(ids))
+    .bind(us(now))
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
+    let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&mut *conn).await?;
+    rows.iter().map(consumer_from_row).collect()
+}
+
+async fn consumer_get_on(conn: &mut SqliteConnection, name: &ConsumerName) -> Result<Consumer> {
+    let row = sqlx::query("SELECT * FROM outbox_consumers WHERE name = ?1")
+        .bind(name.as_str())
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+    consumer_from_row(&row)
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
+    /// one-server lock on it.
+    pub async fn open(url: &str) -> Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let path = options.get_filename().to_path_buf();
+        let lock = if path.as_os_str().is_empty() || path.to_string_lossy().contains(":memory:") {
+            None
+        } else {
+            Some(Arc::new(take_lock(&path)?))
+        };
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options.clone()).await?;
+        Ok(Self { pool, options, _lock: lock })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+/// The exclusive lock that makes one server per file: held until the process ends (the OS
+/// releases it on a crash too).
+fn take_lock(db: &std::path::Path) -> Result<File> {
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let io = |source| StoreError::Io { path: path.display().to_string(), source };
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(format!(
+            "another outboxd is already serving {}: only one server may use a SQLite file \
+             (use PostgreSQL for several replicas)",
+            db.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        sqlx::query("PRAGMA optimize").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn watch(&self, hub: Hub, cancel: CancellationToken) {
+        let mut conn = loop {
+            match SqliteConnection::connect_with(&self.options).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open the SQLite watcher connection; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        let mut last: Option<i64> = None;
+        loop {
+            match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&mut conn).await {
+                Ok(v) => {
+                    if last.is_some_and(|l| l != v) {
+                        hub.enqueued().notify();
+                    }
+                    last = Some(v);
+                }
+                Err(e) => tracing::warn!(error = %e, "PRAGMA data_version failed"),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(WATCH_INTERVAL) => {}
+            }
+        }
+    }
+
+    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        let mut tx = self.begin().await?;
+        let out = message_insert_tx(&mut tx, msg, now).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
+        let mut tx = self.begin().await?;
+        let mut out = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            out.push(message_insert_tx(&mut tx, msg, now).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, _notify: bool) -> Result<RelayOutcome> {
+        let mut tx = self.begin().await?;
+        let claimed = sqlx::query(
+            "UPDATE outbox_messages SET relayed_at = ?2
+              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL ORDER BY seq LIMIT ?1)
+             RETURNING message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at",
+        )
+        .bind(limit)
+        .bind(us(now))
+        .fetch_all(&mut *tx)
+        .await?;
+        if claimed.is_empty() {
+            tx.rollback().await?;
+            return Ok(RelayOutcome::default());
+        }
+        let consumers = consumers_on(&mut tx).await?;
+        let mut rows = Vec::new();
+        let mut woken = Vec::new();
+        for row in &claimed {
+            let seq: i64 = row.try_get("seq")?;
+            let topic: &str = row.try_get("topic")?;
+            for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
+                rows.push(new_delivery(row, c.spec.name.as_str())?);
+                woken.push(c.spec.name.as_str().to_owned());
+            }
+        }
+        let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
+        tx.commit().await?;
+        woken.sort_unstable();
+        woken.dedup();
+        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
+    }
+
+    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
+        let mut tx = self.begin().await?;
+        match consumer_get_on(&mut tx, &spec.name).await {
+            Ok(existing) => {
+                return if existing.spec == *spec {
+                    Ok(existing)
+                } else {
+                    Err(StoreError::ConsumerConflict(spec.name.to_string()))
+                };
+            }
+            Err(StoreError::ConsumerNotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
+        let row = sqlx::query(
+            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
+                                           ack_deadline_ms, start_from, start_seq, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8)
+             RETURNING *",
+        )
+        .bind(spec.name.as_str())
+        .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
+        .bind(i64::from(spec.max_deliveries))
+        .bind(ms(spec.backoff.base))
+        .bind(ms(spec.backoff.max))
+        .bind(ms(spec.ack_deadline))
+        .bind(spec.start_from.as_str())
+        .bind(us(now))
+        .fetch_one(&mut *tx)
+        .await?;
+        let consumer = consumer_from_row(&row)?;
+        if spec.start_from == StartFrom::Earliest {
+            let mut after = 0i64;
+            loop {
+                let batch = sqlx::query(
+                    "SELECT message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at
+                       FROM outbox_messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )
+                .bind(after)
+                .bind(SCAN_BATCH)
+                .fetch_all(&mut *tx)
+                .await?;
+                let Some(last) = batch.last() else { break };
+                after = last.try_get("seq")?;
+                let mut rows = Vec::new();
+                for row in &batch {
+                    if spec.matches(row.try_get("topic")?) {
+                        rows.push(new_delivery(row, spec.name.as_str())?);
+                    }
+                }
+                delivery_insert_many(&mut tx, &rows, now).await?;
+                if (batch.len() as i64) < SCAN_BATCH {
+                    break;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(consumer)
+    }
+
+    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
+        let mut conn = self.pool.acquire().await?;
+        consumer_get_on(&mut conn, name).await
+    }
+
+    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
+        let mut conn = self.pool.acquire().await?;
+        consumers_on(&mut conn).await
+    }
+
+    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
+        let done = sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.pool).await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::ConsumerNotFound(name.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+        let row = sqlx::query("UPDATE outbox_consumers SET paused = ?2 WHERE name = ?1 RETURNING *")
+            .bind(name.as_str())
+            .bind(i64::from(paused))
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        consumer_from_row(&row)
+    }
+
+    async fn delivery_lease_batch(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        limit: i64,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<LeasedDelivery>> {
+        let mut tx = self.begin().await?;
+        let leased = sqlx::query(
+            "UPDATE outbox_deliveries
+                SET state = 'leased', delivery_count = delivery_count + 1,
+                    lease_expires_at = ?4, leased_by = ?5, updated_at = ?2
+              WHERE consumer = ?1 AND message_id IN (
+                SELECT d.message_id FROM outbox_deliveries d
+                 WHERE d.consumer = ?1 AND d.state = 'pending' AND d.available_at <= ?2
+                   AND EXISTS (SELECT 1 FROM outbox_consumers c WHERE c.name = ?1 AND c.paused = 0)
+                   AND (d.ordering_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM outbox_deliveries o
+                         WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
+                           AND o.state IN ('pending', 'leased')
+                           AND (o.seq < d.seq OR o.state = 'leased')))
+                 ORDER BY d.seq LIMIT ?3)
+             RETURNING message_id, delivery_count",
+        )
+        .bind(consumer.as_str())
+        .bind(us(now))
+        .bind(limit)
+        .bind(us(lease_until))
+        .bind(session)
+        .fetch_all(&mut *tx)
+        .await?;
+        if leased.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let mut counts = std::collections::HashMap::new();
+        for r in &leased {
+            counts.insert(r.try_get::<String, _>("message_id")?, count(r.try_get("delivery_count")?));
+        }
+        let ids: Vec<serde_json::Value> = counts.keys().map(|k| json!(k)).collect();
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages m
+              WHERE m.message_id IN (SELECT value FROM json_each(?1)) ORDER BY m.seq"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(serde_json::Value::Array(ids).to_string())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                let message = message_from_row(row)?;
+                let delivery_count = counts.get(&message.message_id.to_string()).copied().unwrap_or(1);
+                Ok(LeasedDelivery { message, delivery_count, lease_expires_at: lease_until })
+            })
+            .collect()
+    }
+
+    async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE outbox_deliveries
+                SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
+              WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2)) AND state IN ('leased', 'pending')",
+        )
+        .bind(consumer.as_str())
+        .bind(ids_json(ids))
+        .bind(us(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn delivery_release_many(
+        &self,
+        releases: &[Release],
+        guard: ReleaseGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        if releases.is_empty() {
+            return Ok(0);
+        }
+        let batch: Vec<serde_json::Value> = releases
+            .iter()
+            .map(|r| {
+                json!({
+                    "c": r.consumer.as_str(),
+                    "m": r.message_id.to_string(),
+                    "s": r.state.as_str(),
+                    "a": us(r.available_at),
+                    "e": r.error,
+                })
+            })
+            .collect();
+        let (session, expired_at) = match guard {
+            ReleaseGuard::Session(s) => (Some(s), None),
+            ReleaseGuard::ExpiredAt(t) => (None, Some(us(t))),
+        };
+        let done = sqlx::query(
+            "UPDATE outbox_deliveries
+                SET state = r.state, available_at = r.available_at,
+                    last_error = coalesce(r.last_error, outbox_deliveries.last_error),
+                    lease_expires_at = NULL, leased_by = NULL, updated_at = ?2,
+                    dead_at = CASE WHEN r.state = 'dead' THEN ?2 END
+               FROM (SELECT json_extract(value, '$.c') AS consumer, json_extract(value, '$.m') AS message_id,
+                            json_extract(value, '$.s') AS state, json_extract(value, '$.a') AS available_at,
+                            json_extract(value, '$.e') AS last_error
+                       FROM json_each(?1)) AS r
+              WHERE outbox_deliveries.consumer = r.consumer AND outbox_deliveries.message_id = r.message_id
+                AND outbox_deliveries.state = 'leased'
+                AND (?3 IS NULL OR outbox_deliveries.leased_by = ?3)
+                AND (?4 IS NULL OR outbox_deliveries.lease_expires_at <= ?4)",
+        )
+        .bind(serde_json::Value::Array(batch).to_string())
+        .bind(us(now))
+        .bind(session)
+        .bind(expired_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+        let rows = sqlx::query(
+            "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
+               FROM outbox_deliveries d JOIN outbox_consumers c ON c.name = d.consumer
+              WHERE d.state = 'leased' AND d.lease_expires_at <= ?1
+              ORDER BY d.lease_expires_at LIMIT ?2",
+        )
+        .bind(us(now))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let consumer: String = row.try_get("consumer")?;
+                Ok(ExpiredLease {
+                    consumer: ConsumerName::parse("consumer", &consumer)
+                        .map_err(|e| StoreError::InvalidValue(e.to_string()))?,
+                    message_id: uuid(row.try_get("message_id")?)?,
+                    delivery_count: count(row.try_get("delivery_count")?),
+                    max_deliveries: count(row.try_get("max_deliveries")?),
+                    backoff_base: from_ms(row.try_get("backoff_base_ms")?),
+                    backoff_max: from_ms(row.try_get("backoff_max_ms")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn delivery_extend_many(
+        &self,
+        consumer: &ConsumerName,
+        session: &str,
+        ids: &[MessageId],
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE outbox_deliveries SET lease_expires_at = ?4, updated_at = ?5
+              WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))
+                AND state = 'leased' AND leased_by = ?3",
+        )
+        .bind(consumer.as_str())
+        .bind(ids_json(ids))
+        .bind(session)
+        .bind(us(until))
+        .bind(us(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+        let row = sqlx::query(
+            "SELECT EXISTS (SELECT 1 FROM outbox_consumers WHERE name = ?1) AS present,
+                    (SELECT min(available_at) FROM outbox_deliveries WHERE consumer = ?1 AND state = 'pending') AS due",
+        )
+        .bind(consumer.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        if row.try_get::<i64, _>("present")? == 0 {
+            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
+        }
+        Ok(opt_time(row.try_get("due")?))
+    }
+
+    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
+        let head =
+            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let rows = sqlx::query(
+            "SELECT c.name, c.paused,
+                    count(d.state) FILTER (WHERE d.state = 'pending') AS backlog,
+                    count(d.state) FILTER (WHERE d.state = 'leased') AS in_flight,
+                    count(d.state) FILTER (WHERE d.state = 'pending' AND d.delivery_count > 0) AS retrying,
+                    count(d.state) FILTER (WHERE d.state = 'dead') AS dead,
+                    count(d.state) FILTER (WHERE d.state = 'acked') AS acked,
+                    min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased')) AS oldest_seq
+               FROM outbox_consumers c LEFT JOIN outbox_deliveries d ON d.consumer = c.name
+              WHERE ?1 IS NULL OR c.name = ?1
+              GROUP BY c.name, c.paused ORDER BY c.name",
+        )
+        .bind(only.map(|c| c.as_str()))
+        .fetch_all(&self.pool)
+        .await?;
+        if let Some(name) = only
+            && rows.is_empty()
+        {
+            return Err(StoreError::ConsumerNotFound(name.to_string()));
+        }
+        let mut consumers = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let oldest_seq: Option<i64> = r.try_get("oldest_seq")?;
+            let oldest = match oldest_seq {
+                Some(seq) => sqlx::query_scalar::<_, i64>("SELECT enqueued_at FROM outbox_messages WHERE seq = ?1")
+                    .bind(seq)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(time),
+                None => None,
+            };
+            consumers.push(ConsumerStats {
+                consumer: r.try_get("name")?,
+                paused: r.try_get::<i64, _>("paused")? != 0,
+                backlog: r.try_get("backlog")?,
+                in_flight: r.try_get("in_flight")?,
+                retrying: r.try_get("retrying")?,
+                dead: r.try_get("dead")?,
+                acked: r.try_get("acked")?,
+                oldest_unacked_at: oldest,
+            });
+        }
+        Ok(Stats {
+            unrelayed: head.try_get("unrelayed")?,
+            oldest_unrelayed_at: opt_time(head.try_get("oldest")?),
+            consumers,
+        })
+    }
+
+    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+        self.consumer_get(consumer).await?;
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+               FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
+              WHERE d.consumer = ?1 AND d.state = 'dead' AND d.seq > ?2
+              ORDER BY d.seq LIMIT ?3"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(consumer.as_str())
+            .bind(after_seq)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    message: message_from_row(r)?,
+                    consumer: r.try_get("consumer")?,
+                    delivery_count: count(r.try_get("delivery_count")?),
+                    last_error: r.try_get("last_error")?,
+                    dead_at: opt_time(r.try_get("dead_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.message_id = ?1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::MessageNotFound(id))?;
+        let message = message_from_row(&row)?;
+        let rows = sqlx::query("SELECT * FROM outbox_deliveries WHERE message_id = ?1 ORDER BY consumer")
+            .bind(id.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        let deliveries = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>>>()?;
+        Ok((message, deliveries))
+    }
+
+    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let c = consumer_get_on(&mut tx, consumer).await?;
+        let replayed = match selector {
+            ReplaySelector::MessageIds(ids) => delivery_replay_ids(&mut tx, consumer.as_str(), ids, now).await?,
+            ReplaySelector::DeadLetters => sqlx::query(
+                "UPDATE outbox_deliveries
+                    SET state = 'pending', delivery_count = 0, available_at = ?2, last_error = NULL,
+                        dead_at = NULL, updated_at = ?2
+                  WHERE consumer = ?1 AND state = 'dead'",
+            )
+            .bind(consumer.as_str())
+            .bind(us(now))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected(),
+            ReplaySelector::EnqueuedBetween { after, before } => {
+                let mut total = 0;
+                let mut after_seq = 0i64;
+                loop {
+                    let batch = sqlx::query(
+                        "SELECT message_id, seq, topic FROM outbox_messages
+                          WHERE enqueued_at >= ?1 AND enqueued_at < ?2 AND seq > ?3
+                          ORDER BY seq LIMIT ?4",
+                    )
+                    .bind(us(*after))
+                    .bind(us(*before))
+                    .bind(after_seq)
+                    .bind(SCAN_BATCH)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                    let Some(last) = batch.last() else { break };
+                    after_seq = last.try_get("seq")?;
+                    let mut ids = Vec::new();
+                    for r in &batch {
+                        if c.spec.matches(r.try_get("topic")?) {
+                            ids.push(uuid(r.try_get("message_id")?)?);
+                        }
+                    }
+                    total += delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?;
+                    if (batch.len() as i64) < SCAN_BATCH {
+                        break;
+                    }
+                }
+                total
+            }
+        };
+        tx.commit().await?;
+        Ok(replayed)
+    }
+
+    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
+        let mut total = Pruned::default();
+        loop {
+            let mut tx = self.begin().await?;
+            let doomed: Vec<String> = sqlx::query_scalar(
+                "SELECT m.message_id FROM outbox_messages m
+                  WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
+                                     WHERE d.message_id = m.message_id AND d.state <> 'acked')
+                  ORDER BY m.enqueued_at LIMIT ?2",
+            )
+            .bind(us(cutoff))
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
+            let deliveries = sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            let messages = sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            total.messages += messages as i64;
+            total.deliveries += deliveries as i64;
+            if (messages as i64) < batch {
+                return Ok(total);
+            }
+        }
+    }
+}
