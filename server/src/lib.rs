@@ -10,7 +10,8 @@
 //! - [`config`]: command line and environment, validated before anything binds.
 //! - [`app`]: builds the server ([`app::App::build`]) and shuts it down gracefully.
 //! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states.
-//! - [`store`]: every SQL statement; the PostgreSQL store and its migrations.
+//! - [`store`]: every SQL statement: the [`store::Store`] seam, the PostgreSQL store and the
+//!   embedded SQLite store, each with its migrations.
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
 //! - [`session`]: one `Subscribe` stream: leases, sends, applies acks, nacks and extends.
 //! - [`sweeper`]: returns expired leases to pending (with backoff) or to dead.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::store::{SharedStore, Pruned, StoreError};
+use crate::store::{Pruned, SharedStore, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct Pruner {

@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::hub::Hub;
-use crate::store::{SharedStore, RelayOutcome, StoreError};
+use crate::store::{RelayOutcome, SharedStore, StoreError};
 
 /// How the relay waits for work. Producers writing through their own transactions cannot signal
 /// this process (a NOTIFY on their commit path would serialise their commits), so the relay

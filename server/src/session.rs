@@ -22,7 +22,7 @@ use tonic::Status;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
-use crate::store::{LeasedDelivery, SharedStore, Release, ReleaseGuard, StoreError};
+use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
 
 /// The longest ack deadline or extension a stream may ask for.
 pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Backoff, DeliveryState};
 use crate::hub::Hub;
-use crate::store::{SharedStore, Release, ReleaseGuard, StoreError};
+use crate::store::{Release, ReleaseGuard, SharedStore, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct LeaseSweeper {

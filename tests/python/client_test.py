@@ -121,5 +121,9 @@ try:
 except grpc.RpcError as e:
     check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "topic" in e.details(), "INVALID_ARGUMENT names topic")
 
+# Close our half of the stream; the server then ends it. Cancel and close explicitly so that
+# no gRPC thread outlives the script.
 requests.put(None)
+responses.cancel()
+channel.close()
 print("PYTHON CLIENT OK", flush=True)

@@ -307,3 +307,206 @@ impl DbProxy {
         format!("{scheme}://{auth}127.0.0.1:{}/{path}", self.port)
     }
 }
+
+/// The stores every conformance case runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A fresh database of either kind, removed when dropped.
+#[derive(Debug)]
+pub enum TestStore {
+    Postgres(TestDb),
+    Sqlite(outbox_server::testing::TestSqlite),
+}
+
+impl TestStore {
+    pub async fn create(backend: Backend) -> Result<Self> {
+        Ok(match backend {
+            Backend::Postgres => TestStore::Postgres(TestDb::create().await?),
+            Backend::Sqlite => TestStore::Sqlite(outbox_server::testing::TestSqlite::create()?),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        match self {
+            TestStore::Postgres(db) => &db.url,
+            TestStore::Sqlite(db) => &db.url,
+        }
+    }
+}
+
+/// A producer's connection to the store's database (for SQLite: the same file, as another
+/// process would open it). Every write here is what an application would do.
+#[derive(Debug, Clone)]
+pub enum Db {
+    Postgres(sqlx::PgPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+impl Db {
+    pub async fn connect(url: &str) -> Result<Self> {
+        if url.starts_with("sqlite:") {
+            use std::str::FromStr as _;
+            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                .busy_timeout(Duration::from_secs(10))
+                .foreign_keys(true);
+            Ok(Db::Sqlite(sqlx::sqlite::SqlitePoolOptions::new().max_connections(4).connect_with(opts).await?))
+        } else {
+            Ok(Db::Postgres(sqlx::PgPool::connect(url).await?))
+        }
+    }
+
+    /// Enqueues in a transaction of its own that commits.
+    pub async fn enqueue(&self, msg: &outbox_client::Message) -> Result<outbox_client::Enqueued> {
+        self.enqueue_all(std::slice::from_ref(msg)).await.map(|mut v| v.remove(0))
+    }
+
+    /// Enqueues all of `msgs` in one committed transaction.
+    pub async fn enqueue_all(&self, msgs: &[outbox_client::Message]) -> Result<Vec<outbox_client::Enqueued>> {
+        let mut out = Vec::new();
+        match self {
+            Db::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                for m in msgs {
+                    out.push(outbox_client::enqueue(&mut *tx, m).await?);
+                }
+                tx.commit().await?;
+            }
+            Db::Sqlite(p) => {
+                let mut tx = p.begin().await?;
+                for m in msgs {
+                    out.push(outbox_client::enqueue(&mut *tx, m).await?);
+                }
+                tx.commit().await?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Enqueues in a transaction that rolls back.
+    pub async fn enqueue_rolled_back(&self, msg: &outbox_client::Message) -> Result<()> {
+        match self {
+            Db::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                outbox_client::enqueue(&mut *tx, msg).await?;
+                tx.rollback().await?;
+            }
+            Db::Sqlite(p) => {
+                let mut tx = p.begin().await?;
+                outbox_client::enqueue(&mut *tx, msg).await?;
+                tx.rollback().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues in a transaction whose COMMIT fails (a deferred constraint); returns whether
+    /// the commit failed.
+    pub async fn enqueue_with_failing_commit(&self, msg: &outbox_client::Message) -> Result<bool> {
+        match self {
+            Db::Postgres(p) => {
+                sqlx::query("CREATE TABLE IF NOT EXISTS app_orders (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)")
+                    .execute(p)
+                    .await?;
+                let mut tx = p.begin().await?;
+                sqlx::query("INSERT INTO app_orders VALUES (1), (1)").execute(&mut *tx).await?;
+                outbox_client::enqueue(&mut *tx, msg).await?;
+                Ok(tx.commit().await.is_err())
+            }
+            Db::Sqlite(p) => {
+                sqlx::query("CREATE TABLE IF NOT EXISTS app_customers (id INTEGER PRIMARY KEY)").execute(p).await?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS app_orders (id INTEGER PRIMARY KEY,
+                         customer INTEGER REFERENCES app_customers (id) DEFERRABLE INITIALLY DEFERRED)",
+                )
+                .execute(p)
+                .await?;
+                let mut tx = p.begin().await?;
+                sqlx::query("INSERT INTO app_orders VALUES (1, 42)").execute(&mut *tx).await?;
+                outbox_client::enqueue(&mut *tx, msg).await?;
+                Ok(tx.commit().await.is_err())
+            }
+        }
+    }
+
+    /// Enqueues the way a producer in any language does: the SQL function `outbox.enqueue` on
+    /// PostgreSQL, the documented INSERT on SQLite.
+    pub async fn sql_enqueue(&self, topic: &str, type_: &str, payload: &[u8]) -> Result<uuid::Uuid> {
+        match self {
+            Db::Postgres(p) => sql_enqueue(p, topic, type_, payload).await,
+            Db::Sqlite(p) => {
+                let id: String = sqlx::query_scalar(
+                    "INSERT INTO outbox_messages (topic, type, payload) VALUES (?1, ?2, ?3) RETURNING message_id",
+                )
+                .bind(topic)
+                .bind(type_)
+                .bind(payload)
+                .fetch_one(p)
+                .await?;
+                Ok(id.parse()?)
+            }
+        }
+    }
+
+    /// Rows in the messages table.
+    pub async fn message_count(&self) -> Result<i64> {
+        Ok(match self {
+            Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(p).await?,
+            Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM outbox_messages").fetch_one(p).await?,
+        })
+    }
+
+    /// Rows in the inbox (deliveries) table.
+    pub async fn delivery_count(&self) -> Result<i64> {
+        Ok(match self {
+            Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(p).await?,
+            Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM outbox_deliveries").fetch_one(p).await?,
+        })
+    }
+
+    /// Creates the `app_effects` table that [`Db::effect_with_transactional_ack`] writes.
+    pub async fn create_effects_table(&self) -> Result<()> {
+        let sql = "CREATE TABLE app_effects (message_id TEXT)";
+        match self {
+            Db::Postgres(p) => sqlx::query(sql).execute(p).await.map(|_| ())?,
+            Db::Sqlite(p) => sqlx::query(sql).execute(p).await.map(|_| ())?,
+        }
+        Ok(())
+    }
+
+    /// A consumer sharing the database: writes its effect (a row in `app_effects`) and acks in
+    /// the same transaction. `Ok(true)`: committed; `Ok(false)`: the delivery was already
+    /// acked, the effect was rolled back.
+    pub async fn effect_with_transactional_ack(&self, consumer: &str, id: uuid::Uuid) -> Result<bool> {
+        use outbox_client::ClientError;
+        macro_rules! run {
+            ($pool:expr) => {{
+                let mut tx = $pool.begin().await?;
+                sqlx::query("INSERT INTO app_effects VALUES ($1)").bind(id.to_string()).execute(&mut *tx).await?;
+                match outbox_client::ack_in_tx(&mut *tx, consumer, id).await {
+                    Ok(()) => {
+                        tx.commit().await?;
+                        Ok(true)
+                    }
+                    Err(ClientError::AlreadyAcked { .. }) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }};
+        }
+        match self {
+            Db::Postgres(p) => run!(p),
+            Db::Sqlite(p) => run!(p),
+        }
+    }
+
+    /// Effects written by [`Db::effect_with_transactional_ack`].
+    pub async fn effect_count(&self) -> Result<i64> {
+        Ok(match self {
+            Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM app_effects").fetch_one(p).await?,
+            Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM app_effects").fetch_one(p).await?,
+        })
+    }
+}

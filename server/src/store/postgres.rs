@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    Store, ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplaySelector, Result, Stats, StoreError, StoredMessage,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
+    Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
 };
+use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
 use crate::listener::WorkListener;
-use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
@@ -274,7 +274,6 @@ impl PgStore {
         listener.listen(WORK_CHANNEL).await?;
         Ok(listener)
     }
-
 }
 
 #[async_trait::async_trait]
@@ -521,12 +520,7 @@ impl Store for PgStore {
     }
 
     /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
-    async fn delivery_ack_many(
-        &self,
-        consumer: &ConsumerName,
-        ids: &[MessageId],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
+    async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let done = sqlx::query(
             "UPDATE outbox.deliveries
@@ -701,12 +695,7 @@ impl Store for PgStore {
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    async fn dead_letter_list(
-        &self,
-        consumer: &ConsumerName,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>> {
+    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at

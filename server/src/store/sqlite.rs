@@ -24,12 +24,10 @@ use sqlx::{Connection, Row, Sqlite, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned,
-    RelayOutcome, Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
+    Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
 };
-use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern,
-};
+use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
@@ -122,7 +120,10 @@ fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
             name,
             topics,
             max_deliveries: count(row.try_get("max_deliveries")?),
-            backoff: Backoff { base: from_ms(row.try_get("backoff_base_ms")?), max: from_ms(row.try_get("backoff_max_ms")?) },
+            backoff: Backoff {
+                base: from_ms(row.try_get("backoff_base_ms")?),
+                max: from_ms(row.try_get("backoff_max_ms")?),
+            },
             ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
             start_from: StartFrom::from_db(row.try_get::<&str, _>("start_from")?),
         },
@@ -204,7 +205,11 @@ fn new_delivery(row: &SqliteRow, consumer: &str) -> Result<serde_json::Value> {
 }
 
 /// The fan-out insert; an existing `(message_id, consumer)` row is left alone.
-async fn delivery_insert_many(conn: &mut SqliteConnection, rows: &[serde_json::Value], now: DateTime<Utc>) -> Result<u64> {
+async fn delivery_insert_many(
+    conn: &mut SqliteConnection,
+    rows: &[serde_json::Value],
+    now: DateTime<Utc>,
+) -> Result<u64> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -222,7 +227,12 @@ async fn delivery_insert_many(conn: &mut SqliteConnection, rows: &[serde_json::V
     Ok(done.rows_affected())
 }
 
-async fn delivery_replay_ids(conn: &mut SqliteConnection, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+async fn delivery_replay_ids(
+    conn: &mut SqliteConnection,
+    consumer: &str,
+    ids: &[MessageId],
+    now: DateTime<Utc>,
+) -> Result<u64> {
     if ids.is_empty() {
         return Ok(0);
     }
@@ -474,7 +484,8 @@ impl Store for SqliteStore {
     }
 
     async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
-        let done = sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.pool).await?;
+        let done =
+            sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.pool).await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::ConsumerNotFound(name.to_string()));
         }
@@ -678,10 +689,11 @@ impl Store for SqliteStore {
     }
 
     async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
-        let head =
-            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL")
-                .fetch_one(&self.pool)
-                .await?;
+        let head = sqlx::query(
+            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
         let rows = sqlx::query(
             "SELECT c.name, c.paused,
                     count(d.state) FILTER (WHERE d.state = 'pending') AS backlog,
@@ -841,16 +853,18 @@ impl Store for SqliteStore {
             .fetch_all(&mut *tx)
             .await?;
             let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
-            let deliveries = sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            let messages = sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+            let deliveries =
+                sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            let messages =
+                sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
             tx.commit().await?;
             total.messages += messages as i64;
             total.deliveries += deliveries as i64;

@@ -3,16 +3,22 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outbox_proto::v1 as pb;
-use outbox_tests::{RawStream, consumer, create_consumer, eventually};
+use outbox_tests::{Backend, RawStream, consumer, create_consumer, eventually};
 use tonic::Code;
 
-use crate::{WAIT, setup, stats};
+use crate::{WAIT, conformance, setup, setup_pg, stats};
+
+conformance!(
+    consumers_are_created_idempotently_listed_paused_resumed_and_deleted,
+    start_from_earliest_gets_retained_messages_and_new_does_not,
+    replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one,
+    get_message_shows_each_consumers_delivery_and_prune_removes_acked_history,
+);
 
 const QUIET: Duration = Duration::from_millis(300);
 
-#[tokio::test]
-async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     let c = create_consumer(&mut admin, consumer("c", &["t"])).await?;
     assert_eq!(c.max_deliveries, 5);
@@ -29,7 +35,7 @@ async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted() 
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let paused = admin.pause_consumer(pb::PauseConsumerRequest { consumer: "c".into() }).await?.into_inner();
     assert!(paused.consumer.unwrap().paused);
-    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    db.sql_enqueue("t", "T", b"").await?;
     eventually("relayed while paused", WAIT, || async { Ok((stats(&srv, "c").await?.backlog == 1).then_some(())) })
         .await?;
     assert!(s.next(QUIET).await?.is_none(), "nothing delivered while paused");
@@ -44,19 +50,18 @@ async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted() 
     Ok(())
 }
 
-#[tokio::test]
-async fn start_from_earliest_gets_retained_messages_and_new_does_not() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn start_from_earliest_gets_retained_messages_and_new_does_not(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("first", &["t"])).await?;
-    let old = outbox_tests::sql_enqueue(&pool, "t", "Old", b"").await?;
+    let old = db.sql_enqueue("t", "Old", b"").await?;
     eventually("old relayed", WAIT, || async { Ok((stats(&srv, "first").await?.backlog == 1).then_some(())) }).await?;
 
     let mut early = consumer("early", &["t"]);
     early.start_from = pb::consumer::StartFrom::Earliest as i32;
     create_consumer(&mut admin, early).await?;
     create_consumer(&mut admin, consumer("late", &["t"])).await?;
-    let new = outbox_tests::sql_enqueue(&pool, "t", "New", b"").await?;
+    let new = db.sql_enqueue("t", "New", b"").await?;
 
     let mut e = RawStream::open(&srv.endpoint, "early", 10).await?;
     let got: Vec<String> = e.take(2, WAIT).await?.into_iter().map(|d| d.message_id).collect();
@@ -68,13 +73,12 @@ async fn start_from_earliest_gets_retained_messages_and_new_does_not() -> Result
     Ok(())
 }
 
-#[tokio::test]
-async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("c", &["t"])).await?;
-    let a = outbox_tests::sql_enqueue(&pool, "t", "A", b"").await?;
-    let b = outbox_tests::sql_enqueue(&pool, "t", "B", b"").await?;
+    let a = db.sql_enqueue("t", "A", b"").await?;
+    let b = db.sql_enqueue("t", "B", b"").await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     for d in s.take(2, WAIT).await? {
         s.ack(&[&d.message_id]).await;
@@ -120,13 +124,12 @@ async fn replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one() -
     Ok(())
 }
 
-#[tokio::test]
-async fn get_message_shows_each_consumers_delivery_and_prune_removes_acked_history() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn get_message_shows_each_consumers_delivery_and_prune_removes_acked_history(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("a", &["t"])).await?;
     create_consumer(&mut admin, consumer("b", &["t"])).await?;
-    let id = outbox_tests::sql_enqueue(&pool, "t", "T", b"payload").await?;
+    let id = db.sql_enqueue("t", "T", b"payload").await?;
     let mut s = RawStream::open(&srv.endpoint, "a", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
     s.ack(&[&d.message_id]).await;
@@ -152,15 +155,17 @@ async fn get_message_shows_each_consumers_delivery_and_prune_removes_acked_histo
     let p = admin.prune(pb::PruneRequest { older_than }).await?.into_inner();
     assert_eq!((p.messages_deleted, p.deliveries_deleted), (1, 2));
     // The default retention (7 days) keeps recent history.
-    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    db.sql_enqueue("t", "T", b"").await?;
     let p = admin.prune(pb::PruneRequest { older_than: None }).await?.into_inner();
     assert_eq!(p.messages_deleted, 0);
     Ok(())
 }
 
+/// PostgreSQL only: SQLite has no stored functions (its producers use the documented INSERT,
+/// exercised by every conformance case through `Db::sql_enqueue`).
 #[tokio::test]
 async fn the_sql_function_joins_the_callers_transaction_and_tolerates_duplicates() -> Result<()> {
-    let (_db, _srv, pool) = setup(&[]).await?;
+    let (_db, _srv, pool) = setup_pg(&[]).await?;
     let id = uuid::Uuid::new_v4();
     let mut tx = pool.begin().await?;
     sqlx::query("CREATE TABLE orders (id int)").execute(&mut *tx).await?;

@@ -6,25 +6,37 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use outbox_client::Message;
 use outbox_proto::v1 as pb;
-use outbox_tests::{FAST, Outboxd, RawStream, consumer, create_consumer, dur, eventually};
+use outbox_tests::{Backend, FAST, Outboxd, RawStream, consumer, create_consumer, dur, eventually};
 use tonic::Code;
 
-use crate::{WAIT, setup, stats};
+use crate::{WAIT, conformance, setup, stats};
+
+conformance!(
+    fan_out_reaches_every_matching_consumer_and_only_those,
+    deliveries_come_in_seq_order_within_max_in_flight,
+    an_ordering_key_is_delivered_one_at_a_time_through_retries,
+    nack_retries_after_backoff_with_a_growing_count,
+    a_delay_postpones_delivery,
+    acks_for_ids_the_stream_does_not_hold_are_ignored,
+    subscribe_errors_unknown_consumer_and_missing_start,
+    bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing,
+    sigterm_drains_streams_and_releases_leases_for_immediate_redelivery,
+    health_and_reflection_are_served,
+);
 
 const QUIET: Duration = Duration::from_millis(300);
 
-#[tokio::test]
-async fn fan_out_reaches_every_matching_consumer_and_only_those() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn fan_out_reaches_every_matching_consumer_and_only_those(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("exact", &["orders.created"])).await?;
     create_consumer(&mut admin, consumer("one", &["orders.*"])).await?;
     create_consumer(&mut admin, consumer("rest", &["orders.>"])).await?;
     create_consumer(&mut admin, consumer("users", &["users.created", "users.deleted"])).await?;
 
-    let a = outbox_tests::sql_enqueue(&pool, "orders.created", "T", b"").await?;
-    let b = outbox_tests::sql_enqueue(&pool, "orders.created.v2", "T", b"").await?;
-    let c = outbox_tests::sql_enqueue(&pool, "users.deleted", "T", b"").await?;
+    let a = db.sql_enqueue("orders.created", "T", b"").await?;
+    let b = db.sql_enqueue("orders.created.v2", "T", b"").await?;
+    let c = db.sql_enqueue("users.deleted", "T", b"").await?;
     let consumers_of = |id: uuid::Uuid| {
         let mut admin = admin.clone();
         async move {
@@ -41,15 +53,10 @@ async fn fan_out_reaches_every_matching_consumer_and_only_those() -> Result<()> 
     Ok(())
 }
 
-#[tokio::test]
-async fn deliveries_come_in_seq_order_within_max_in_flight() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn deliveries_come_in_seq_order_within_max_in_flight(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
-    let mut tx = pool.begin().await?;
-    for i in 0..12u8 {
-        outbox_client::enqueue(&mut *tx, &Message::new("t", "T", vec![i])).await?;
-    }
-    tx.commit().await?;
+    db.enqueue_all(&(0..12u8).map(|i| Message::new("t", "T", vec![i])).collect::<Vec<_>>()).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 4).await?;
     let mut all = Vec::new();
     for _ in 0..3 {
@@ -66,15 +73,12 @@ async fn deliveries_come_in_seq_order_within_max_in_flight() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn an_ordering_key_is_delivered_one_at_a_time_through_retries() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn an_ordering_key_is_delivered_one_at_a_time_through_retries(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
-    let mut tx = pool.begin().await?;
-    for (key, name) in [("k1", "a"), ("k1", "b"), ("k2", "x"), ("k1", "c")] {
-        outbox_client::enqueue(&mut *tx, &Message::new("t", name, b"".to_vec()).ordering_key(key)).await?;
-    }
-    tx.commit().await?;
+    let msgs = [("k1", "a"), ("k1", "b"), ("k2", "x"), ("k1", "c")]
+        .map(|(key, name)| Message::new("t", name, b"".to_vec()).ordering_key(key));
+    db.enqueue_all(&msgs).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let first = s.take(2, WAIT).await?;
     let names: Vec<&str> = first.iter().map(|d| d.r#type.as_str()).collect();
@@ -93,14 +97,13 @@ async fn an_ordering_key_is_delivered_one_at_a_time_through_retries() -> Result<
     Ok(())
 }
 
-#[tokio::test]
-async fn nack_retries_after_backoff_with_a_growing_count() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn nack_retries_after_backoff_with_a_growing_count(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut c = consumer("c", &["t"]);
     c.backoff_base = Some(dur(Duration::from_millis(300)));
     c.backoff_max = Some(dur(Duration::from_secs(5)));
     create_consumer(&mut srv.admin().await?, c).await?;
-    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    db.sql_enqueue("t", "T", b"").await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
     let nacked = Instant::now();
@@ -116,9 +119,8 @@ async fn nack_retries_after_backoff_with_a_growing_count() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_delay_postpones_delivery() -> Result<()> {
-    let (_db, srv, _pool) = setup(&[]).await?;
+async fn a_delay_postpones_delivery(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
     let mut client = srv.client().await?;
     let sent = Instant::now();
@@ -134,23 +136,21 @@ async fn a_delay_postpones_delivery() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn acks_for_ids_the_stream_does_not_hold_are_ignored() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn acks_for_ids_the_stream_does_not_hold_are_ignored(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     s.ack(&["not-a-uuid", &uuid::Uuid::new_v4().to_string()]).await;
     s.nack(&uuid::Uuid::new_v4().to_string(), "nothing").await;
-    outbox_tests::sql_enqueue(&pool, "t", "T", b"").await?;
+    db.sql_enqueue("t", "T", b"").await?;
     let d = s.take(1, WAIT).await?.remove(0);
     s.ack(&[&d.message_id]).await;
     eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
     Ok(())
 }
 
-#[tokio::test]
-async fn subscribe_errors_unknown_consumer_and_missing_start() -> Result<()> {
-    let (_db, srv, _pool) = setup(&[]).await?;
+async fn subscribe_errors_unknown_consumer_and_missing_start(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
     let err = RawStream::open(&srv.endpoint, "nobody", 10).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert!(err.message().contains("nobody"), "{}", err.message());
@@ -168,9 +168,8 @@ async fn subscribe_errors_unknown_consumer_and_missing_start() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing() -> Result<()> {
-    let (_db, srv, pool) = setup(&["--max-payload-bytes", "1024"]).await?;
+async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &["--max-payload-bytes", "1024"]).await?;
     let mut client = srv.client().await?;
     let ok = || pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
     let cases = [
@@ -195,7 +194,7 @@ async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing() -
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("messages[1].topic"), "{}", err.message());
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
+    let count = db.message_count().await?;
     assert_eq!(count, 0, "nothing written");
 
     let batch = client.enqueue_batch(pb::EnqueueBatchRequest { messages: vec![ok(), ok()] }).await?.into_inner();
@@ -213,12 +212,11 @@ async fn bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing() -
     Ok(())
 }
 
-#[tokio::test]
-async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery() -> Result<()> {
-    let (db, srv, pool) = setup(&[]).await?;
+async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery(backend: Backend) -> Result<()> {
+    let (store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?; // 30 s ack deadline
     for i in 0..3u8 {
-        outbox_tests::sql_enqueue(&pool, "t", "T", &[i]).await?;
+        db.sql_enqueue("t", "T", &[i]).await?;
     }
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let held = s.take(3, WAIT).await?;
@@ -231,7 +229,7 @@ async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery() -
     assert!(stopping.await??, "outboxd exits 0 after SIGTERM");
 
     // Released at shutdown: redelivered at once, long before the 30 s deadline.
-    let srv = Outboxd::start(&db.url, FAST).await?;
+    let srv = Outboxd::start(store.url(), FAST).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let again = s.take(2, Duration::from_secs(5)).await?;
     let ids: HashSet<_> = again.iter().map(|d| d.message_id.clone()).collect();
@@ -240,9 +238,8 @@ async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery() -
     Ok(())
 }
 
-#[tokio::test]
-async fn health_and_reflection_are_served() -> Result<()> {
-    let (_db, srv, _pool) = setup(&[]).await?;
+async fn health_and_reflection_are_served(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
     let channel = outbox_client::grpc::connect(&srv.endpoint).await?;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     for service in ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"] {

@@ -5,59 +5,57 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
-use outbox_client::{ClientError, Inbox, Message, Subscriber, SubscriberConfig};
+use outbox_client::{Inbox, Message, Subscriber, SubscriberConfig};
 use outbox_proto::v1 as pb;
-use outbox_tests::{DbProxy, FAST, Outboxd, RawStream, TestDb, consumer, create_consumer, dur, eventually};
+use outbox_tests::{
+    Backend, Db, DbProxy, FAST, Outboxd, RawStream, TestDb, TestStore, consumer, create_consumer, dur, eventually,
+};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::{WAIT, setup, stats};
+use crate::{WAIT, conformance, setup, setup_pg, stats};
 
-#[tokio::test]
-async fn producer_commit_fails_leaves_no_message() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+conformance!(
+    producer_commit_fails_leaves_no_message,
+    crash_after_commit_before_relay_is_delivered_by_a_restarted_relay,
+    outboxd_killed_mid_stream_redelivers_with_a_higher_count,
+    ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_effect,
+    ack_lost_after_a_transactional_ack_is_not_redelivered,
+    same_message_twice_even_in_parallel_has_one_delivery_and_one_effect,
+    poison_message_is_dead_after_max_deliveries_visible_and_replayable,
+    slow_consumer_shows_as_backlog_and_oldest_unacked_age,
+    the_subscriber_reconnects_when_outboxd_restarts,
+);
+
+async fn producer_commit_fails_leaves_no_message(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
-    sqlx::query("CREATE TABLE orders (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)").execute(&pool).await?;
-
-    // A rolled-back transaction.
-    let mut tx = pool.begin().await?;
-    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "Rolled", b"x".to_vec())).await?;
-    tx.rollback().await?;
-
-    // A transaction whose COMMIT itself fails (deferred constraint).
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO orders VALUES (1), (1)").execute(&mut *tx).await?;
-    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "CommitFailed", b"x".to_vec())).await?;
-    assert!(tx.commit().await.is_err(), "the commit must fail");
-
-    // A committed marker: the only thing ever delivered.
-    let mut tx = pool.begin().await?;
-    outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "Committed", b"x".to_vec())).await?;
-    tx.commit().await?;
+    db.enqueue_rolled_back(&Message::new("orders.created", "RolledBack", b"x".to_vec())).await?;
+    assert!(
+        db.enqueue_with_failing_commit(&Message::new("orders.created", "CommitFailed", b"x".to_vec())).await?,
+        "the commit must fail"
+    );
+    db.enqueue(&Message::new("orders.created", "Committed", b"x".to_vec())).await?;
 
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let got = s.take(1, WAIT).await?;
-    assert_eq!(got[0].r#type, "Committed");
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
-    assert_eq!(count, 1, "only the committed message exists");
+    assert_eq!(got[0].r#type, "Committed", "only the committed message is delivered");
+    assert_eq!(db.message_count().await?, 1, "only the committed message exists");
     Ok(())
 }
 
-#[tokio::test]
-async fn crash_after_commit_before_relay_is_delivered_by_a_restarted_relay() -> Result<()> {
-    let (db, srv, pool) = setup(&[]).await?;
+async fn crash_after_commit_before_relay_is_delivered_by_a_restarted_relay(backend: Backend) -> Result<()> {
+    let (store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
     srv.kill().await?;
 
     let mut ids = HashSet::new();
     for i in 0..10 {
-        let mut tx = pool.begin().await?;
-        let e = outbox_client::enqueue(&mut *tx, &Message::new("orders.created", "OrderCreated", vec![i])).await?;
-        tx.commit().await?;
+        let e = db.enqueue(&Message::new("orders.created", "OrderCreated", vec![i])).await?;
         ids.insert(e.message_id.to_string());
     }
 
-    let srv = Outboxd::start(&db.url, FAST).await?;
+    let srv = Outboxd::start(store.url(), FAST).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 100).await?;
     let got = s.take(10, WAIT).await?;
     let got_ids: HashSet<String> = got.iter().map(|d| d.message_id.clone()).collect();
@@ -67,21 +65,20 @@ async fn crash_after_commit_before_relay_is_delivered_by_a_restarted_relay() -> 
     Ok(())
 }
 
-#[tokio::test]
-async fn outboxd_killed_mid_stream_redelivers_with_a_higher_count() -> Result<()> {
-    let (db, srv, pool) = setup(&[]).await?;
+async fn outboxd_killed_mid_stream_redelivers_with_a_higher_count(backend: Backend) -> Result<()> {
+    let (store, srv, db) = setup(backend, &[]).await?;
     let mut c = consumer("c", &["orders.*"]);
     c.ack_deadline = Some(dur(Duration::from_millis(500)));
     create_consumer(&mut srv.admin().await?, c).await?;
     for i in 0..3u8 {
-        outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", &[i]).await?;
+        db.sql_enqueue("orders.created", "OrderCreated", &[i]).await?;
     }
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let first = s.take(3, WAIT).await?;
     assert!(first.iter().all(|d| d.delivery_count == 1));
     srv.kill().await?;
 
-    let srv = Outboxd::start(&db.url, FAST).await?;
+    let srv = Outboxd::start(store.url(), FAST).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let again = s.take(3, WAIT).await?;
     let ids = |v: &[pb::Delivery]| v.iter().map(|d| d.message_id.clone()).collect::<HashSet<_>>();
@@ -94,9 +91,8 @@ async fn outboxd_killed_mid_stream_redelivers_with_a_higher_count() -> Result<()
     Ok(())
 }
 
-#[tokio::test]
-async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_effect() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_effect(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("billing", &["orders.*"])).await?;
     // The consumer keeps its own database, with the client's inbox table in it.
     let own = TestDb::create().await?;
@@ -104,7 +100,7 @@ async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_eff
     Inbox::install(&own_pool).await?;
     sqlx::query("CREATE TABLE effects (message_id uuid, n int)").execute(&own_pool).await?;
 
-    let id = outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", b"{}").await?;
+    let id = db.sql_enqueue("orders.created", "OrderCreated", b"{}").await?;
     let handle = |d: pb::Delivery| {
         let own_pool = own_pool.clone();
         async move {
@@ -137,49 +133,37 @@ async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_eff
     Ok(())
 }
 
-#[tokio::test]
-async fn ack_lost_after_a_transactional_ack_is_not_redelivered() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn ack_lost_after_a_transactional_ack_is_not_redelivered(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("ledger", &["orders.*"])).await?;
-    sqlx::query("CREATE TABLE ledger (message_id uuid PRIMARY KEY)").execute(&pool).await?;
-    let first = outbox_tests::sql_enqueue(&pool, "orders.created", "First", b"{}").await?;
+    db.create_effects_table().await?;
+    db.sql_enqueue("orders.created", "First", b"{}").await?;
 
     let mut s = RawStream::open(&srv.endpoint, "ledger", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
-    let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO ledger VALUES ($1)").bind(first).execute(&mut *tx).await?;
-    outbox_client::ack_in_tx(&mut *tx, "ledger", d.message_id.parse()?).await?;
-    tx.commit().await?;
+    assert!(db.effect_with_transactional_ack("ledger", d.message_id.parse()?).await?);
     drop(s); // effect and ack committed together; the stream's ack is lost
 
-    let marker = outbox_tests::sql_enqueue(&pool, "orders.created", "Marker", b"{}").await?;
+    let marker = db.sql_enqueue("orders.created", "Marker", b"{}").await?;
     let mut s = RawStream::open(&srv.endpoint, "ledger", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
     assert_eq!(d.message_id, marker.to_string(), "the acked message is not delivered again");
+    assert_eq!(db.effect_count().await?, 1);
     Ok(())
 }
 
-#[tokio::test]
-async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["orders.*"])).await?;
-    sqlx::query("CREATE TABLE effects (message_id uuid, by_stream int)").execute(&pool).await?;
+    db.create_effects_table().await?;
 
-    // Two producers enqueue one id in parallel transactions.
+    // Two producers enqueue one id at the same time, in transactions of their own.
     let id = uuid::Uuid::now_v7();
     let msg = Message::new("orders.created", "OrderCreated", b"{}".to_vec()).message_id(id);
-    let mut tx1 = pool.begin().await?;
-    let a = outbox_client::enqueue(&mut *tx1, &msg).await?;
-    let (pool2, msg2) = (pool.clone(), msg.clone());
-    let second = tokio::spawn(async move {
-        let mut tx2 = pool2.begin().await?;
-        let b = outbox_client::enqueue(&mut *tx2, &msg2).await?; // waits for tx1
-        tx2.commit().await?;
-        anyhow::Ok(b)
-    });
-    tx1.commit().await?;
-    let b = second.await??;
-    assert!(!a.duplicate && b.duplicate, "exactly the second is a duplicate");
+    let (a, b) = tokio::join!(db.enqueue(&msg), db.enqueue(&msg));
+    let (a, b) = (a?, b?);
+    assert!(a.duplicate ^ b.duplicate, "exactly one of them is a duplicate");
+    assert_eq!((a.message_id, b.message_id), (id, id));
     // And over gRPC.
     let mut client = srv.client().await?;
     let r = outbox_client::grpc::enqueue_rpc(&mut client, &msg).await?;
@@ -196,38 +180,20 @@ async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect() -
     let d2 = s2.take(1, WAIT).await?.remove(0);
     assert_eq!(d1.message_id, d2.message_id);
     assert_eq!(d2.delivery_count, 2);
-    let effect = |n: i32| {
-        let pool = pool.clone();
-        async move {
-            let mut tx = pool.begin().await?;
-            sqlx::query("INSERT INTO effects VALUES ($1, $2)").bind(id).bind(n).execute(&mut *tx).await?;
-            match outbox_client::ack_in_tx(&mut *tx, "c", id).await {
-                Ok(()) => {
-                    tx.commit().await?;
-                    anyhow::Ok(true)
-                }
-                Err(ClientError::AlreadyAcked { .. }) => Ok(false), // dropped: rolled back
-                Err(e) => Err(e.into()),
-            }
-        }
-    };
-    let (r1, r2) = tokio::join!(effect(1), effect(2));
+    let (r1, r2) = tokio::join!(db.effect_with_transactional_ack("c", id), db.effect_with_transactional_ack("c", id));
     assert!(r1? ^ r2?, "exactly one transactional ack wins");
-    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(&pool).await?;
-    assert_eq!(effects, 1);
-    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages").fetch_one(&pool).await?;
-    assert_eq!(messages, 1);
+    assert_eq!(db.effect_count().await?, 1);
+    assert_eq!(db.message_count().await?, 1);
     Ok(())
 }
 
-#[tokio::test]
-async fn poison_message_is_dead_after_max_deliveries_visible_and_replayable() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn poison_message_is_dead_after_max_deliveries_visible_and_replayable(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
     let mut c = consumer("c", &["orders.*"]);
     c.max_deliveries = 3;
     create_consumer(&mut admin, c).await?;
-    let id = outbox_tests::sql_enqueue(&pool, "orders.created", "Poison", b"{}").await?;
+    let id = db.sql_enqueue("orders.created", "Poison", b"{}").await?;
 
     let failing = Arc::new(AtomicBool::new(true));
     let seen = Arc::new(AtomicU32::new(0));
@@ -277,9 +243,10 @@ async fn poison_message_is_dead_after_max_deliveries_visible_and_replayable() ->
     Ok(())
 }
 
+/// PostgreSQL only: one server per SQLite file.
 #[tokio::test]
 async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
-    let (db, a, pool) = setup(&[]).await?;
+    let (db, a, pool) = setup_pg(&[]).await?;
     let b = Outboxd::start(&db.url, FAST).await?;
     let mut admin = a.admin().await?;
     for name in ["c1", "c2"] {
@@ -327,6 +294,7 @@ async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
     Ok(())
 }
 
+/// PostgreSQL only: an embedded file cannot go down while its server runs.
 #[tokio::test]
 async fn database_down_loses_nothing_and_the_backlog_drains_when_it_returns() -> Result<()> {
     let db = TestDb::create().await?;
@@ -375,12 +343,11 @@ async fn database_down_loses_nothing_and_the_backlog_drains_when_it_returns() ->
     Ok(())
 }
 
-#[tokio::test]
-async fn slow_consumer_shows_as_backlog_and_oldest_unacked_age() -> Result<()> {
-    let (_db, srv, pool) = setup(&[]).await?;
+async fn slow_consumer_shows_as_backlog_and_oldest_unacked_age(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("slow", &["orders.*"])).await?;
     for i in 0..20u8 {
-        outbox_tests::sql_enqueue(&pool, "orders.created", "OrderCreated", &[i]).await?;
+        db.sql_enqueue("orders.created", "OrderCreated", &[i]).await?;
     }
     let mut s = RawStream::open(&srv.endpoint, "slow", 5).await?;
     s.take(5, WAIT).await?;
@@ -395,11 +362,12 @@ async fn slow_consumer_shows_as_backlog_and_oldest_unacked_age() -> Result<()> {
     Ok(())
 }
 
+/// PostgreSQL only: replicas.
 #[tokio::test]
 async fn a_replica_wakes_streams_on_another_replica_without_waiting_for_the_poll() -> Result<()> {
     // `a` relays; `b` runs no relay and polls only once a minute: a delivery on `b` within
     // seconds can only come from `a`'s NOTIFY.
-    let (db, a, _pool) = setup(&[]).await?;
+    let (db, a, _pool) = setup_pg(&[]).await?;
     let b = Outboxd::start(&db.url, &["--no-relay", "--stream-poll", "60s"]).await?;
     create_consumer(&mut a.admin().await?, consumer("c", &["t"])).await?;
     let mut s = RawStream::open(&b.endpoint, "c", 10).await?;
@@ -412,14 +380,13 @@ async fn a_replica_wakes_streams_on_another_replica_without_waiting_for_the_poll
     Ok(())
 }
 
-#[tokio::test]
-async fn the_subscriber_reconnects_when_outboxd_restarts() -> Result<()> {
-    let db = TestDb::create().await?;
+async fn the_subscriber_reconnects_when_outboxd_restarts(backend: Backend) -> Result<()> {
+    let store = TestStore::create(backend).await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let listen = format!("127.0.0.1:{port}");
     let args: Vec<&str> = FAST.iter().copied().chain(["--listen", listen.as_str()]).collect();
-    let srv = Outboxd::start(&db.url, &args).await?;
-    let pool = PgPool::connect(&db.url).await?;
+    let srv = Outboxd::start(store.url(), &args).await?;
+    let db = Db::connect(store.url()).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
 
     let handled = Arc::new(AtomicU32::new(0));
@@ -437,12 +404,12 @@ async fn the_subscriber_reconnects_when_outboxd_restarts() -> Result<()> {
         },
         stop.clone(),
     ));
-    outbox_tests::sql_enqueue(&pool, "t", "Before", b"").await?;
+    db.sql_enqueue("t", "Before", b"").await?;
     eventually("first handled", WAIT, || async { Ok((handled.load(Ordering::SeqCst) == 1).then_some(())) }).await?;
     assert!(srv.terminate(WAIT).await?);
 
-    outbox_tests::sql_enqueue(&pool, "t", "During", b"").await?;
-    let srv = Outboxd::start(&db.url, &args).await?;
+    db.sql_enqueue("t", "During", b"").await?;
+    let srv = Outboxd::start(store.url(), &args).await?;
     eventually("handled after the restart", WAIT, || async { Ok((handled.load(Ordering::SeqCst) == 2).then_some(())) })
         .await?;
     eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 2).then_some(())) }).await?;

@@ -1,4 +1,8 @@
 //! End-to-end tests: each starts real `outboxd` processes on its own fresh database.
+//!
+//! Most cases are the conformance suite: the `conformance!` macro runs each one against the
+//! PostgreSQL store (`…::on_postgres::…`) and the SQLite store (`…::on_sqlite::…`). Cases that
+//! only one store can pass are plain tests whose comment says why.
 #![allow(clippy::unwrap_used)]
 
 mod admin;
@@ -9,13 +13,41 @@ mod python;
 use std::time::Duration;
 
 use anyhow::Result;
-use outbox_tests::{FAST, Outboxd, TestDb};
+use outbox_tests::{Backend, Db, FAST, Outboxd, TestDb, TestStore};
 use sqlx::PgPool;
 
 pub const WAIT: Duration = Duration::from_secs(15);
 
-/// A fresh database, an outboxd serving it (migrations applied), and a pool for producers.
-pub async fn setup(extra: &[&str]) -> Result<(TestDb, Outboxd, PgPool)> {
+/// Runs each named `async fn case(Backend) -> Result<()>` on every store.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $case() -> anyhow::Result<()> {
+                super::$case(outbox_tests::Backend::Postgres).await
+            })*
+        }
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $case() -> anyhow::Result<()> {
+                super::$case(outbox_tests::Backend::Sqlite).await
+            })*
+        }
+    };
+}
+pub(crate) use conformance;
+
+/// A fresh store, an outboxd serving it (migrations applied), and a producer connection.
+pub async fn setup(backend: Backend, extra: &[&str]) -> Result<(TestStore, Outboxd, Db)> {
+    let store = TestStore::create(backend).await?;
+    let args: Vec<&str> = FAST.iter().chain(extra).copied().collect();
+    let srv = Outboxd::start(store.url(), &args).await?;
+    let db = Db::connect(store.url()).await?;
+    Ok((store, srv, db))
+}
+
+/// PostgreSQL only, for cases that need it (they say why).
+pub async fn setup_pg(extra: &[&str]) -> Result<(TestDb, Outboxd, PgPool)> {
     let db = TestDb::create().await?;
     let args: Vec<&str> = FAST.iter().chain(extra).copied().collect();
     let srv = Outboxd::start(&db.url, &args).await?;

@@ -2,11 +2,12 @@
 //! time. It enqueues through the SQL function in its own transaction, subscribes, nacks, acks.
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use outbox_tests::{consumer, create_consumer};
 
-use crate::setup;
+use crate::setup_pg;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -38,20 +39,24 @@ fn python() -> Result<PathBuf> {
     Ok(py)
 }
 
+/// PostgreSQL: the Python producer calls the SQL function `outbox.enqueue`.
 #[tokio::test]
 async fn a_python_client_generated_from_proto_enqueues_in_sql_subscribes_nacks_and_acks() -> Result<()> {
     let py = tokio::task::spawn_blocking(python).await??;
-    let (db, srv, _pool) = setup(&[]).await?;
+    let (db, srv, _pool) = setup_pg(&[]).await?;
     let mut c = consumer("py", &["orders.*"]);
     c.max_deliveries = 5;
     create_consumer(&mut srv.admin().await?, c).await?;
-    let out = tokio::process::Command::new(py)
+    let run = tokio::process::Command::new(py)
         .arg(repo().join("tests/python/client_test.py"))
         .env("OUTBOXD_ADDR", srv.addr.to_string())
         .env("DATABASE_URL", &db.url)
         .env("PROTO_DIR", repo().join("proto"))
-        .output()
-        .await?;
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .context("the Python client did not finish in 120 s")??;
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the Python client failed");
