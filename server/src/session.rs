@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use outbox_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,9 @@ use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
+
+/// Requests taken from a stream in one pass before they are applied.
+const MAX_REQUESTS_PER_PASS: usize = 512;
 
 /// The longest ack deadline or extension a stream may ask for.
 pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
@@ -164,6 +167,8 @@ impl Session {
                 if room > 0 {
                     match self.fill(room, now, out).await {
                         Ok(Some(sent)) if sent == room => continue,
+                        // Some, but less than asked: more arrives with a wake-up.
+                        Ok(Some(sent)) if sent > 0 => error_backoff = Duration::ZERO,
                         Ok(Some(_)) => {
                             error_backoff = Duration::ZERO;
                             match self.ctx.store.delivery_next_due(self.consumer()).await {
@@ -216,8 +221,25 @@ impl Session {
                 _ = tokio::time::sleep_until(drain_deadline), if drain_until.is_some() => return End::Shutdown,
                 req = inbound.next() => match req {
                     Some(Ok(req)) => {
-                        if let Err(status) = self.handle(req).await {
+                        // Take whatever else the client has already sent, so that a burst of
+                        // acks becomes one statement instead of one per message.
+                        let mut batch = vec![req];
+                        let mut closed = false;
+                        while batch.len() < MAX_REQUESTS_PER_PASS {
+                            match inbound.next().now_or_never() {
+                                Some(Some(Ok(r))) => batch.push(r),
+                                Some(Some(Err(_)) | None) => {
+                                    closed = true;
+                                    break;
+                                }
+                                None => break,
+                            }
+                        }
+                        if let Err(status) = self.handle_batch(batch).await {
                             return End::Failed(status);
+                        }
+                        if closed {
+                            return End::Closed;
                         }
                     }
                     Some(Err(status)) => {
@@ -250,30 +272,41 @@ impl Session {
         Ok(Some(n))
     }
 
-    async fn handle(&mut self, req: pb::SubscribeRequest) -> Result<(), Status> {
+    /// Applies requests in order; the acks among them are written in one statement at the end
+    /// (an ack removes the id from `held` at once, so a later nack or extend of it is ignored,
+    /// as it would be after a written ack).
+    async fn handle_batch(&mut self, batch: Vec<pb::SubscribeRequest>) -> Result<(), Status> {
+        let mut acks = Vec::new();
+        for req in batch {
+            match req.request {
+                Some(pb::subscribe_request::Request::Ack(ack)) => {
+                    acks.extend(self.take_held(&parse_ids(&ack.message_ids)))
+                }
+                other => self.handle(other).await?,
+            }
+        }
+        if acks.is_empty() {
+            return Ok(());
+        }
+        let now = self.ctx.clock.now();
+        match self.ctx.store.delivery_ack_many(self.consumer(), &acks, now).await {
+            // Ordering-key successors, or other streams of this consumer, may be due now.
+            Ok(_) => self.ctx.hub.notify_consumer(self.consumer().as_str()),
+            Err(e) => {
+                tracing::warn!(consumer = %self.consumer(), error = %e, "ack failed; the leases will expire and redeliver")
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(&mut self, req: Option<pb::subscribe_request::Request>) -> Result<(), Status> {
         use pb::subscribe_request::Request;
         let now = self.ctx.clock.now();
-        match req.request {
+        match req {
             Some(Request::Start(_)) => {
                 Err(Status::failed_precondition("start: the stream has already started; send start only once"))
             }
-            Some(Request::Ack(ack)) => {
-                let ids = self.take_held(&parse_ids(&ack.message_ids));
-                if ids.is_empty() {
-                    return Ok(());
-                }
-                match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
-                    Ok(_) => {
-                        // Ordering-key successors, or other streams of this consumer, may be due now.
-                        self.ctx.hub.notify_consumer(self.consumer().as_str());
-                        Ok(())
-                    }
-                    Err(e) => {
-                        tracing::warn!(consumer = %self.consumer(), error = %e, "ack failed; the lease will expire and redeliver");
-                        Ok(())
-                    }
-                }
-            }
+            Some(Request::Ack(_)) => Ok(()), // handled by handle_batch
             Some(Request::Nack(nack)) => {
                 let Some(id) = parse_ids(std::slice::from_ref(&nack.message_id)).pop() else { return Ok(()) };
                 let Some(held) = self.held.remove(&id) else {

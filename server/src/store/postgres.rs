@@ -23,6 +23,9 @@ use crate::listener::WorkListener;
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
 const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
 
+/// Held (per transaction) by the replica that is pruning.
+const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
+
 /// Rows read per round trip when a consumer starting from EARLIEST, or a replay by range,
 /// walks the messages table.
 const SCAN_BATCH: i64 = 5_000;
@@ -797,9 +800,20 @@ impl Store for PgStore {
     /// Deletes, in bounded batches, relayed messages enqueued before `cutoff` whose deliveries
     /// are all acked, with their inbox rows. Past this, a re-enqueued id is new again: the
     /// retention is the dedup horizon.
+    /// One replica at a time: each batch runs under a transaction-scoped advisory lock, and a
+    /// replica that finds it taken stops (the other one is pruning).
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
         let mut total = Pruned::default();
         loop {
+            let mut tx = self.pool.begin().await?;
+            let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(PRUNE_LOCK)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !mine {
+                tx.rollback().await?;
+                return Ok(total);
+            }
             let row = sqlx::query(
                 "WITH doomed AS (
                     SELECT m.message_id FROM outbox.messages m
@@ -816,8 +830,9 @@ impl Store for PgStore {
             )
             .bind(cutoff)
             .bind(batch)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await?;
+            tx.commit().await?;
             let messages: i64 = row.try_get("messages")?;
             total.messages += messages;
             total.deliveries += row.try_get::<i64, _>("deliveries")?;

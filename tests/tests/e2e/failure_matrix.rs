@@ -417,3 +417,85 @@ async fn the_subscriber_reconnects_when_outboxd_restarts(backend: Backend) -> Re
     sub.await??;
     Ok(())
 }
+
+/// PostgreSQL only: replicas. Three outboxd share one database while producers commit and two
+/// consumers read through streams spread over all three; one consumer applies its effect with
+/// a transactional ack. Every message is acked once per consumer, nothing is lost, and no
+/// effect happens twice.
+#[tokio::test]
+async fn three_replicas_split_relay_and_streams_with_no_loss_and_no_second_effect() -> Result<()> {
+    let (pg, a, _pool) = setup_pg(&[]).await?;
+    let b = Outboxd::start(&pg.url, FAST).await?;
+    let c = Outboxd::start(&pg.url, FAST).await?;
+    let mut admin = a.admin().await?;
+    create_consumer(&mut admin, consumer("effects", &["orders.*"])).await?;
+    create_consumer(&mut admin, consumer("audit", &["orders.>"])).await?;
+    let db = Db::connect(&pg.url).await?;
+    db.create_effects_table().await?;
+
+    const PRODUCERS: usize = 6;
+    const PER_PRODUCER: usize = 60;
+    const N: usize = PRODUCERS * PER_PRODUCER;
+    let stop = CancellationToken::new();
+    let mut readers = Vec::new();
+    for name in ["effects", "audit"] {
+        for srv in [&a, &b, &c] {
+            let (endpoint, db, stop) = (srv.endpoint.clone(), db.clone(), stop.clone());
+            readers.push(tokio::spawn(async move {
+                let mut s = RawStream::open(&endpoint, name, 20).await?;
+                let mut got = Vec::new();
+                loop {
+                    let Some(d) = s.next(Duration::from_millis(100)).await? else {
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                        continue;
+                    };
+                    if name == "effects" {
+                        // Applied, or already applied by another delivery: ack either way.
+                        db.effect_with_transactional_ack(name, d.message_id.parse()?).await?;
+                    }
+                    s.ack(&[&d.message_id]).await;
+                    got.push(d.message_id);
+                }
+                anyhow::Ok((name, got))
+            }));
+        }
+    }
+    let mut producers = Vec::new();
+    for p in 0..PRODUCERS {
+        let db = db.clone();
+        producers.push(tokio::spawn(async move {
+            for i in 0..PER_PRODUCER {
+                db.enqueue(&Message::new("orders.created", "OrderCreated", format!("{p}-{i}").into_bytes())).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for p in producers {
+        p.await??;
+    }
+    for name in ["effects", "audit"] {
+        eventually("every message acked", Duration::from_secs(60), || async {
+            Ok((stats(&a, name).await?.acked == N as i64).then_some(()))
+        })
+        .await?;
+    }
+    stop.cancel();
+    let mut per_consumer: std::collections::HashMap<&str, Vec<String>> = Default::default();
+    for r in readers {
+        let (name, got) = r.await??;
+        per_consumer.entry(name).or_default().extend(got);
+    }
+    for name in ["effects", "audit"] {
+        let unique: HashSet<&String> = per_consumer[name].iter().collect();
+        assert_eq!(unique.len(), N, "{name}: every message delivered");
+    }
+    assert_eq!(db.effect_count().await?, N as i64, "one effect per message");
+    for name in ["effects", "audit"] {
+        let st = stats(&a, name).await?;
+        assert_eq!((st.acked, st.backlog, st.in_flight), (N as i64, 0, 0), "{name}");
+    }
+    assert_eq!(db.delivery_count().await?, 2 * N as i64, "one inbox row per (message, consumer)");
+    Ok(())
+}
