@@ -31,8 +31,8 @@ DECLARE
     v_id  uuid := coalesce(message_id, outbox.uuid_v7());
     v_seq bigint;
 BEGIN
-    IF topic IS NULL OR topic !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
-        RAISE EXCEPTION 'outbox.enqueue: invalid topic %: dot-separated segments of [A-Za-z0-9_-] required', quote_nullable(topic)
+    IF topic IS NULL OR length(topic) > 255 OR topic !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
+        RAISE EXCEPTION 'outbox.enqueue: invalid topic %: dot-separated segments of [A-Za-z0-9_-], at most 255 characters, required', quote_nullable(topic)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF type IS NULL OR type = '' THEN

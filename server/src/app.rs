@@ -34,6 +34,8 @@ pub enum AppError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("metrics on {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: metrics_exporter_prometheus::BuildError },
 }
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -116,6 +118,17 @@ impl App {
         );
 
         let mut tasks = JoinSet::new();
+        if let Some(addr) = config.metrics_listen {
+            crate::metrics::install(addr).map_err(|source| AppError::Metrics { addr, source })?;
+            let collector = crate::metrics::GaugeCollector {
+                store: store.clone(),
+                clock: clock.clone(),
+                hub: hub.clone(),
+                interval: config.metrics_interval,
+            };
+            tasks.spawn(collector.run(loops.clone()));
+            tracing::info!(%addr, "metrics at /metrics");
+        }
         if config.relay {
             tasks.spawn(relay.run(loops.clone()));
         }

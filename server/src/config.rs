@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// in other replicas).
     #[arg(long, env = "OUTBOXD_NO_RELAY")]
     pub no_relay: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
+    #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the per-consumer gauges are refreshed from the database.
+    #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub metrics_interval: Duration,
 }
 
 /// A validated server configuration.
@@ -101,6 +107,8 @@ pub struct ServeConfig {
     pub stream_poll: Duration,
     pub listen_notify: bool,
     pub relay: bool,
+    pub metrics_listen: Option<SocketAddr>,
+    pub metrics_interval: Duration,
 }
 
 /// A configuration value that cannot work.
@@ -121,13 +129,15 @@ impl ServeConfig {
             drain_timeout: Duration::from_secs(10),
             retention: Duration::from_secs(7 * 24 * 3600),
             prune_interval: Duration::from_secs(600),
-            relay_poll_min: Duration::from_millis(5),
+            relay_poll_min: Duration::from_millis(1),
             relay_poll_max: Duration::from_millis(500),
             relay_batch: 500,
             sweep_interval: Duration::from_secs(1),
             stream_poll: Duration::from_secs(2),
             listen_notify: true,
             relay: true,
+            metrics_listen: None,
+            metrics_interval: Duration::from_secs(10),
         }
     }
 
@@ -146,6 +156,7 @@ impl ServeConfig {
             ("--sweep-interval", self.sweep_interval),
             ("--stream-poll", self.stream_poll),
             ("--retention", self.retention),
+            ("--metrics-interval", self.metrics_interval),
         ] {
             if d.is_zero() {
                 return Err(ConfigError(format!("{name} must be positive")));
@@ -171,6 +182,8 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.stream_poll = a.stream_poll;
         c.listen_notify = !a.no_listen;
         c.relay = !a.no_relay;
+        c.metrics_listen = a.metrics_listen;
+        c.metrics_interval = a.metrics_interval;
         c.validate()?;
         Ok(c)
     }

@@ -18,6 +18,7 @@
 //! - [`pruner`]: deletes old, fully acked messages; its retention is the dedup horizon.
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
 //! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
+//! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod domain;
 pub mod grpc;
 pub mod hub;
 pub mod listener;
+pub mod metrics;
 pub mod pruner;
 pub mod relay;
 pub mod session;

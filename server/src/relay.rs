@@ -9,8 +9,9 @@ use crate::store::{RelayOutcome, SharedStore, StoreError};
 
 /// How the relay waits for work. Producers writing through their own transactions cannot signal
 /// this process (a NOTIFY on their commit path would serialise their commits), so the relay
-/// polls, quickly while there is work and backing off to `poll_max` when idle; messages
-/// enqueued through this process's `Enqueue` RPC wake it at once.
+/// polls: again at once after a pass that found work, then after `poll_min`, doubling up to
+/// `poll_max` while nothing comes. Messages enqueued through this process's `Enqueue` RPC (and,
+/// on SQLite, commits noticed by the store's watcher) wake it at once.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayConfig {
     pub batch_size: i64,
@@ -22,7 +23,7 @@ pub struct RelayConfig {
 
 impl Default for RelayConfig {
     fn default() -> Self {
-        Self { batch_size: 500, poll_min: Duration::from_millis(5), poll_max: Duration::from_millis(500), notify: true }
+        Self { batch_size: 500, poll_min: Duration::from_millis(1), poll_max: Duration::from_millis(500), notify: true }
     }
 }
 
@@ -41,7 +42,11 @@ impl Relay {
 
     /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
+        let started = std::time::Instant::now();
         let out = self.store.relay_batch(self.config.batch_size, self.clock.now(), self.config.notify).await?;
+        if out.messages > 0 {
+            crate::metrics::relayed(out.messages, started.elapsed());
+        }
         for c in &out.consumers {
             self.hub.notify_consumer(c);
         }
@@ -57,8 +62,12 @@ impl Relay {
         let mut wait = self.config.poll_min;
         loop {
             match self.run_once().await {
-                Ok(out) if out.messages as i64 >= self.config.batch_size => continue,
-                Ok(out) if out.messages > 0 => wait = self.config.poll_min,
+                // Found work: more may have committed meanwhile, so look again at once. Busy
+                // means no polling delay.
+                Ok(out) if out.messages > 0 => {
+                    wait = self.config.poll_min;
+                    continue;
+                }
                 Ok(_) => wait = (wait * 2).min(self.config.poll_max),
                 Err(e) => {
                     tracing::warn!(error = %e, "relay pass failed; retrying");

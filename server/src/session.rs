@@ -22,6 +22,7 @@ use tonic::Status;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
+use crate::metrics;
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
 
 /// Requests taken from a stream in one pass before they are applied.
@@ -55,6 +56,7 @@ pub struct SessionStart {
 struct Held {
     delivery_count: u32,
     deadline: DateTime<Utc>,
+    enqueued_at: DateTime<Utc>,
 }
 
 pub type Outbound = mpsc::Sender<Result<pb::SubscribeResponse, Status>>;
@@ -261,8 +263,13 @@ impl Session {
         let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await?;
         let n = leased.len();
         for d in leased {
-            self.held
-                .insert(d.message.message_id, Held { delivery_count: d.delivery_count, deadline: d.lease_expires_at });
+            metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+            let held = Held {
+                delivery_count: d.delivery_count,
+                deadline: d.lease_expires_at,
+                enqueued_at: d.message.enqueued_at,
+            };
+            self.held.insert(d.message.message_id, held);
             let msg =
                 pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
             if out.send(Ok(msg)).await.is_err() {
@@ -289,9 +296,13 @@ impl Session {
             return Ok(());
         }
         let now = self.ctx.clock.now();
-        match self.ctx.store.delivery_ack_many(self.consumer(), &acks, now).await {
+        let ids: Vec<MessageId> = acks.iter().map(|(id, _)| *id).collect();
+        match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
             // Ordering-key successors, or other streams of this consumer, may be due now.
-            Ok(_) => self.ctx.hub.notify_consumer(self.consumer().as_str()),
+            Ok(_) => {
+                metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
+                self.ctx.hub.notify_consumer(self.consumer().as_str())
+            }
             Err(e) => {
                 tracing::warn!(consumer = %self.consumer(), error = %e, "ack failed; the leases will expire and redeliver")
             }
@@ -330,11 +341,14 @@ impl Session {
                     error: Some(error),
                 };
                 match self.ctx.store.delivery_release_many(&[release], ReleaseGuard::Session(&self.id), now).await {
+                    Ok(0) => {}
                     Ok(_) if dead => {
+                        metrics::nacked(spec.name.as_str(), true);
                         tracing::warn!(consumer = %spec.name, message_id = %id, deliveries = held.delivery_count, "dead-lettered");
                         self.ctx.hub.notify_consumer(spec.name.as_str());
                     }
                     Ok(_) => {
+                        metrics::nacked(spec.name.as_str(), false);
                         self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
                     }
                     Err(e) => {
@@ -373,15 +387,14 @@ impl Session {
     }
 
     /// Removes the ids this stream holds from `held`, and returns them; others are logged.
-    fn take_held(&mut self, ids: &[MessageId]) -> Vec<MessageId> {
+    fn take_held(&mut self, ids: &[MessageId]) -> Vec<(MessageId, Held)> {
         ids.iter()
-            .copied()
-            .filter(|id| {
-                let held = self.held.remove(id).is_some();
-                if !held {
+            .filter_map(|id| {
+                let held = self.held.remove(id);
+                if held.is_none() {
                     tracing::debug!(consumer = %self.consumer(), message_id = %id, "ack for a delivery this stream does not hold; ignored");
                 }
-                held
+                held.map(|h| (*id, h))
             })
             .collect()
     }

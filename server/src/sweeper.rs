@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Backoff, DeliveryState};
 use crate::hub::Hub;
+use crate::metrics;
 use crate::store::{Release, ReleaseGuard, SharedStore, StoreError};
 
 #[derive(Debug, Clone)]
@@ -46,6 +47,10 @@ impl LeaseSweeper {
             })
             .collect();
         let n = self.store.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(now), now).await?;
+        // Counted per lease found expired; one acked meanwhile was not released (n says how many were).
+        for r in &releases {
+            metrics::expired(r.consumer.as_str(), r.state == DeliveryState::Dead);
+        }
         let mut consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
         consumers.dedup();
         for c in consumers {

@@ -49,7 +49,13 @@ impl Outboxd {
     /// Starts `outboxd serve` on `database_url` with `extra` flags (on port 0 unless they
     /// name `--listen`); returns once it is serving.
     pub async fn start(database_url: &str, extra: &[&str]) -> Result<Self> {
-        let mut child = Command::new(outboxd_path())
+        Self::start_binary(&outboxd_path(), database_url, extra).await
+    }
+
+    /// [`Outboxd::start`] with the binary at `bin`, for callers that choose it themselves (a
+    /// benchmark picks a release build; changing `OUTBOXD_BIN` in-process would need `unsafe`).
+    pub async fn start_binary(bin: &Path, database_url: &str, extra: &[&str]) -> Result<Self> {
+        let mut child = Command::new(bin)
             .arg("serve")
             .args(["--database-url", database_url])
             .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
@@ -59,7 +65,7 @@ impl Outboxd {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("spawning {}", outboxd_path().display()))?;
+            .with_context(|| format!("spawning {}", bin.display()))?;
         let stderr = child.stderr.take().context("no stderr")?;
         let (tx, mut rx) = mpsc::channel::<SocketAddr>(1);
         tokio::spawn(async move {

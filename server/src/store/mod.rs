@@ -35,6 +35,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn migrate(&self) -> Result<()>;
     /// Closes the connections (at shutdown).
     async fn close(&self);
+    /// Open and idle connections of the pool.
+    fn pool_status(&self) -> (u32, usize);
     /// Runs until cancelled, waking `hub` when work appears that this process did not cause:
     /// another replica's relay (PostgreSQL: LISTEN), or a producer in another process
     /// committing to the same file (SQLite: `PRAGMA data_version`).

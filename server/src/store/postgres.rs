@@ -289,6 +289,10 @@ impl Store for PgStore {
         self.pool.close().await;
     }
 
+    fn pool_status(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
     async fn watch(&self, hub: Hub, cancel: CancellationToken) {
         WorkListener::new(self.clone(), hub).run(cancel).await;
     }
@@ -806,10 +810,8 @@ impl Store for PgStore {
         let mut total = Pruned::default();
         loop {
             let mut tx = self.pool.begin().await?;
-            let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-                .bind(PRUNE_LOCK)
-                .fetch_one(&mut *tx)
-                .await?;
+            let mine: bool =
+                sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
             if !mine {
                 tx.rollback().await?;
                 return Ok(total);

@@ -331,6 +331,10 @@ impl Store for SqliteStore {
         self.pool.close().await;
     }
 
+    fn pool_status(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
     async fn watch(&self, hub: Hub, cancel: CancellationToken) {
         let mut conn = loop {
             match SqliteConnection::connect_with(&self.options).await {

@@ -8,6 +8,8 @@
 mod admin;
 mod delivery;
 mod failure_matrix;
+mod metrics;
+mod outboxctl;
 mod python;
 
 use std::time::Duration;

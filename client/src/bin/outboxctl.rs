@@ -1,0 +1,615 @@
+//! `outboxctl`: operate outboxd through its public gRPC admin API.
+//!
+//! Exit codes scripts can rely on: 0 success, 1 any other failure, 2 bad command line,
+//! 3 not found, 4 invalid argument or already exists, 5 server unreachable or unavailable,
+//! 6 a confirmation was refused.
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use comfy_table::Table;
+use outbox_client::grpc::{self, AdminClient};
+use outbox_proto::v1 as pb;
+use serde_json::{Value, json};
+use tonic::Code;
+
+#[derive(Debug, Parser)]
+#[command(name = "outboxctl", version, about = "Operate outboxd: consumers, stats, dead letters, replay")]
+struct Cli {
+    /// outboxd's gRPC address.
+    #[arg(long, global = true, env = "OUTBOXD_SERVER", default_value = "http://127.0.0.1:50051")]
+    server: String,
+    /// Output format.
+    #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Durable consumers.
+    #[command(subcommand)]
+    Consumers(ConsumersCmd),
+    /// Backlog, in flight, retrying, dead and lag per consumer.
+    Stats {
+        /// Only this consumer.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// Refresh until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Refresh interval with --watch.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+    },
+    /// Messages that gave up after max_deliveries.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(DeadLettersCmd),
+    /// Make deliveries due again for one consumer (bypasses the inbox on purpose).
+    Replay(ReplayArgs),
+    /// One message.
+    #[command(subcommand)]
+    Message(MessageCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConsumersCmd {
+    List,
+    Get {
+        name: String,
+    },
+    Create(CreateArgs),
+    Delete {
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    Pause {
+        name: String,
+    },
+    Resume {
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct CreateArgs {
+    name: String,
+    /// Topic or pattern (`orders.*` one segment, `orders.>` the rest); repeat for several.
+    #[arg(long = "topic", required = true)]
+    topics: Vec<String>,
+    #[arg(long, default_value_t = 10)]
+    max_deliveries: u32,
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    backoff_base: Duration,
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    backoff_max: Duration,
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ack_deadline: Duration,
+    #[arg(long, value_enum, default_value_t = StartFrom::New)]
+    start_from: StartFrom,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StartFrom {
+    New,
+    Earliest,
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadLettersCmd {
+    /// A consumer's dead letters with their last error.
+    List {
+        consumer: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One dead letter: the message, its payload and its delivery timeline.
+    Show { consumer: String, message_id: String },
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    consumer: String,
+    /// These message ids.
+    #[arg(long = "id", conflicts_with_all = ["dead_letters", "after", "before"])]
+    ids: Vec<String>,
+    /// All of the consumer's dead letters.
+    #[arg(long, conflicts_with_all = ["after", "before"])]
+    dead_letters: bool,
+    /// Messages enqueued at or after this RFC 3339 time.
+    #[arg(long)]
+    after: Option<DateTime<Utc>>,
+    /// Messages enqueued before this RFC 3339 time.
+    #[arg(long)]
+    before: Option<DateTime<Utc>>,
+    /// Do not ask for confirmation.
+    #[arg(long, short)]
+    yes: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum MessageCmd {
+    /// A message and its delivery state per consumer.
+    Get { message_id: String },
+}
+
+/// A failure with the exit code it maps to.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        if let Some(status) = e.downcast_ref::<tonic::Status>() {
+            return status_failure(status);
+        }
+        if let Some(outbox_client::ClientError::Status(status)) = e.downcast_ref::<outbox_client::ClientError>() {
+            return status_failure(status);
+        }
+        if let Some(outbox_client::ClientError::Connect { .. } | outbox_client::ClientError::Endpoint(_)) =
+            e.downcast_ref::<outbox_client::ClientError>()
+        {
+            return Failure { code: 5, message: format!("{e:#}") };
+        }
+        Failure { code: 1, message: format!("{e:#}") }
+    }
+}
+
+fn status_failure(s: &tonic::Status) -> Failure {
+    let code = match s.code() {
+        Code::NotFound => 3,
+        Code::InvalidArgument | Code::AlreadyExists | Code::FailedPrecondition => 4,
+        Code::Unavailable | Code::DeadlineExceeded => 5,
+        _ => 1,
+    };
+    Failure { code, message: format!("{:?}: {}", s.code(), s.message()) }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("outboxctl: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let mut admin = grpc::admin(&cli.server).await.context("connecting to outboxd")?;
+    let out = cli.output;
+    match cli.command {
+        Command::Consumers(cmd) => consumers(&mut admin, out, cmd).await,
+        Command::Stats { consumer, watch, interval } => loop {
+            let stats = admin.get_stats(pb::GetStatsRequest { consumer: consumer.clone().unwrap_or_default() }).await;
+            let stats = stats.map_err(|s| status_failure(&s))?.into_inner();
+            if watch && out == Output::Table && std::io::stdout().is_terminal() {
+                print!("\x1b[2J\x1b[H");
+            }
+            print_stats(out, &stats);
+            if !watch {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+                _ = tokio::time::sleep(interval) => {}
+            }
+        },
+        Command::DeadLetters(cmd) => dead_letters(&mut admin, out, cmd).await,
+        Command::Replay(args) => replay(&mut admin, out, args).await,
+        Command::Message(MessageCmd::Get { message_id }) => {
+            let m = admin.get_message(pb::GetMessageRequest { message_id }).await.map_err(|s| status_failure(&s))?;
+            print_message(out, &m.into_inner(), None);
+            Ok(())
+        }
+    }
+}
+
+fn pb_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
+}
+
+fn fmt_duration(d: Option<&prost_types::Duration>) -> String {
+    match d {
+        Some(d) if d.seconds > 0 || d.nanos > 0 => {
+            let ms = d.seconds as u64 * 1000 + (d.nanos as u64) / 1_000_000;
+            humantime::format_duration(Duration::from_millis(ms)).to_string()
+        }
+        _ => "-".to_owned(),
+    }
+}
+
+fn secs(d: Option<&prost_types::Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(d.seconds as f64 + f64::from(d.nanos) / 1e9))
+}
+
+fn fmt_time(t: Option<&prost_types::Timestamp>) -> String {
+    t.and_then(|t| DateTime::from_timestamp(t.seconds, t.nanos as u32))
+        .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+fn time_json(t: Option<&prost_types::Timestamp>) -> Value {
+    match t {
+        Some(_) => json!(fmt_time(t)),
+        None => Value::Null,
+    }
+}
+
+fn payload_text(p: &[u8]) -> String {
+    match std::str::from_utf8(p) {
+        Ok(s) => s.to_owned(),
+        Err(_) => format!("<{} bytes of binary>", p.len()),
+    }
+}
+
+fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure { code: 6, message: format!("{question} Refusing without a terminal; pass --yes") });
+    }
+    print!("{question} [y/N] ");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    if matches!(line.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err(Failure { code: 6, message: "not confirmed".to_owned() })
+    }
+}
+
+fn consumer_json(c: &pb::Consumer) -> Value {
+    json!({
+        "name": c.name,
+        "topics": c.topics,
+        "max_deliveries": c.max_deliveries,
+        "backoff_base_s": secs(c.backoff_base.as_ref()),
+        "backoff_max_s": secs(c.backoff_max.as_ref()),
+        "ack_deadline_s": secs(c.ack_deadline.as_ref()),
+        "paused": c.paused,
+        "start_from": if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" },
+        "created_at": time_json(c.created_at.as_ref()),
+    })
+}
+
+fn print_consumers(out: Output, cs: &[pb::Consumer]) {
+    if out == Output::Json {
+        println!("{}", Value::Array(cs.iter().map(consumer_json).collect()));
+        return;
+    }
+    let mut t = Table::new();
+    t.load_style(comfy_table::presets::NOTHING);
+    t.set_header(["NAME", "TOPICS", "MAX DELIVERIES", "BACKOFF", "ACK DEADLINE", "PAUSED", "START"]);
+    for c in cs {
+        t.add_row([
+            c.name.clone(),
+            c.topics.join(","),
+            c.max_deliveries.to_string(),
+            format!("{}..{}", fmt_duration(c.backoff_base.as_ref()), fmt_duration(c.backoff_max.as_ref())),
+            fmt_duration(c.ack_deadline.as_ref()),
+            c.paused.to_string(),
+            if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" }.to_owned(),
+        ]);
+    }
+    println!("{t}");
+}
+
+async fn consumers(admin: &mut AdminClient, out: Output, cmd: ConsumersCmd) -> Result<(), Failure> {
+    let st = |s: tonic::Status| status_failure(&s);
+    let one = match cmd {
+        ConsumersCmd::List => {
+            let list = admin.list_consumers(pb::ListConsumersRequest {}).await.map_err(st)?.into_inner();
+            print_consumers(out, &list.consumers);
+            return Ok(());
+        }
+        ConsumersCmd::Get { name } => {
+            admin.get_consumer(pb::GetConsumerRequest { consumer: name }).await.map_err(st)?.into_inner().consumer
+        }
+        ConsumersCmd::Create(a) => {
+            let c = pb::Consumer {
+                name: a.name,
+                topics: a.topics,
+                max_deliveries: a.max_deliveries,
+                backoff_base: Some(pb_duration(a.backoff_base)),
+                backoff_max: Some(pb_duration(a.backoff_max)),
+                ack_deadline: Some(pb_duration(a.ack_deadline)),
+                start_from: match a.start_from {
+                    StartFrom::New => pb::consumer::StartFrom::New as i32,
+                    StartFrom::Earliest => pb::consumer::StartFrom::Earliest as i32,
+                },
+                ..Default::default()
+            };
+            admin
+                .create_consumer(pb::CreateConsumerRequest { consumer: Some(c) })
+                .await
+                .map_err(st)?
+                .into_inner()
+                .consumer
+        }
+        ConsumersCmd::Delete { name, yes } => {
+            confirm(&format!("Delete consumer {name:?} and its inbox (including dead letters)?"), yes)?;
+            admin.delete_consumer(pb::DeleteConsumerRequest { consumer: name.clone() }).await.map_err(st)?;
+            if out == Output::Json {
+                println!("{}", json!({ "deleted": name }));
+            } else {
+                println!("deleted {name}");
+            }
+            return Ok(());
+        }
+        ConsumersCmd::Pause { name } => {
+            admin.pause_consumer(pb::PauseConsumerRequest { consumer: name }).await.map_err(st)?.into_inner().consumer
+        }
+        ConsumersCmd::Resume { name } => {
+            admin.resume_consumer(pb::ResumeConsumerRequest { consumer: name }).await.map_err(st)?.into_inner().consumer
+        }
+    };
+    print_consumers(out, one.as_slice());
+    Ok(())
+}
+
+fn print_stats(out: Output, s: &pb::GetStatsResponse) {
+    if out == Output::Json {
+        let consumers: Vec<Value> = s
+            .consumers
+            .iter()
+            .map(|c| {
+                json!({
+                    "consumer": c.consumer,
+                    "backlog": c.backlog,
+                    "in_flight": c.in_flight,
+                    "retrying": c.retrying,
+                    "dead": c.dead,
+                    "acked": c.acked,
+                    "oldest_unacked_age_s": secs(c.oldest_unacked_age.as_ref()),
+                    "paused": c.paused,
+                    "streams": c.streams,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "unrelayed": s.unrelayed,
+                "oldest_unrelayed_age_s": secs(s.oldest_unrelayed_age.as_ref()),
+                "consumers": consumers,
+            })
+        );
+        return;
+    }
+    println!("unrelayed: {}   oldest unrelayed: {}", s.unrelayed, fmt_duration(s.oldest_unrelayed_age.as_ref()));
+    let mut t = Table::new();
+    t.load_style(comfy_table::presets::NOTHING);
+    t.set_header([
+        "CONSUMER",
+        "BACKLOG",
+        "IN FLIGHT",
+        "RETRYING",
+        "DEAD",
+        "OLDEST UNACKED",
+        "ACKED",
+        "STREAMS",
+        "PAUSED",
+    ]);
+    for c in &s.consumers {
+        t.add_row([
+            c.consumer.clone(),
+            c.backlog.to_string(),
+            c.in_flight.to_string(),
+            c.retrying.to_string(),
+            c.dead.to_string(),
+            fmt_duration(c.oldest_unacked_age.as_ref()),
+            c.acked.to_string(),
+            c.streams.to_string(),
+            c.paused.to_string(),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn message_json(m: &pb::Message) -> Value {
+    json!({
+        "message_id": m.message_id,
+        "seq": m.seq,
+        "topic": m.topic,
+        "type": m.r#type,
+        "payload": payload_text(&m.payload),
+        "headers": m.headers,
+        "ordering_key": m.ordering_key,
+        "enqueued_at": time_json(m.enqueued_at.as_ref()),
+        "available_at": time_json(m.available_at.as_ref()),
+        "relayed_at": time_json(m.relayed_at.as_ref()),
+    })
+}
+
+fn state_name(s: i32) -> &'static str {
+    match pb::delivery_state::State::try_from(s) {
+        Ok(pb::delivery_state::State::Pending) => "PENDING",
+        Ok(pb::delivery_state::State::Leased) => "LEASED",
+        Ok(pb::delivery_state::State::Acked) => "ACKED",
+        Ok(pb::delivery_state::State::Dead) => "DEAD",
+        Err(_) => "UNKNOWN",
+    }
+}
+
+fn delivery_json(d: &pb::DeliveryState) -> Value {
+    json!({
+        "consumer": d.consumer,
+        "state": state_name(d.state),
+        "delivery_count": d.delivery_count,
+        "last_error": d.last_error,
+        "created_at": time_json(d.created_at.as_ref()),
+        "available_at": time_json(d.available_at.as_ref()),
+        "lease_expires_at": time_json(d.lease_expires_at.as_ref()),
+        "acked_at": time_json(d.acked_at.as_ref()),
+        "dead_at": time_json(d.dead_at.as_ref()),
+        "updated_at": time_json(d.updated_at.as_ref()),
+    })
+}
+
+/// A message and its delivery timeline, for every consumer or just `only`.
+fn print_message(out: Output, m: &pb::GetMessageResponse, only: Option<&str>) {
+    let deliveries: Vec<&pb::DeliveryState> =
+        m.deliveries.iter().filter(|d| only.is_none_or(|c| c == d.consumer)).collect();
+    if out == Output::Json {
+        println!(
+            "{}",
+            json!({
+                "message": m.message.as_ref().map(message_json),
+                "deliveries": deliveries.iter().map(|d| delivery_json(d)).collect::<Vec<_>>(),
+            })
+        );
+        return;
+    }
+    if let Some(msg) = &m.message {
+        println!("message_id:   {}", msg.message_id);
+        println!("seq:          {}", msg.seq);
+        println!("topic:        {}", msg.topic);
+        println!("type:         {}", msg.r#type);
+        println!("ordering_key: {}", if msg.ordering_key.is_empty() { "-" } else { &msg.ordering_key });
+        println!("enqueued_at:  {}", fmt_time(msg.enqueued_at.as_ref()));
+        println!("relayed_at:   {}", fmt_time(msg.relayed_at.as_ref()));
+        for (k, v) in &msg.headers {
+            println!("header:       {k}: {v}");
+        }
+        println!("payload:      {}", payload_text(&msg.payload));
+    }
+    let mut t = Table::new();
+    t.load_style(comfy_table::presets::NOTHING);
+    t.set_header(["CONSUMER", "STATE", "DELIVERIES", "CREATED", "UPDATED", "ACKED", "DEAD", "LAST ERROR"]);
+    for d in deliveries {
+        t.add_row([
+            d.consumer.clone(),
+            state_name(d.state).to_owned(),
+            d.delivery_count.to_string(),
+            fmt_time(d.created_at.as_ref()),
+            fmt_time(d.updated_at.as_ref()),
+            fmt_time(d.acked_at.as_ref()),
+            fmt_time(d.dead_at.as_ref()),
+            d.last_error.clone(),
+        ]);
+    }
+    println!("\n{t}");
+}
+
+async fn dead_letters(admin: &mut AdminClient, out: Output, cmd: DeadLettersCmd) -> Result<(), Failure> {
+    let st = |s: tonic::Status| status_failure(&s);
+    match cmd {
+        DeadLettersCmd::List { consumer, limit } => {
+            let mut all = Vec::new();
+            let mut token = String::new();
+            while all.len() < limit {
+                let page_size = (limit - all.len()).min(1000) as u32;
+                let page = admin
+                    .list_dead_letters(pb::ListDeadLettersRequest {
+                        consumer: consumer.clone(),
+                        page_size,
+                        page_token: token,
+                    })
+                    .await
+                    .map_err(st)?
+                    .into_inner();
+                all.extend(page.dead_letters);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
+            if out == Output::Json {
+                let rows: Vec<Value> = all
+                    .iter()
+                    .map(|d| {
+                        json!({
+                            "message": d.message.as_ref().map(message_json),
+                            "consumer": d.consumer,
+                            "delivery_count": d.delivery_count,
+                            "last_error": d.last_error,
+                            "dead_at": time_json(d.dead_at.as_ref()),
+                        })
+                    })
+                    .collect();
+                println!("{}", Value::Array(rows));
+                return Ok(());
+            }
+            let mut t = Table::new();
+            t.load_style(comfy_table::presets::NOTHING);
+            t.set_header(["MESSAGE ID", "TOPIC", "TYPE", "DELIVERIES", "DEAD AT", "LAST ERROR"]);
+            for d in &all {
+                let m = d.message.clone().unwrap_or_default();
+                t.add_row([
+                    m.message_id,
+                    m.topic,
+                    m.r#type,
+                    d.delivery_count.to_string(),
+                    fmt_time(d.dead_at.as_ref()),
+                    d.last_error.clone(),
+                ]);
+            }
+            println!("{t}");
+            Ok(())
+        }
+        DeadLettersCmd::Show { consumer, message_id } => {
+            let m = admin.get_message(pb::GetMessageRequest { message_id }).await.map_err(st)?.into_inner();
+            if !m.deliveries.iter().any(|d| d.consumer == consumer) {
+                return Err(Failure {
+                    code: 3,
+                    message: format!("consumer {consumer:?} has no delivery of this message"),
+                });
+            }
+            print_message(out, &m, Some(&consumer));
+            Ok(())
+        }
+    }
+}
+
+async fn replay(admin: &mut AdminClient, out: Output, a: ReplayArgs) -> Result<(), Failure> {
+    let what = if !a.ids.is_empty() {
+        format!("{} message(s)", a.ids.len())
+    } else if a.dead_letters {
+        "all dead letters".to_owned()
+    } else if a.after.is_some() || a.before.is_some() {
+        format!(
+            "messages enqueued from {} to {}",
+            a.after.map_or("the beginning".to_owned(), |t| t.to_rfc3339()),
+            a.before.map_or("now".to_owned(), |t| t.to_rfc3339())
+        )
+    } else {
+        return Err(Failure { code: 2, message: "replay needs --id, --dead-letters, or --after/--before".to_owned() });
+    };
+    confirm(&format!("Replay {what} to consumer {:?}? They are delivered again even if acked.", a.consumer), a.yes)?;
+    let req = pb::ReplayRequest {
+        consumer: a.consumer.clone(),
+        message_ids: a.ids,
+        dead_letters: a.dead_letters,
+        enqueued_after: a.after.map(timestamp),
+        enqueued_before: a.before.map(timestamp),
+    };
+    let r = admin.replay(req).await.map_err(|s| status_failure(&s))?.into_inner();
+    if out == Output::Json {
+        println!("{}", json!({ "consumer": a.consumer, "replayed": r.replayed }));
+    } else {
+        println!("replayed {} deliveries to {}", r.replayed, a.consumer);
+    }
+    Ok(())
+}

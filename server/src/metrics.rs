@@ -1,0 +1,151 @@
+//! Prometheus metrics on their own listen address (`--metrics-listen`).
+//!
+//! Counters and histograms are recorded where things happen (sessions, sweeper, relay); the
+//! per-consumer gauges come from one stats query every `--metrics-interval`, run by
+//! [`GaugeCollector`], so scraping never touches the database.
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::hub::Hub;
+use crate::store::SharedStore;
+
+pub const DELIVERIES: &str = "outboxd_deliveries_total";
+pub const ACKS: &str = "outboxd_acks_total";
+pub const NACKS: &str = "outboxd_nacks_total";
+pub const EXPIRED: &str = "outboxd_lease_expirations_total";
+pub const DEAD_LETTERED: &str = "outboxd_dead_lettered_total";
+pub const RELAYED: &str = "outboxd_relayed_messages_total";
+pub const COMMIT_TO_DELIVERY: &str = "outboxd_commit_to_delivery_seconds";
+pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
+pub const RELAY_BATCH_SIZE: &str = "outboxd_relay_batch_messages";
+pub const RELAY_BATCH_DURATION: &str = "outboxd_relay_batch_duration_seconds";
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+
+/// Installs the global recorder and serves `/metrics` on `addr`.
+pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(RELAY_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .install()?;
+    describe();
+    Ok(())
+}
+
+fn describe() {
+    describe_counter!(DELIVERIES, "Deliveries sent to streams (each redelivery counts).");
+    describe_counter!(ACKS, "Deliveries acked over streams.");
+    describe_counter!(NACKS, "Deliveries nacked by consumers.");
+    describe_counter!(EXPIRED, "Leases that passed their ack deadline.");
+    describe_counter!(DEAD_LETTERED, "Deliveries that became dead letters.");
+    describe_counter!(RELAYED, "Messages fanned out to inboxes by this process's relay.");
+    describe_histogram!(COMMIT_TO_DELIVERY, Unit::Seconds, "From enqueue to being sent on a stream.");
+    describe_histogram!(COMMIT_TO_ACK, Unit::Seconds, "From enqueue to the ack arriving.");
+    describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
+    describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
+    describe_gauge!("outboxd_unrelayed_messages", "Committed messages not yet fanned out.");
+    describe_gauge!("outboxd_oldest_unrelayed_age_seconds", Unit::Seconds, "Age of the oldest unrelayed message.");
+    describe_gauge!("outboxd_consumer_backlog", "Deliveries waiting (pending, including retries).");
+    describe_gauge!("outboxd_consumer_in_flight", "Deliveries sent and not yet acked.");
+    describe_gauge!("outboxd_consumer_retrying", "Pending deliveries after at least one failure.");
+    describe_gauge!("outboxd_consumer_dead", "Dead letters.");
+    describe_gauge!("outboxd_consumer_oldest_unacked_age_seconds", Unit::Seconds, "Age of the oldest unacked message.");
+    describe_gauge!("outboxd_consumer_paused", "1 while the consumer is paused.");
+    describe_gauge!("outboxd_consumer_streams", "Streams attached to this process.");
+    describe_gauge!("outboxd_db_pool_connections", "Open database connections.");
+    describe_gauge!("outboxd_db_pool_idle_connections", "Idle database connections.");
+}
+
+/// Seconds from `since` to `now`, never negative.
+pub fn age(now: DateTime<Utc>, since: DateTime<Utc>) -> f64 {
+    (now - since).to_std().unwrap_or(Duration::ZERO).as_secs_f64()
+}
+
+pub fn delivered(consumer: &str, now: DateTime<Utc>, enqueued_at: DateTime<Utc>) {
+    counter!(DELIVERIES, "consumer" => consumer.to_owned()).increment(1);
+    histogram!(COMMIT_TO_DELIVERY, "consumer" => consumer.to_owned()).record(age(now, enqueued_at));
+}
+
+pub fn acked(consumer: &str, now: DateTime<Utc>, enqueued_at: impl Iterator<Item = DateTime<Utc>>) {
+    let h = histogram!(COMMIT_TO_ACK, "consumer" => consumer.to_owned());
+    let mut n = 0;
+    for t in enqueued_at {
+        h.record(age(now, t));
+        n += 1;
+    }
+    counter!(ACKS, "consumer" => consumer.to_owned()).increment(n);
+}
+
+pub fn nacked(consumer: &str, dead: bool) {
+    counter!(NACKS, "consumer" => consumer.to_owned()).increment(1);
+    if dead {
+        counter!(DEAD_LETTERED, "consumer" => consumer.to_owned()).increment(1);
+    }
+}
+
+pub fn expired(consumer: &str, dead: bool) {
+    counter!(EXPIRED, "consumer" => consumer.to_owned()).increment(1);
+    if dead {
+        counter!(DEAD_LETTERED, "consumer" => consumer.to_owned()).increment(1);
+    }
+}
+
+pub fn relayed(messages: u64, took: Duration) {
+    counter!(RELAYED).increment(messages);
+    histogram!(RELAY_BATCH_SIZE).record(messages as f64);
+    histogram!(RELAY_BATCH_DURATION).record(took.as_secs_f64());
+}
+
+/// Refreshes the per-consumer gauges from the store every `interval`.
+#[derive(Debug, Clone)]
+pub struct GaugeCollector {
+    pub store: SharedStore,
+    pub clock: SharedClock,
+    pub hub: Hub,
+    pub interval: Duration,
+}
+
+impl GaugeCollector {
+    pub async fn run_once(&self) -> Result<(), crate::store::StoreError> {
+        let stats = self.store.stats(None).await?;
+        let now = self.clock.now();
+        gauge!("outboxd_unrelayed_messages").set(stats.unrelayed as f64);
+        gauge!("outboxd_oldest_unrelayed_age_seconds").set(stats.oldest_unrelayed_at.map_or(0.0, |t| age(now, t)));
+        for c in stats.consumers {
+            let label = c.consumer;
+            gauge!("outboxd_consumer_backlog", "consumer" => label.clone()).set(c.backlog as f64);
+            gauge!("outboxd_consumer_in_flight", "consumer" => label.clone()).set(c.in_flight as f64);
+            gauge!("outboxd_consumer_retrying", "consumer" => label.clone()).set(c.retrying as f64);
+            gauge!("outboxd_consumer_dead", "consumer" => label.clone()).set(c.dead as f64);
+            gauge!("outboxd_consumer_oldest_unacked_age_seconds", "consumer" => label.clone())
+                .set(c.oldest_unacked_at.map_or(0.0, |t| age(now, t)));
+            gauge!("outboxd_consumer_paused", "consumer" => label.clone()).set(if c.paused { 1.0 } else { 0.0 });
+            gauge!("outboxd_consumer_streams", "consumer" => label.clone()).set(f64::from(self.hub.streams(&label)));
+        }
+        let (size, idle) = self.store.pool_status();
+        gauge!("outboxd_db_pool_connections").set(f64::from(size));
+        gauge!("outboxd_db_pool_idle_connections").set(idle as f64);
+        Ok(())
+    }
+
+    pub async fn run(self, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "could not refresh metrics gauges");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+}

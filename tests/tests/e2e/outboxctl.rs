@@ -1,0 +1,106 @@
+//! `outboxctl` as an operator uses it: a real binary against a real outboxd.
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use outbox_tests::{Backend, RawStream, eventually};
+use serde_json::Value;
+
+use crate::{WAIT, conformance, setup, stats};
+
+conformance!(an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl);
+
+fn outboxctl_path() -> PathBuf {
+    outbox_tests::outboxd_path().with_file_name("outboxctl-e2e")
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn outboxctl(server: &str, args: &[&str]) -> Result<Run> {
+    let out = tokio::process::Command::new(outboxctl_path())
+        .args(["--server", server])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("running outboxctl")?;
+    Ok(Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+async fn json(server: &str, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    let run = outboxctl(server, &all).await?;
+    anyhow::ensure!(run.code == 0, "outboxctl {args:?} exited {}: {}", run.code, run.stderr);
+    Ok(serde_json::from_str(&run.stdout)?)
+}
+
+async fn an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+
+    let created = json(
+        server,
+        &["consumers", "create", "billing", "--topic", "orders.*", "--max-deliveries", "2", "--backoff-base", "10ms"],
+    )
+    .await?;
+    assert_eq!(created[0]["name"], "billing");
+    assert_eq!(created[0]["max_deliveries"], 2);
+    let list = json(server, &["consumers", "list"]).await?;
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+
+    // Exit codes scripts rely on, with the server's message rather than a debug dump.
+    let missing = outboxctl(server, &["consumers", "get", "nobody"]).await?;
+    assert_eq!(missing.code, 3, "{}", missing.stderr);
+    assert!(missing.stderr.contains("nobody"), "{}", missing.stderr);
+    let bad = outboxctl(server, &["consumers", "create", "bad", "--topic", "a..b"]).await?;
+    assert_eq!(bad.code, 4, "{}", bad.stderr);
+    assert!(bad.stderr.contains("consumer.topics[0]"), "{}", bad.stderr);
+    let down = outboxctl("http://127.0.0.1:1", &["stats"]).await?;
+    assert_eq!(down.code, 5, "{}", down.stderr);
+
+    // A poison message dies after two deliveries.
+    let id = db.sql_enqueue("orders.created", "OrderCreated", b"{\"id\":7}").await?.to_string();
+    let mut s = RawStream::open(server, "billing", 10).await?;
+    for _ in 0..2 {
+        let d = s.take(1, WAIT).await?.remove(0);
+        s.nack(&d.message_id, "cannot charge card").await;
+    }
+    eventually("dead", WAIT, || async { Ok((stats(&srv, "billing").await?.dead == 1).then_some(())) }).await?;
+
+    let st = json(server, &["stats"]).await?;
+    assert_eq!(st["consumers"][0]["dead"], 1);
+    let table = outboxctl(server, &["stats"]).await?;
+    assert!(table.stdout.contains("billing") && table.stdout.contains("DEAD"), "{}", table.stdout);
+
+    let dead = json(server, &["dead-letters", "list", "billing"]).await?;
+    assert_eq!(dead[0]["message"]["message_id"], id.as_str());
+    assert_eq!(dead[0]["last_error"], "cannot charge card");
+    assert_eq!(dead[0]["delivery_count"], 2);
+    let shown = outboxctl(server, &["dead-letters", "show", "billing", &id]).await?;
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(shown.stdout.contains("cannot charge card") && shown.stdout.contains("{\"id\":7}"), "{}", shown.stdout);
+
+    // Replay asks first; without a terminal it refuses unless told --yes.
+    let refused = outboxctl(server, &["replay", "billing", "--dead-letters"]).await?;
+    assert_eq!(refused.code, 6, "{}", refused.stderr);
+    assert_eq!(stats(&srv, "billing").await?.dead, 1, "nothing replayed");
+    let replayed = json(server, &["replay", "billing", "--dead-letters", "--yes"]).await?;
+    assert_eq!(replayed["replayed"], 1);
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((d.message_id.as_str(), d.delivery_count), (id.as_str(), 1));
+    s.ack(&[&d.message_id]).await;
+
+    let msg = json(server, &["message", "get", &id]).await?;
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "billing").await?.acked == 1).then_some(())) }).await?;
+    assert_eq!(msg["message"]["topic"], "orders.created");
+    assert_eq!(msg["deliveries"][0]["consumer"], "billing");
+    Ok(())
+}
