@@ -135,6 +135,12 @@ struct ReplayArgs {
     /// Messages enqueued before this RFC 3339 time.
     #[arg(long)]
     before: Option<DateTime<Utc>>,
+    /// Only count what would be replayed.
+    #[arg(long)]
+    dry_run: bool,
+    /// Replay messages older than the retention too (their dedup is gone: they may take effect twice).
+    #[arg(long)]
+    allow_beyond_retention: bool,
     /// Do not ask for confirmation.
     #[arg(long, short)]
     yes: bool,
@@ -597,19 +603,42 @@ async fn replay(admin: &mut AdminClient, out: Output, a: ReplayArgs) -> Result<(
     } else {
         return Err(Failure { code: 2, message: "replay needs --id, --dead-letters, or --after/--before".to_owned() });
     };
-    confirm(&format!("Replay {what} to consumer {:?}? They are delivered again even if acked.", a.consumer), a.yes)?;
     let req = pb::ReplayRequest {
         consumer: a.consumer.clone(),
         message_ids: a.ids,
         dead_letters: a.dead_letters,
         enqueued_after: a.after.map(timestamp),
         enqueued_before: a.before.map(timestamp),
+        dry_run: true,
+        allow_beyond_retention: a.allow_beyond_retention,
     };
-    let r = admin.replay(req).await.map_err(|s| status_failure(&s))?.into_inner();
-    if out == Output::Json {
-        println!("{}", json!({ "consumer": a.consumer, "replayed": r.replayed }));
-    } else {
-        println!("replayed {} deliveries to {}", r.replayed, a.consumer);
+    // Always count first: the dry run also surfaces a refusal (beyond retention) before anything changes.
+    let counted = admin.replay(req.clone()).await.map_err(|s| status_failure(&s))?.into_inner();
+    let report = |r: &pb::ReplayResponse| {
+        if out == Output::Json {
+            println!(
+                "{}",
+                json!({ "consumer": a.consumer, "replayed": r.replayed, "dry_run": r.dry_run, "beyond_retention": r.beyond_retention })
+            );
+        } else if r.dry_run {
+            println!("would replay {} deliveries of {} to {}", r.replayed, what, a.consumer);
+        } else {
+            println!("replayed {} deliveries to {}", r.replayed, a.consumer);
+        }
+    };
+    if a.dry_run || counted.replayed == 0 {
+        report(&counted);
+        return Ok(());
     }
+    confirm(
+        &format!(
+            "Replay {} deliveries ({what}) to consumer {:?}? They are delivered again even if acked.",
+            counted.replayed, a.consumer
+        ),
+        a.yes,
+    )?;
+    let done =
+        admin.replay(pb::ReplayRequest { dry_run: false, ..req }).await.map_err(|s| status_failure(&s))?.into_inner();
+    report(&done);
     Ok(())
 }

@@ -7,7 +7,7 @@ use super::{invalid, store_status};
 use crate::domain::{ConsumerName, InvalidField, MessageId};
 use crate::pruner::Pruner;
 use crate::session::SessionContext;
-use crate::store::ReplaySelector;
+use crate::store::{ReplayOptions, ReplaySelector};
 
 #[derive(Debug, Clone)]
 pub struct AdminService {
@@ -164,6 +164,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     }
 
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
         let n = name("consumer", &req.consumer)?;
         let by_ids = !req.message_ids.is_empty();
@@ -200,10 +201,35 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             }
             ReplaySelector::EnqueuedBetween { after, before }
         };
-        let replayed = self.ctx.store.replay(&n, &selector, self.ctx.clock.now()).await.map_err(store_status)?;
-        tracing::info!(consumer = %n, ?selector, replayed, "replay");
-        self.ctx.hub.notify_consumer(n.as_str());
-        Ok(Response::new(pb::ReplayResponse { replayed: replayed as i64 }))
+        let now = self.ctx.clock.now();
+        let age = chrono::Duration::from_std(self.pruner.retention).unwrap_or(chrono::Duration::MAX);
+        let options = ReplayOptions {
+            dry_run: req.dry_run,
+            retention_cutoff: now.checked_sub_signed(age).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC),
+            allow_beyond_retention: req.allow_beyond_retention,
+        };
+        let result = self.ctx.store.replay(&n, &selector, options, now).await;
+        // The audit trail: every replay, refused or not, with who asked.
+        match &result {
+            Ok(out) => tracing::info!(
+                target: "outboxd::audit", consumer = %n, ?selector, dry_run = req.dry_run,
+                allow_beyond_retention = req.allow_beyond_retention, replayed = out.replayed,
+                beyond_retention = out.beyond_retention, ?peer, "replay"
+            ),
+            Err(e) => tracing::warn!(
+                target: "outboxd::audit", consumer = %n, ?selector, dry_run = req.dry_run, error = %e, ?peer,
+                "replay refused"
+            ),
+        }
+        let out = result.map_err(store_status)?;
+        if !req.dry_run {
+            self.ctx.hub.notify_consumer(n.as_str());
+        }
+        Ok(Response::new(pb::ReplayResponse {
+            replayed: out.replayed as i64,
+            dry_run: req.dry_run,
+            beyond_retention: out.beyond_retention as i64,
+        }))
     }
 
     async fn prune(&self, request: Request<pb::PruneRequest>) -> Result<Response<pb::PruneResponse>, Status> {

@@ -98,7 +98,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
     /// Makes deliveries due again with a fresh count; leased ones are left to their stream.
-    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64>;
+    /// Refused ([`StoreError::BeyondRetention`]) when a selected message was enqueued before
+    /// `options.retention_cutoff`, unless allowed; a dry run counts and changes nothing.
+    async fn replay(
+        &self,
+        consumer: &ConsumerName,
+        selector: &ReplaySelector,
+        options: ReplayOptions,
+        now: DateTime<Utc>,
+    ) -> Result<ReplayOutcome>;
     /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
 }
@@ -124,6 +132,11 @@ pub enum StoreError {
     ConsumerConflict(String),
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
+    #[error(
+        "{0} selected message(s) are older than the retention, the dedup horizon: consumers may apply \
+         them twice; set allow_beyond_retention to replay them anyway"
+    )]
+    BeyondRetention(u64),
     /// The database rejected a value (SQLSTATE class 22, or a CHECK constraint).
     #[error("invalid value: {0}")]
     InvalidValue(String),
@@ -293,6 +306,21 @@ pub enum ReplaySelector {
         after: DateTime<Utc>,
         before: DateTime<Utc>,
     },
+}
+
+/// How a replay runs.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayOptions {
+    pub dry_run: bool,
+    /// Messages enqueued before this are beyond the dedup horizon.
+    pub retention_cutoff: DateTime<Utc>,
+    pub allow_beyond_retention: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayOutcome {
+    pub replayed: u64,
+    pub beyond_retention: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::{
     ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
+    Release, ReleaseGuard, ReplayOptions, ReplayOutcome, ReplaySelector, Result, Stats, Store, StoreError,
+    StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -747,9 +748,46 @@ impl Store for PgStore {
     }
 
     /// Makes a consumer's deliveries due again (see [`ReplaySelector`]); returns how many.
-    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
+    async fn replay(
+        &self,
+        consumer: &ConsumerName,
+        selector: &ReplaySelector,
+        options: ReplayOptions,
+        now: DateTime<Utc>,
+    ) -> Result<ReplayOutcome> {
         let c = self.consumer_get(consumer).await?;
         let mut tx = self.pool.begin().await?;
+        let cutoff = options.retention_cutoff;
+        let beyond: i64 = match selector {
+            ReplaySelector::MessageIds(ids) => {
+                let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+                sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE message_id = ANY($1) AND enqueued_at < $2")
+                    .bind(&ids)
+                    .bind(cutoff)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            ReplaySelector::DeadLetters => sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+                  WHERE d.consumer = $1 AND d.state = 'dead' AND m.enqueued_at < $2",
+            )
+            .bind(consumer.as_str())
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await?,
+            ReplaySelector::EnqueuedBetween { after, before } => sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.messages WHERE enqueued_at >= $1 AND enqueued_at < $2 AND enqueued_at < $3",
+            )
+            .bind(after)
+            .bind(before)
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await?,
+        };
+        let beyond = beyond as u64;
+        if beyond > 0 && !options.allow_beyond_retention {
+            return Err(StoreError::BeyondRetention(beyond));
+        }
         let replayed = match selector {
             ReplaySelector::MessageIds(ids) => {
                 let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
@@ -797,8 +835,12 @@ impl Store for PgStore {
                 total
             }
         };
-        tx.commit().await?;
-        Ok(replayed)
+        if options.dry_run {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(ReplayOutcome { replayed, beyond_retention: beyond })
     }
 
     /// Deletes, in bounded batches, relayed messages enqueued before `cutoff` whose deliveries

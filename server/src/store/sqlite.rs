@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplaySelector, Result, Stats, Store, StoreError, StoredMessage,
+    Release, ReleaseGuard, ReplayOptions, ReplayOutcome, ReplaySelector, Result, Stats, Store, StoreError,
+    StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -790,9 +791,46 @@ impl Store for SqliteStore {
         Ok((message, deliveries))
     }
 
-    async fn replay(&self, consumer: &ConsumerName, selector: &ReplaySelector, now: DateTime<Utc>) -> Result<u64> {
+    async fn replay(
+        &self,
+        consumer: &ConsumerName,
+        selector: &ReplaySelector,
+        options: ReplayOptions,
+        now: DateTime<Utc>,
+    ) -> Result<ReplayOutcome> {
         let mut tx = self.begin().await?;
         let c = consumer_get_on(&mut tx, consumer).await?;
+        let cutoff = us(options.retention_cutoff);
+        let beyond: i64 = match selector {
+            ReplaySelector::MessageIds(ids) => sqlx::query_scalar(
+                "SELECT count(*) FROM outbox_messages
+                  WHERE message_id IN (SELECT value FROM json_each(?1)) AND enqueued_at < ?2",
+            )
+            .bind(ids_json(ids))
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await?,
+            ReplaySelector::DeadLetters => sqlx::query_scalar(
+                "SELECT count(*) FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
+                  WHERE d.consumer = ?1 AND d.state = 'dead' AND m.enqueued_at < ?2",
+            )
+            .bind(consumer.as_str())
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await?,
+            ReplaySelector::EnqueuedBetween { after, before } => sqlx::query_scalar(
+                "SELECT count(*) FROM outbox_messages WHERE enqueued_at >= ?1 AND enqueued_at < ?2 AND enqueued_at < ?3",
+            )
+            .bind(us(*after))
+            .bind(us(*before))
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await?,
+        };
+        let beyond = beyond as u64;
+        if beyond > 0 && !options.allow_beyond_retention {
+            return Err(StoreError::BeyondRetention(beyond));
+        }
         let replayed = match selector {
             ReplaySelector::MessageIds(ids) => delivery_replay_ids(&mut tx, consumer.as_str(), ids, now).await?,
             ReplaySelector::DeadLetters => sqlx::query(
@@ -837,8 +875,12 @@ impl Store for SqliteStore {
                 total
             }
         };
-        tx.commit().await?;
-        Ok(replayed)
+        if options.dry_run {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(ReplayOutcome { replayed, beyond_retention: beyond })
     }
 
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {

@@ -13,6 +13,7 @@ conformance!(
     start_from_earliest_gets_retained_messages_and_new_does_not,
     replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one,
     get_message_shows_each_consumers_delivery_and_prune_removes_acked_history,
+    replay_counts_with_a_dry_run_and_refuses_messages_beyond_the_dedup_horizon,
 );
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -188,5 +189,38 @@ async fn the_sql_function_joins_the_callers_transaction_and_tolerates_duplicates
 
     let err = sqlx::query("SELECT outbox.enqueue('bad topic', 'T', ''::bytea)").execute(&pool).await.unwrap_err();
     assert!(err.to_string().contains("invalid topic"), "{err}");
+    Ok(())
+}
+
+async fn replay_counts_with_a_dry_run_and_refuses_messages_beyond_the_dedup_horizon(backend: Backend) -> Result<()> {
+    // A retention of 1 ms: every message is beyond the dedup horizon at once.
+    let (_store, srv, db) = setup(backend, &["--retention", "1ms"]).await?;
+    let mut admin = srv.admin().await?;
+    let mut c = consumer("c", &["t"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut admin, c).await?;
+    db.sql_enqueue("t", "T", b"").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    s.nack(&d.message_id, "boom").await;
+    eventually("dead", WAIT, || async { Ok((stats(&srv, "c").await?.dead == 1).then_some(())) }).await?;
+
+    let all_dead = || pb::ReplayRequest { consumer: "c".into(), dead_letters: true, ..Default::default() };
+    let err = admin.replay(all_dead()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("allow_beyond_retention"), "{}", err.message());
+    assert_eq!(stats(&srv, "c").await?.dead, 1, "a refused replay changes nothing");
+
+    let dry = admin
+        .replay(pb::ReplayRequest { dry_run: true, allow_beyond_retention: true, ..all_dead() })
+        .await?
+        .into_inner();
+    assert_eq!((dry.replayed, dry.dry_run, dry.beyond_retention), (1, true, 1));
+    assert_eq!(stats(&srv, "c").await?.dead, 1, "a dry run changes nothing");
+
+    let done = admin.replay(pb::ReplayRequest { allow_beyond_retention: true, ..all_dead() }).await?.into_inner();
+    assert_eq!((done.replayed, done.dry_run), (1, false));
+    let again = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((again.message_id, again.delivery_count), (d.message_id, 1));
     Ok(())
 }

@@ -88,7 +88,10 @@ async fn an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl(backend: 
     assert_eq!(shown.code, 0, "{}", shown.stderr);
     assert!(shown.stdout.contains("cannot charge card") && shown.stdout.contains("{\"id\":7}"), "{}", shown.stdout);
 
-    // Replay asks first; without a terminal it refuses unless told --yes.
+    // A dry run counts and changes nothing; replay asks first, and without a terminal it
+    // refuses unless told --yes.
+    let dry = json(server, &["replay", "billing", "--dead-letters", "--dry-run"]).await?;
+    assert_eq!((dry["replayed"].as_i64(), dry["dry_run"].as_bool()), (Some(1), Some(true)));
     let refused = outboxctl(server, &["replay", "billing", "--dead-letters"]).await?;
     assert_eq!(refused.code, 6, "{}", refused.stderr);
     assert_eq!(stats(&srv, "billing").await?.dead, 1, "nothing replayed");
