@@ -3,7 +3,7 @@
 
 -- One row per committed message. Producers in any language insert here directly:
 --   INSERT INTO outbox_messages (topic, type, payload) VALUES ('orders.created', 'OrderCreated', x'7b7d');
--- optionally with message_id (a UUID in text form), headers (a JSON object of strings),
+-- optionally with message_id (a UUID as lowercase hyphenated text), headers (a JSON object of strings),
 -- ordering_key and available_at; an existing message_id is skipped with
 --   ... ON CONFLICT (message_id) DO NOTHING
 CREATE TABLE outbox_messages (
@@ -12,7 +12,9 @@ CREATE TABLE outbox_messages (
                       hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' ||
                       substr(hex(randomblob(2)), 2) || '-' ||
                       substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' ||
-                      hex(randomblob(6)))),
+                      hex(randomblob(6))))
+                  -- Lowercase, hyphenated: acks and replays match ids as text.
+                  CHECK (message_id GLOB '[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f]-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]'),
     topic         TEXT    NOT NULL CHECK (topic <> '' AND topic NOT GLOB '*[^A-Za-z0-9_.-]*'
                                           AND topic NOT GLOB '.*' AND topic NOT GLOB '*.'
                                           AND topic NOT GLOB '*..*'),
@@ -27,6 +29,8 @@ CREATE TABLE outbox_messages (
 );
 CREATE INDEX outbox_messages_unrelayed ON outbox_messages (seq) WHERE relayed_at IS NULL;
 CREATE INDEX outbox_messages_enqueued_at ON outbox_messages (enqueued_at);
+CREATE INDEX outbox_messages_unrelayed_ordering ON outbox_messages (ordering_key, seq)
+    WHERE relayed_at IS NULL AND ordering_key IS NOT NULL;
 
 CREATE TABLE outbox_consumers (
     name             TEXT    PRIMARY KEY,

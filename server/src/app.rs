@@ -1,5 +1,6 @@
 //! Builds and runs the whole server: store, gRPC services, background loops, shutdown.
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use outbox_proto::v1::outbox_admin_server::OutboxAdminServer;
 use outbox_proto::v1::outbox_server::OutboxServer;
@@ -108,6 +109,11 @@ impl App {
         let stop_accepting = shutdown.clone();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
+                // Half-open connections (a consumer host that vanished) are noticed and their
+                // streams released instead of leasing into the void.
+                .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+                .tcp_keepalive(Some(Duration::from_secs(60)))
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(outbox)

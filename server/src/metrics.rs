@@ -116,7 +116,7 @@ pub struct GaugeCollector {
 
 impl GaugeCollector {
     pub async fn run_once(&self) -> Result<(), crate::store::StoreError> {
-        let stats = self.store.stats(None).await?;
+        let stats = self.store.stats(None, false).await?;
         let now = self.clock.now();
         gauge!("outboxd_unrelayed_messages").set(stats.unrelayed as f64);
         gauge!("outboxd_oldest_unrelayed_age_seconds").set(stats.oldest_unrelayed_at.map_or(0.0, |t| age(now, t)));

@@ -66,6 +66,9 @@ impl Relay {
                 // means no polling delay.
                 Ok(out) if out.messages > 0 => {
                     wait = self.config.poll_min;
+                    if cancel.is_cancelled() {
+                        return;
+                    }
                     continue;
                 }
                 Ok(_) => wait = (wait * 2).min(self.config.poll_max),

@@ -5,9 +5,11 @@
 //! stream, a wake-up for its consumer (the relay fanned out, a lease was released), the next
 //! retry falling due, or a slow fallback poll (work fanned out by another replica).
 //!
-//! Ending: when the stream closes, what it still holds is released at once (dead if it had
-//! reached `max_deliveries`, so a message that crashes its consumer still dies). When the
-//! server shuts down, the session stops leasing, waits up to the drain timeout for
+//! Ending: when the stream ends, what it still holds is released at once. If the connection
+//! broke (reset, transport error), a delivery at its last attempt is dead, so a message that
+//! crashes its consumer still dies; a clean half-close (a consumer stopping on purpose) counts
+//! against nothing. A late ack of a lease that expired while this stream held it is still
+//! applied; an ack for an id the stream never held is ignored. When the server shuts down, the session stops leasing, waits up to the drain timeout for
 //! outstanding acks, releases the rest as pending, and ends the stream with `UNAVAILABLE`.
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +26,13 @@ use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
 use crate::metrics;
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
+
+/// Expired leases a session remembers for late acks.
+const MAX_REMEMBERED_EXPIRED: usize = 10_000;
+/// The longest `retry_after` a nack may ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// Stored `last_error` texts are cut to this many bytes.
+const MAX_ERROR_BYTES: usize = 4096;
 
 /// Requests taken from a stream in one pass before they are applied.
 const MAX_REQUESTS_PER_PASS: usize = 512;
@@ -69,11 +78,18 @@ pub struct Session {
     held: HashMap<MessageId, Held>,
     /// When a retry this session scheduled falls due.
     next_due: Option<DateTime<Utc>>,
+    /// Leases that expired while this stream held them: a late ack of one is still applied.
+    expired: HashMap<MessageId, Held>,
+    /// Acks whose write failed; retried on the next pass.
+    unwritten_acks: Vec<(MessageId, Held)>,
 }
 
 enum End {
-    /// The client closed the stream or went away.
+    /// The client half-closed the stream cleanly: a consumer stopping on purpose.
     Closed,
+    /// The connection broke (reset, transport error, the client vanished): maybe a consumer
+    /// crashing on what it held.
+    Broken,
     /// The server is shutting down.
     Shutdown,
     /// The session cannot go on; the stream ends with this status.
@@ -100,6 +116,18 @@ fn to_delivery(d: LeasedDelivery) -> pb::Delivery {
     }
 }
 
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
 fn parse_ids(ids: &[String]) -> Vec<MessageId> {
     ids.iter()
         .filter_map(|s| match MessageId::parse("message_ids", s) {
@@ -121,7 +149,15 @@ fn std_duration(d: &prost_types::Duration) -> Option<Duration> {
 
 impl Session {
     pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
-        Self { id: uuid::Uuid::new_v4().to_string(), ctx, start, held: HashMap::new(), next_due: None }
+        Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            ctx,
+            start,
+            held: HashMap::new(),
+            next_due: None,
+            expired: HashMap::new(),
+            unwritten_acks: Vec::new(),
+        }
     }
 
     fn consumer(&self) -> &crate::domain::ConsumerName {
@@ -136,12 +172,13 @@ impl Session {
         let (mut wake, _guard) = self.ctx.hub.attach(self.consumer().as_str());
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
         let end = self.serve(&mut inbound, &out, &mut wake).await;
-        let shutting_down = matches!(end, End::Shutdown);
-        if let Err(e) = self.release_all(shutting_down).await {
+        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
+        let counts_as_failure = matches!(end, End::Broken);
+        if let Err(e) = self.release_all(counts_as_failure).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
         }
         match end {
-            End::Closed => {}
+            End::Closed | End::Broken => {}
             End::Shutdown => {
                 let _ = out.send(Err(Status::unavailable("outboxd is shutting down; reconnect"))).await;
             }
@@ -160,8 +197,21 @@ impl Session {
         let mut error_backoff = Duration::ZERO;
         loop {
             let now = self.ctx.clock.now();
-            // A lease past its deadline belongs to the sweeper now; it frees a slot here.
-            self.held.retain(|_, h| h.deadline > now);
+            // A lease past its deadline belongs to the sweeper now and frees a slot here; a late
+            // ack of it still counts (the handler did the work), so it is remembered a while.
+            let expired: Vec<(MessageId, Held)> =
+                self.held.iter().filter(|(_, h)| h.deadline <= now).map(|(id, h)| (*id, *h)).collect();
+            for (id, h) in expired {
+                self.held.remove(&id);
+                self.expired.insert(id, h);
+            }
+            if self.expired.len() > MAX_REMEMBERED_EXPIRED {
+                self.expired.clear();
+            }
+            if !self.unwritten_acks.is_empty() {
+                let retry = std::mem::take(&mut self.unwritten_acks);
+                self.write_acks(retry).await;
+            }
             let mut sleep_for = self.ctx.poll_interval;
 
             if drain_until.is_none() && !self.ctx.shutdown.is_cancelled() {
@@ -188,7 +238,7 @@ impl Session {
                                 Err(e) => tracing::warn!(error = %e, "could not read next due time"),
                             }
                         }
-                        Ok(None) => return End::Closed,
+                        Ok(None) => return End::Broken,
                         Err(e) => {
                             error_backoff =
                                 (error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
@@ -226,12 +276,16 @@ impl Session {
                         // Take whatever else the client has already sent, so that a burst of
                         // acks becomes one statement instead of one per message.
                         let mut batch = vec![req];
-                        let mut closed = false;
+                        let mut closed = None;
                         while batch.len() < MAX_REQUESTS_PER_PASS {
                             match inbound.next().now_or_never() {
                                 Some(Some(Ok(r))) => batch.push(r),
-                                Some(Some(Err(_)) | None) => {
-                                    closed = true;
+                                Some(Some(Err(_))) => {
+                                    closed = Some(End::Broken);
+                                    break;
+                                }
+                                Some(None) => {
+                                    closed = Some(End::Closed);
                                     break;
                                 }
                                 None => break,
@@ -240,18 +294,18 @@ impl Session {
                         if let Err(status) = self.handle_batch(batch).await {
                             return End::Failed(status);
                         }
-                        if closed {
-                            return End::Closed;
+                        if let Some(end) = closed {
+                            return end;
                         }
                     }
                     Some(Err(status)) => {
                         tracing::debug!(consumer = %self.consumer(), %status, "stream error from client");
-                        return End::Closed;
+                        return End::Broken;
                     }
                     None => return End::Closed,
                 },
                 _ = wake.changed() => {}
-                _ = out.closed() => return End::Closed,
+                _ = out.closed() => return End::Broken,
                 _ = tokio::time::sleep(sleep_for) => {}
             }
         }
@@ -262,18 +316,23 @@ impl Session {
         let until = clock::add(now, self.start.ack_deadline);
         let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await?;
         let n = leased.len();
-        for d in leased {
-            metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+        // Held before anything is sent, so that whatever happens next releases all of them.
+        for d in &leased {
             let held = Held {
                 delivery_count: d.delivery_count,
                 deadline: d.lease_expires_at,
                 enqueued_at: d.message.enqueued_at,
             };
             self.held.insert(d.message.message_id, held);
+        }
+        for d in leased {
+            metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
             let msg =
                 pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
-            if out.send(Ok(msg)).await.is_err() {
-                return Ok(None);
+            tokio::select! {
+                sent = out.send(Ok(msg)) => if sent.is_err() { return Ok(None) },
+                // A client that stopped reading must not hold up a shutdown.
+                _ = self.ctx.shutdown.cancelled() => return Ok(Some(n)),
             }
         }
         Ok(Some(n))
@@ -292,22 +351,27 @@ impl Session {
                 other => self.handle(other).await?,
             }
         }
-        if acks.is_empty() {
-            return Ok(());
+        if !acks.is_empty() {
+            self.write_acks(acks).await;
         }
+        Ok(())
+    }
+
+    /// Writes acks in one statement; on failure they are kept and retried on the next pass.
+    async fn write_acks(&mut self, acks: Vec<(MessageId, Held)>) {
         let now = self.ctx.clock.now();
         let ids: Vec<MessageId> = acks.iter().map(|(id, _)| *id).collect();
         match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
-            // Ordering-key successors, or other streams of this consumer, may be due now.
             Ok(_) => {
                 metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
-                self.ctx.hub.notify_consumer(self.consumer().as_str())
+                // Ordering-key successors, or other streams of this consumer, may be due now.
+                self.ctx.hub.notify_consumer(self.consumer().as_str());
             }
             Err(e) => {
-                tracing::warn!(consumer = %self.consumer(), error = %e, "ack failed; the leases will expire and redeliver")
+                tracing::warn!(consumer = %self.consumer(), error = %e, acks = ids.len(), "ack write failed; retrying");
+                self.unwritten_acks.extend(acks);
             }
         }
-        Ok(())
     }
 
     async fn handle(&mut self, req: Option<pb::subscribe_request::Request>) -> Result<(), Status> {
@@ -330,9 +394,10 @@ impl Session {
                     .retry_after
                     .as_ref()
                     .and_then(std_duration)
-                    .unwrap_or_else(|| spec.backoff.delay(held.delivery_count));
+                    .map_or_else(|| spec.backoff.delay(held.delivery_count), |d| d.min(MAX_RETRY_AFTER));
                 let due = clock::add(now, wait);
-                let error = if nack.error.is_empty() { "nacked".to_owned() } else { nack.error };
+                let error =
+                    if nack.error.is_empty() { "nacked".to_owned() } else { truncate(nack.error, MAX_ERROR_BYTES) };
                 let release = Release {
                     consumer: spec.name.clone(),
                     message_id: id,
@@ -390,7 +455,7 @@ impl Session {
     fn take_held(&mut self, ids: &[MessageId]) -> Vec<(MessageId, Held)> {
         ids.iter()
             .filter_map(|id| {
-                let held = self.held.remove(id);
+                let held = self.held.remove(id).or_else(|| self.expired.remove(id));
                 if held.is_none() {
                     tracing::debug!(consumer = %self.consumer(), message_id = %id, "ack for a delivery this stream does not hold; ignored");
                 }
@@ -399,7 +464,7 @@ impl Session {
             .collect()
     }
 
-    async fn release_all(&mut self, shutting_down: bool) -> Result<(), StoreError> {
+    async fn release_all(&mut self, counts_as_failure: bool) -> Result<(), StoreError> {
         if self.held.is_empty() {
             return Ok(());
         }
@@ -409,15 +474,18 @@ impl Session {
             .held
             .drain()
             .map(|(id, h)| {
-                // A stream that closes with a delivery at its last attempt may be a consumer
-                // crashing on it: that counts. A server shutdown does not.
-                let dead = !shutting_down && h.delivery_count >= max;
+                // A stream that breaks with a delivery at its last attempt may be a consumer
+                // crashing on it: that counts. A clean close or a server shutdown does not.
+                let dead = counts_as_failure && h.delivery_count >= max;
                 Release {
                     consumer: self.start.consumer.spec.name.clone(),
                     message_id: id,
                     state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
                     available_at: now,
-                    error: Some(if shutting_down { "server shut down" } else { "stream closed before ack" }.to_owned()),
+                    error: Some(
+                        if counts_as_failure { "stream broke before ack" } else { "stream closed before ack" }
+                            .to_owned(),
+                    ),
                 }
             })
             .collect();

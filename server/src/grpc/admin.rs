@@ -89,7 +89,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     async fn get_stats(&self, request: Request<pb::GetStatsRequest>) -> Result<Response<pb::GetStatsResponse>, Status> {
         let req = request.into_inner();
         let only = if req.consumer.is_empty() { None } else { Some(name("consumer", &req.consumer)?) };
-        let stats = self.ctx.store.stats(only.as_ref()).await.map_err(store_status)?;
+        let stats = self.ctx.store.stats(only.as_ref(), true).await.map_err(store_status)?;
         let now = self.ctx.clock.now();
         Ok(Response::new(pb::GetStatsResponse {
             unrelayed: stats.unrelayed,

@@ -109,6 +109,9 @@ pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
     if ack_deadline > crate::session::MAX_ACK_DEADLINE {
         return Err(InvalidField::new("consumer.ack_deadline", "at most 12 hours"));
     }
+    if ack_deadline < crate::grpc::outbox::MIN_ACK_DEADLINE {
+        return Err(InvalidField::new("consumer.ack_deadline", "at least 100 ms"));
+    }
     let start_from = match pb::consumer::StartFrom::try_from(c.start_from) {
         Ok(pb::consumer::StartFrom::New) => StartFrom::New,
         Ok(pb::consumer::StartFrom::Earliest) => StartFrom::Earliest,

@@ -37,7 +37,13 @@ pub fn store_status(e: StoreError) -> Status {
     }
 }
 
+/// Failures a retry can cure: connection loss, an exhausted pool, a PostgreSQL shutdown,
+/// serialization failure or deadlock (class 40), or a busy/locked SQLite file (codes 5, 6).
 fn is_unavailable(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
-        || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")))
+        || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| {
+            c.starts_with("57P") || c.starts_with("08") || c.starts_with("40")
+                // SQLITE_BUSY, SQLITE_LOCKED and their extended codes
+                || matches!(c.as_ref(), "5" | "6" | "261" | "262" | "517")
+        }))
 }

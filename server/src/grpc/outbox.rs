@@ -11,6 +11,11 @@ use super::{invalid, store_status};
 use crate::domain::{ConsumerName, InvalidField};
 use crate::session::{MAX_ACK_DEADLINE, Session, SessionContext, SessionStart};
 
+/// A stream must send `start` this soon.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest ack deadline a stream may ask for.
+pub const MIN_ACK_DEADLINE: Duration = Duration::from_millis(100);
+
 /// Streams that ask for no `max_in_flight` get this many.
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 /// The most a stream may hold unacked.
@@ -84,10 +89,11 @@ impl pb::outbox_server::Outbox for OutboxService {
             return Err(Status::unavailable("outboxd is shutting down; reconnect"));
         }
         let mut inbound = request.into_inner();
-        let first = match inbound.next().await {
-            Some(Ok(req)) => req,
-            Some(Err(status)) => return Err(status),
-            None => return Err(invalid(InvalidField::new("start", "the stream closed before start"))),
+        let first = match tokio::time::timeout(START_TIMEOUT, inbound.next()).await {
+            Err(_) => return Err(invalid(InvalidField::new("start", "no start request within 10 s"))),
+            Ok(Some(Ok(req))) => req,
+            Ok(Some(Err(status))) => return Err(status),
+            Ok(None) => return Err(invalid(InvalidField::new("start", "the stream closed before start"))),
         };
         let Some(pb::subscribe_request::Request::Start(start)) = first.request else {
             return Err(invalid(InvalidField::new("start", "the first request on a stream must be start")));
@@ -107,11 +113,14 @@ impl pb::outbox_server::Outbox for OutboxService {
                 if d > MAX_ACK_DEADLINE {
                     return Err(invalid(InvalidField::new("start.ack_deadline", "at most 12 hours")));
                 }
+                if !d.is_zero() && d < MIN_ACK_DEADLINE {
+                    return Err(invalid(InvalidField::new("start.ack_deadline", "at least 100 ms")));
+                }
                 if d.is_zero() { consumer.spec.ack_deadline } else { d }
             }
             None => consumer.spec.ack_deadline,
         };
-        let ack_deadline = ack_deadline.max(Duration::from_millis(1));
+        let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
         tokio::spawn(session.run(inbound, tx));

@@ -93,7 +93,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// [`StoreError::ConsumerNotFound`] once the consumer is gone.
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
 
-    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats>;
+    /// Counts per consumer; `acked` reads history, so it is 0 unless `include_acked`
+    /// (the PostgreSQL store; the SQLite store always counts it).
+    async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
     /// A page of dead letters in `seq` order after `after_seq`.
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;

@@ -490,11 +490,17 @@ impl Store for PgStore {
                 SELECT d.message_id FROM outbox.deliveries d
                  WHERE d.consumer = $1 AND d.state = 'pending' AND d.available_at <= $2
                    AND EXISTS (SELECT 1 FROM outbox.consumers c WHERE c.name = $1 AND NOT c.paused)
-                   AND (d.ordering_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM outbox.deliveries o
-                         WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
-                           AND o.state IN ('pending', 'leased')
-                           AND (o.seq < d.seq OR o.state = 'leased')))
+                   AND (d.ordering_key IS NULL OR (
+                        NOT EXISTS (
+                            SELECT 1 FROM outbox.deliveries o
+                             WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
+                               AND o.state IN ('pending', 'leased')
+                               AND (o.seq < d.seq OR o.state = 'leased'))
+                        -- An earlier message with the key that no relay has committed yet (another
+                        -- replica's relay pass may still be in flight) must come first.
+                        AND NOT EXISTS (
+                            SELECT 1 FROM outbox.messages u
+                             WHERE u.relayed_at IS NULL AND u.ordering_key = d.ordering_key AND u.seq < d.seq)))
                  ORDER BY d.seq
                  LIMIT $3
                  FOR UPDATE OF d SKIP LOCKED)
@@ -565,16 +571,24 @@ impl Store for PgStore {
             ReleaseGuard::ExpiredAt(t) => (None, Some(t)),
         };
         let done = sqlx::query(
-            "UPDATE outbox.deliveries d
+            "WITH r AS (
+                SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
+                    AS r(consumer, message_id, state, available_at, last_error)),
+             -- Rows another transaction holds (a consumer's transactional ack in progress) are
+             -- skipped, never waited for: one slow consumer must not stall the sweeper.
+             locked AS (
+                SELECT d.consumer, d.message_id FROM outbox.deliveries d JOIN r USING (consumer, message_id)
+                 WHERE d.state = 'leased'
+                   AND ($7::text IS NULL OR d.leased_by = $7)
+                   AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)
+                 FOR UPDATE OF d SKIP LOCKED)
+             UPDATE outbox.deliveries d
                 SET state = r.state, available_at = r.available_at,
                     last_error = coalesce(r.last_error, d.last_error),
                     lease_expires_at = NULL, leased_by = NULL, updated_at = $6,
                     dead_at = CASE WHEN r.state = 'dead' THEN $6 END
-               FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
-                    AS r(consumer, message_id, state, available_at, last_error)
-              WHERE d.consumer = r.consumer AND d.message_id = r.message_id AND d.state = 'leased'
-                AND ($7::text IS NULL OR d.leased_by = $7)
-                AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)",
+               FROM r JOIN locked USING (consumer, message_id)
+              WHERE d.consumer = r.consumer AND d.message_id = r.message_id",
         )
         .bind(&consumers)
         .bind(&ids)
@@ -657,26 +671,33 @@ impl Store for PgStore {
         Ok(row.try_get("due")?)
     }
 
-    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
+    async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {
         let head = sqlx::query(
             "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.messages WHERE relayed_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await?;
         let rows = sqlx::query(
+            // Each figure comes from the partial index for its state, so the cost follows the
+            // pending work, not the history. Only `acked` reads history, and only when asked.
             "SELECT c.name, c.paused,
-                    count(d.*) FILTER (WHERE d.state = 'pending') AS backlog,
-                    count(d.*) FILTER (WHERE d.state = 'leased') AS in_flight,
-                    count(d.*) FILTER (WHERE d.state = 'pending' AND d.delivery_count > 0) AS retrying,
-                    count(d.*) FILTER (WHERE d.state = 'dead') AS dead,
-                    count(d.*) FILTER (WHERE d.state = 'acked') AS acked,
-                    (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq =
-                        min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased'))) AS oldest
-               FROM outbox.consumers c LEFT JOIN outbox.deliveries d ON d.consumer = c.name
+                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS backlog,
+                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS in_flight,
+                    (SELECT count(*) FROM outbox.deliveries d
+                      WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
+                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
+                    CASE WHEN $2 THEN (SELECT count(*) FROM outbox.deliveries d
+                                        WHERE d.consumer = c.name AND d.state = 'acked') ELSE 0 END AS acked,
+                    (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq = least(
+                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending'),
+                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'))
+                    ) AS oldest
+               FROM outbox.consumers c
               WHERE $1::text IS NULL OR c.name = $1
-              GROUP BY c.name, c.paused ORDER BY c.name",
+              ORDER BY c.name",
         )
         .bind(only.map(|c| c.as_str()))
+        .bind(include_acked)
         .fetch_all(&self.pool)
         .await?;
         if let Some(name) = only

@@ -524,11 +524,15 @@ impl Store for SqliteStore {
                 SELECT d.message_id FROM outbox_deliveries d
                  WHERE d.consumer = ?1 AND d.state = 'pending' AND d.available_at <= ?2
                    AND EXISTS (SELECT 1 FROM outbox_consumers c WHERE c.name = ?1 AND c.paused = 0)
-                   AND (d.ordering_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM outbox_deliveries o
-                         WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
-                           AND o.state IN ('pending', 'leased')
-                           AND (o.seq < d.seq OR o.state = 'leased')))
+                   AND (d.ordering_key IS NULL OR (
+                        NOT EXISTS (
+                            SELECT 1 FROM outbox_deliveries o
+                             WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
+                               AND o.state IN ('pending', 'leased')
+                               AND (o.seq < d.seq OR o.state = 'leased'))
+                        AND NOT EXISTS (
+                            SELECT 1 FROM outbox_messages u
+                             WHERE u.relayed_at IS NULL AND u.ordering_key = d.ordering_key AND u.seq < d.seq)))
                  ORDER BY d.seq LIMIT ?3)
              RETURNING message_id, delivery_count",
         )
@@ -556,14 +560,17 @@ impl Store for SqliteStore {
             .bind(serde_json::Value::Array(ids).to_string())
             .fetch_all(&mut *tx)
             .await?;
-        tx.commit().await?;
-        rows.iter()
+        // Parsed before the commit: a row that cannot be read leases nothing.
+        let out = rows
+            .iter()
             .map(|row| {
                 let message = message_from_row(row)?;
                 let delivery_count = counts.get(&message.message_id.to_string()).copied().unwrap_or(1);
                 Ok(LeasedDelivery { message, delivery_count, lease_expires_at: lease_until })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
@@ -693,7 +700,7 @@ impl Store for SqliteStore {
         Ok(opt_time(row.try_get("due")?))
     }
 
-    async fn stats(&self, only: Option<&ConsumerName>) -> Result<Stats> {
+    async fn stats(&self, only: Option<&ConsumerName>, _include_acked: bool) -> Result<Stats> {
         let head = sqlx::query(
             "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",
         )

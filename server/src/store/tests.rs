@@ -116,7 +116,7 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: Shared
         relayed += a.messages + b.messages;
     }
     assert_eq!(relayed, 1200, "each message claimed by exactly one pass");
-    let stats = store.stats(None).await.unwrap();
+    let stats = store.stats(None, true).await.unwrap();
     assert_eq!(stats.unrelayed, 0);
     assert!(stats.consumers.iter().all(|c| c.backlog == 1200), "{stats:?}");
     assert_eq!(relay(500).run_once().await.unwrap().messages, 0);
@@ -156,7 +156,7 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
             assert_eq!(rows[0].last_error.as_deref(), Some("ack deadline expired"));
         }
     }
-    let stats = store.stats(Some(&c.name)).await.unwrap();
+    let stats = store.stats(Some(&c.name), true).await.unwrap();
     assert_eq!(stats.consumers[0].dead, 1);
 }
 
@@ -217,4 +217,39 @@ async fn a_second_server_on_one_sqlite_file_is_refused() {
     let err = connect(&held.url, 2).await.unwrap_err();
     assert!(matches!(err, StoreError::Locked(_)), "{err}");
     assert!(err.to_string().contains("only one server"), "{err}");
+}
+
+/// PostgreSQL only (several relays need it): while one relay pass still holds an earlier
+/// message of a key, another pass relays a later one; the later one must wait.
+#[tokio::test]
+async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_holds() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 8).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    let keyed = |t: &str| NewMessage { ordering_key: Some("k".into()), type_: t.into(), ..msg("t") };
+    let first = store.message_insert(&keyed("first"), now).await.unwrap().message_id;
+    let second = store.message_insert(&keyed("second"), now).await.unwrap().message_id;
+
+    // Another relay's pass, still open, holds the first message.
+    let mut other = pg.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox.messages WHERE message_id = $1 FOR UPDATE")
+        .bind(first.0)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    assert_eq!(store.relay_batch(10, now, false).await.unwrap().messages, 1, "only the second is claimable");
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    assert!(store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap().is_empty(), "second waits");
+
+    other.rollback().await.unwrap();
+    store.relay_batch(10, now, false).await.unwrap();
+    let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
+    assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [first]);
+    store.delivery_ack_many(&c.name, &[first], now).await.unwrap();
+    let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
+    assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [second]);
 }

@@ -22,6 +22,8 @@ conformance!(
     bad_input_gets_invalid_argument_naming_the_field_and_writes_nothing,
     sigterm_drains_streams_and_releases_leases_for_immediate_redelivery,
     health_and_reflection_are_served,
+    a_late_ack_after_the_deadline_still_counts,
+    a_clean_close_does_not_count_against_what_the_stream_held,
 );
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -261,5 +263,49 @@ async fn health_and_reflection_are_served(backend: Backend) -> Result<()> {
     };
     let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
     assert!(names.contains("outbox.v1.Outbox") && names.contains("outbox.v1.OutboxAdmin"), "{names:?}");
+    Ok(())
+}
+
+async fn a_late_ack_after_the_deadline_still_counts(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.backoff_base = Some(dur(Duration::from_secs(60))); // released, not redelivered meanwhile
+    c.backoff_max = Some(dur(Duration::from_secs(60)));
+    create_consumer(&mut srv.admin().await?, c).await?;
+    let id = db.sql_enqueue("t", "Slow", b"").await?.to_string();
+    let start =
+        pb::Start { consumer: "c".into(), max_in_flight: 10, ack_deadline: Some(dur(Duration::from_millis(200))) };
+    let mut s = RawStream::open_with(&srv.endpoint, start).await?;
+    s.take(1, WAIT).await?;
+    let mut admin = srv.admin().await?;
+    let state = |want: pb::delivery_state::State| {
+        let (mut admin, id) = (admin.clone(), id.clone());
+        async move {
+            let m = admin.get_message(pb::GetMessageRequest { message_id: id }).await?.into_inner();
+            Ok((m.deliveries[0].state == want as i32).then_some(()))
+        }
+    };
+    eventually("the lease to expire", WAIT, || state(pb::delivery_state::State::Pending)).await?;
+    s.ack(&[&id]).await; // the slow handler finished after all
+    eventually("the late ack to be applied", WAIT, || state(pb::delivery_state::State::Acked)).await?;
+    let m = admin.get_message(pb::GetMessageRequest { message_id: id.clone() }).await?.into_inner();
+    assert_eq!(m.deliveries[0].delivery_count, 1);
+    Ok(())
+}
+
+async fn a_clean_close_does_not_count_against_what_the_stream_held(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut srv.admin().await?, c).await?;
+    db.sql_enqueue("t", "T", b"").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    s.close(); // a consumer stopping on purpose, before handling it
+    assert!(s.end_status(WAIT).await?.is_none(), "the server ends the stream cleanly");
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let again = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(again.message_id, d.message_id, "released, not dead-lettered, at max_deliveries 1");
+    assert_eq!(stats(&srv, "c").await?.dead, 0);
     Ok(())
 }
