@@ -68,6 +68,7 @@ CREATE TABLE outbox_deliveries (
 ) WITHOUT ROWID;
 
 CREATE INDEX outbox_deliveries_pending ON outbox_deliveries (consumer, seq) WHERE state = 'pending';
+CREATE INDEX outbox_deliveries_pending_due ON outbox_deliveries (consumer, available_at) WHERE state = 'pending';
 CREATE INDEX outbox_deliveries_leased ON outbox_deliveries (lease_expires_at) WHERE state = 'leased';
 CREATE INDEX outbox_deliveries_dead ON outbox_deliveries (consumer, seq) WHERE state = 'dead';
 CREATE INDEX outbox_deliveries_ordering ON outbox_deliveries (consumer, ordering_key, seq)

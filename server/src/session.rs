@@ -34,6 +34,9 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// Stored `last_error` texts are cut to this many bytes.
 const MAX_ERROR_BYTES: usize = 4096;
 
+/// How long a busy stream may wait for a batch of free slots before it leases anyway.
+const FILL_DELAY: Duration = Duration::from_millis(2);
+
 /// Requests taken from a stream in one pass before they are applied.
 const MAX_REQUESTS_PER_PASS: usize = 512;
 
@@ -194,6 +197,7 @@ impl Session {
         S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
     {
         let mut drain_until: Option<tokio::time::Instant> = None;
+        let mut last_fill = std::time::Instant::now();
         let mut error_backoff = Duration::ZERO;
         loop {
             let now = self.ctx.clock.now();
@@ -215,8 +219,17 @@ impl Session {
             let mut sleep_for = self.ctx.poll_interval;
 
             if drain_until.is_none() && !self.ctx.shutdown.is_cancelled() {
-                let room = self.start.max_in_flight as usize - self.held.len().min(self.start.max_in_flight as usize);
-                if room > 0 {
+                let max = self.start.max_in_flight as usize;
+                let room = max - self.held.len().min(max);
+                // While the stream is busy, lease in batches (a quarter of the window, at most
+                // 64) rather than one row per ack, waiting at most FILL_DELAY for the batch to
+                // fill up; an idle stream leases at once.
+                let batch = (max / 4).clamp(1, 64);
+                let waited = last_fill.elapsed();
+                if room > 0 && room < batch && !self.held.is_empty() && waited < FILL_DELAY {
+                    sleep_for = sleep_for.min(FILL_DELAY - waited);
+                } else if room > 0 {
+                    last_fill = std::time::Instant::now();
                     match self.fill(room, now, out).await {
                         Ok(Some(sent)) if sent == room => continue,
                         // Some, but less than asked: more arrives with a wake-up.

@@ -1,0 +1,1139 @@
+//! `outbox-bench`: what outboxd delivers and costs on this machine, measured in one run against
+//! a real PostgreSQL and a real `outboxd` process.
+//!
+//! Phases, in order; every figure is printed with the parameters it was measured under:
+//!
+//! 1. **ceiling**: producers commit one plain row per autocommit transaction, no outboxd running:
+//!    what the database itself allows, the yardstick for the rest.
+//! 2. **enqueue**: the same producers, one message per transaction through
+//!    `outbox_client::enqueue`, while outboxd relays to one consumer that has no stream.
+//! 3. **end_to_end**: producers as in 2 while four `Subscribe` streams of one consumer receive
+//!    and ack; messages acked per second during the window.
+//! 4. **latency**: producers paced to half the end-to-end rate; commit → delivery and
+//!    commit → ack percentiles.
+//! 5. **drain**: a backlog committed while no stream is attached, timed from the moment streams
+//!    attach until the last message is acked; the relay's fan-out is part of it.
+//! 6. **fanout**: the same with 1, 4 and 16 consumers on one topic.
+//! 7. **idle**: transactions per second outboxd runs while nothing happens.
+//!
+//! The database named by `--database-url` is dropped and recreated at start, so its name must
+//! contain "bench". Results go to stdout (a table, or one JSON object with `--json`); progress
+//! and outboxd's own log go to stderr.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use clap::Parser;
+use outbox_client::grpc::AdminClient;
+use outbox_proto::v1 as pb;
+use outbox_tests::{Outboxd, RawStream, consumer, create_consumer};
+use serde::{Serialize, Serializer};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection, Postgres};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_bench";
+
+/// Flags for the outboxd under test: the defaults, but for a short drain timeout that keeps the
+/// final shutdown quick (every stream is closed by then).
+const OUTBOXD_FLAGS: &[&str] = &["--drain-timeout", "2s"];
+
+/// Payload size: with the other columns, a row of about 230 bytes, the size the PostgreSQL
+/// measurements this bench is compared with used.
+const PAYLOAD_BYTES: usize = 160;
+const EVENT_TYPE: &str = "BenchEvent";
+/// Streams of the one consumer in end_to_end, latency and drain.
+const STREAMS: u32 = 4;
+const FLOW_MAX_IN_FLIGHT: u32 = 256;
+const DRAIN_MAX_IN_FLIGHT: u32 = 1000;
+const FANOUT_CONSUMERS: [u32; 3] = [1, 4, 16];
+const FANOUT_STREAMS_PER_CONSUMER: u32 = 2;
+const IDLE_MAX_IN_FLIGHT: u32 = 16;
+/// Rows per INSERT statement when loading a backlog.
+const INSERT_CHUNK: u64 = 50_000;
+/// Most message ids in one ack request.
+const ACK_BATCH: usize = 1000;
+/// Producers acquire their connections before a timed window opens; this is their head start.
+const WINDOW_LEAD: Duration = Duration::from_millis(250);
+
+/// Measures outboxd against a real PostgreSQL: the commit ceiling, enqueue, end-to-end
+/// throughput, latency, backlog drain, fan-out and idle cost, in one run.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-bench")]
+struct Args {
+    /// The benchmark database. It is dropped and recreated, so its name must contain "bench".
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, default_value = DEFAULT_DATABASE_URL)]
+    database_url: String,
+    /// Everything smaller: the whole run takes well under two minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Print exactly one JSON object on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Concurrent producers, each on its own database connection.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
+    producers: u32,
+    /// Length of each timed phase in seconds [default: 10, with --quick 3].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: Option<u64>,
+    /// The outboxd binary [default: `outboxd`, else `outboxd-e2e`, next to this executable].
+    #[arg(long, env = "OUTBOXD_BIN")]
+    outboxd: Option<PathBuf>,
+}
+
+/// Everything the figures depend on; reported with them.
+#[derive(Debug, Clone, Serialize)]
+struct Params {
+    producers: u32,
+    seconds: u64,
+    quick: bool,
+    drain_messages: u64,
+    fanout_messages: u64,
+    streams: u32,
+    end_to_end_max_in_flight: u32,
+    drain_max_in_flight: u32,
+    fanout_consumers: Vec<u32>,
+    fanout_streams_per_consumer: u32,
+    idle_seconds: u64,
+    payload_bytes: usize,
+    outboxd_flags: String,
+    postgres: String,
+    cores: usize,
+}
+
+impl Params {
+    fn new(args: &Args, postgres: String) -> Self {
+        let quick = args.quick;
+        Self {
+            producers: args.producers,
+            seconds: args.seconds.unwrap_or(if quick { 3 } else { 10 }),
+            quick,
+            drain_messages: if quick { 100_000 } else { 1_000_000 },
+            fanout_messages: if quick { 10_000 } else { 100_000 },
+            streams: STREAMS,
+            end_to_end_max_in_flight: FLOW_MAX_IN_FLIGHT,
+            drain_max_in_flight: DRAIN_MAX_IN_FLIGHT,
+            fanout_consumers: FANOUT_CONSUMERS.to_vec(),
+            fanout_streams_per_consumer: FANOUT_STREAMS_PER_CONSUMER,
+            idle_seconds: if quick { 5 } else { 10 },
+            payload_bytes: PAYLOAD_BYTES,
+            outboxd_flags: OUTBOXD_FLAGS.join(" "),
+            postgres,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_secs(self.seconds)
+    }
+}
+
+/// How long to wait for `work` messages or deliveries to go through: generous (30 s plus a
+/// floor of 1,000 a second), and bounded, so that the bench always ends by itself.
+fn budget(work: u64) -> Duration {
+    Duration::from_secs(30 + work / 1000)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The database
+
+/// Drops and recreates the benchmark database, so that every run starts from empty tables.
+async fn recreate_database(url: &str) -> Result<()> {
+    let options = PgConnectOptions::from_str(url).context("parsing --database-url")?;
+    let name = options.get_database().context("--database-url names no database")?.to_owned();
+    ensure!(
+        name.contains("bench"),
+        "refusing to use database {name:?}: the bench drops and recreates it, so its name must contain \"bench\""
+    );
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    let mut conn = options.database("postgres").connect().await.context("connecting to database \"postgres\"")?;
+    for sql in [format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"), format!("CREATE DATABASE {quoted}")] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+    }
+    conn.close().await?;
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<PgConnection> {
+    Ok(PgConnectOptions::from_str(url)?.application_name("outbox-bench").connect().await?)
+}
+
+/// A pool whose connections stay open for the whole run: producers keep theirs from one phase
+/// to the next, and reconnecting would show up in the figures.
+async fn pool(url: &str, size: u32) -> Result<PgPool> {
+    let options = PgConnectOptions::from_str(url)?.application_name("outbox-bench");
+    Ok(PgPoolOptions::new()
+        .max_connections(size)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await?)
+}
+
+/// Commits `n` messages on `topic` in one transaction, as fast as SQL can write them.
+///
+/// One transaction, with `ANALYZE` inside it, so that the relay sees nothing until everything is
+/// there, with planner statistics that know the backlog (a claim planned for an empty table is
+/// slow on a large one): the whole fan-out then happens after the streams attach, inside the
+/// timed drain.
+async fn insert_committed(db: &PgPool, topic: &str, n: u64, payload: &[u8]) -> Result<()> {
+    let mut tx = db.begin().await?;
+    let mut left = n;
+    while left > 0 {
+        let chunk = left.min(INSERT_CHUNK);
+        sqlx::query(
+            "INSERT INTO outbox.messages (message_id, topic, type, payload)
+             SELECT outbox.uuid_v7(), $1, $2, $3 FROM generate_series(1, $4::bigint)",
+        )
+        .bind(topic)
+        .bind(EVENT_TYPE)
+        .bind(payload)
+        .bind(i64::try_from(chunk)?)
+        .execute(&mut *tx)
+        .await
+        .with_context(|| format!("inserting the {topic} backlog"))?;
+        left -= chunk;
+    }
+    sqlx::query("ANALYZE outbox.messages").execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn unrelayed(db: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE relayed_at IS NULL").fetch_one(db).await?)
+}
+
+/// How long after `since` the relay had nothing left to fan out, to 100 ms; polls while a drain
+/// runs.
+async fn time_until_relayed(db: &PgPool, since: Instant, within: Duration) -> Result<Duration> {
+    loop {
+        // The relay's own access path (the partial index in `seq` order), so that the check stays
+        // cheap beside it: a bare `EXISTS` is planned as a sequential scan of the whole table.
+        let left: Option<i64> =
+            sqlx::query_scalar("SELECT seq FROM outbox.messages WHERE relayed_at IS NULL ORDER BY seq LIMIT 1")
+                .fetch_optional(db)
+                .await?;
+        if left.is_none() {
+            return Ok(since.elapsed());
+        }
+        ensure!(since.elapsed() < within, "the relay did not fan out the backlog within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_relayed(db: &PgPool, within: Duration) -> Result<()> {
+    time_until_relayed(db, Instant::now(), within).await.map(|_| ())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producers
+
+/// What one producer commits per transaction.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// One row into the plain table `bench_ceiling`, autocommit: the database's own ceiling.
+    PlainInsert,
+    /// One message through `outbox_client::enqueue` in an explicit transaction, as an
+    /// application enqueues beside its own writes.
+    Enqueue { topic: &'static str },
+}
+
+impl Work {
+    async fn commit_one(self, conn: &mut PgConnection, id: Uuid, payload: &[u8]) -> Result<()> {
+        match self {
+            Work::PlainInsert => {
+                sqlx::query(
+                    "INSERT INTO bench_ceiling (id, topic, type, payload, headers)
+                     VALUES ($1, 'bench.ceiling', $2, $3, '{}')",
+                )
+                .bind(id)
+                .bind(EVENT_TYPE)
+                .bind(payload)
+                .execute(conn)
+                .await?;
+            }
+            Work::Enqueue { topic } => {
+                let msg = outbox_client::Message::new(topic, EVENT_TYPE, payload).message_id(id);
+                let mut tx = conn.begin().await?;
+                outbox_client::enqueue(&mut *tx, &msg).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A timed window. Producers have their connections in hand before it opens.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+/// Open-loop pacing: producer `i` of `n` commits at `start + (i/n + k) * period`, however long
+/// the previous commit took (a late producer catches up at once), so the offered rate holds
+/// whatever the latency.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    period: Duration,
+    offset: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Produced {
+    /// Commits that returned inside the window.
+    in_window: u64,
+    /// Every commit, including the last ones that returned after the window closed.
+    total: u64,
+    /// When each message's commit returned, when asked for.
+    commits: Vec<(Uuid, Instant)>,
+}
+
+impl Produced {
+    fn merge(&mut self, other: Produced) {
+        self.in_window += other.in_window;
+        self.total += other.total;
+        self.commits.extend(other.commits);
+    }
+}
+
+async fn producer(
+    mut conn: PoolConnection<Postgres>,
+    work: Work,
+    window: Window,
+    pace: Option<Pace>,
+    record: bool,
+    payload: Arc<[u8]>,
+) -> Result<Produced> {
+    let mut out = Produced::default();
+    let mut due = window.start + pace.map_or(Duration::ZERO, |p| p.offset);
+    while due < window.end {
+        if due > Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
+        let id = Uuid::now_v7();
+        work.commit_one(&mut conn, id, &payload).await?;
+        let at = Instant::now();
+        out.total += 1;
+        if at <= window.end {
+            out.in_window += 1;
+        }
+        if record {
+            out.commits.push((id, at));
+        }
+        due = match pace {
+            Some(p) => due + p.period,
+            None => at,
+        };
+    }
+    Ok(out)
+}
+
+/// Producers running through one window, each on its own connection.
+struct Producers {
+    window: Window,
+    tasks: JoinSet<Result<Produced>>,
+}
+
+impl Producers {
+    /// Takes one connection per producer, then starts them all together. `rate` (messages per
+    /// second across all producers) paces them; `None` runs them flat out.
+    async fn start(
+        pool: &PgPool,
+        n: u32,
+        work: Work,
+        len: Duration,
+        rate: Option<f64>,
+        record: bool,
+        payload: &Arc<[u8]>,
+    ) -> Result<Self> {
+        let mut conns = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            conns.push(pool.acquire().await.context("a producer connection")?);
+        }
+        let start = Instant::now() + WINDOW_LEAD;
+        let window = Window { start, end: start + len };
+        let period = rate.map(|r| Duration::from_secs_f64(f64::from(n) / r.max(1.0)));
+        let mut tasks = JoinSet::new();
+        for (i, conn) in (0..n).zip(conns) {
+            let pace = period.map(|period| Pace { period, offset: period * i / n });
+            tasks.spawn(producer(conn, work, window, pace, record, payload.clone()));
+        }
+        Ok(Self { window, tasks })
+    }
+
+    async fn finish(mut self) -> Result<Produced> {
+        let mut all = Produced::default();
+        let late = self.window.end + Duration::from_secs(30);
+        while let Some(joined) = tokio::time::timeout_at(late, self.tasks.join_next())
+            .await
+            .context("producers still running 30 s after their window closed")?
+        {
+            all.merge(joined.context("a producer panicked")??);
+        }
+        Ok(all)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers
+
+/// What the streams of one phase have acked, shared with their tasks.
+#[derive(Debug)]
+struct Progress {
+    origin: Instant,
+    /// Acked first deliveries: each is one message.
+    first: AtomicU64,
+    /// Acked redeliveries (a lease expired, or a stream closed before its ack landed).
+    again: AtomicU64,
+    /// When the latest ack was sent, in nanoseconds after `origin`.
+    last_ack_ns: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            first: AtomicU64::new(0),
+            again: AtomicU64::new(0),
+            last_ack_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, batch: &[(pb::Delivery, Instant)], acked: Instant) {
+        let first = batch.iter().filter(|(d, _)| d.delivery_count <= 1).count() as u64;
+        let ns = u64::try_from(acked.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX);
+        // The instant first, so that whoever sees the count sees an instant at least this late.
+        self.last_ack_ns.fetch_max(ns, Ordering::SeqCst);
+        self.again.fetch_add(batch.len() as u64 - first, Ordering::SeqCst);
+        self.first.fetch_add(first, Ordering::SeqCst);
+    }
+
+    fn acked(&self) -> u64 {
+        self.first.load(Ordering::SeqCst)
+    }
+
+    fn redelivered(&self) -> u64 {
+        self.again.load(Ordering::SeqCst)
+    }
+
+    fn last_ack(&self) -> Instant {
+        self.origin + Duration::from_nanos(self.last_ack_ns.load(Ordering::SeqCst))
+    }
+}
+
+/// One first delivery as a stream saw it, for the latency phase.
+#[derive(Debug)]
+struct Receipt {
+    message_id: String,
+    delivered: Instant,
+    acked: Instant,
+}
+
+/// Receives on one stream and acks, in one request, whatever has arrived; until `stop`.
+async fn consume(
+    mut stream: RawStream,
+    stop: CancellationToken,
+    progress: Arc<Progress>,
+    record: bool,
+) -> Result<Vec<Receipt>> {
+    let mut receipts = Vec::new();
+    let mut batch: Vec<(pb::Delivery, Instant)> = Vec::with_capacity(ACK_BATCH);
+    while !stop.is_cancelled() {
+        // A short wait, so that an idle stream notices `stop` promptly.
+        let Some(first) = stream.next(Duration::from_millis(100)).await.context("subscribe stream")? else {
+            continue;
+        };
+        batch.push((first, Instant::now()));
+        // What is already buffered goes into the same ack.
+        while batch.len() < ACK_BATCH {
+            match stream.next(Duration::ZERO).await.context("subscribe stream")? {
+                Some(d) => batch.push((d, Instant::now())),
+                None => break,
+            }
+        }
+        let ids: Vec<&str> = batch.iter().map(|(d, _)| d.message_id.as_str()).collect();
+        stream.ack(&ids).await;
+        let acked = Instant::now();
+        progress.record(&batch, acked);
+        if record {
+            receipts.extend(batch.drain(..).filter(|(d, _)| d.delivery_count <= 1).map(|(d, delivered)| Receipt {
+                message_id: d.message_id,
+                delivered,
+                acked,
+            }));
+        }
+        batch.clear();
+    }
+    stream.close();
+    Ok(receipts)
+}
+
+/// The streams of one phase, each in its own task.
+struct Streams {
+    stop: CancellationToken,
+    progress: Arc<Progress>,
+    tasks: JoinSet<Result<Vec<Receipt>>>,
+}
+
+impl Streams {
+    async fn attach(
+        endpoint: &str,
+        consumers: &[String],
+        per_consumer: u32,
+        max_in_flight: u32,
+        record: bool,
+    ) -> Result<Self> {
+        let stop = CancellationToken::new();
+        let progress = Arc::new(Progress::new());
+        let mut tasks = JoinSet::new();
+        for name in consumers {
+            for _ in 0..per_consumer {
+                let stream = RawStream::open(endpoint, name, max_in_flight)
+                    .await
+                    .with_context(|| format!("opening a stream of consumer {name}"))?;
+                tasks.spawn(consume(stream, stop.clone(), progress.clone(), record));
+            }
+        }
+        Ok(Self { stop, progress, tasks })
+    }
+
+    /// Waits until `target` messages have been acked; fails after `within`, or at once if a
+    /// stream fails.
+    async fn wait_acked(&mut self, target: u64, within: Duration, what: &str) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while self.progress.acked() < target {
+            if let Some(joined) = self.tasks.try_join_next() {
+                joined.context("a stream task panicked")??;
+                bail!("a stream ended while waiting for {what}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}: {} of {target} acked",
+                self.progress.acked()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Closes every stream (the server releases what they still hold) and returns the receipts.
+    async fn stop(mut self) -> Result<Vec<Receipt>> {
+        self.stop.cancel();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut receipts = Vec::new();
+        while let Some(joined) = tokio::time::timeout_at(deadline, self.tasks.join_next())
+            .await
+            .context("streams did not stop within 10 s")?
+        {
+            receipts.extend(joined.context("a stream task panicked")??);
+        }
+        Ok(receipts)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phases
+
+/// What every phase uses.
+struct Bench {
+    params: Params,
+    /// The bench's own connections: setup, backlog loads, and checks between phases.
+    db: PgPool,
+    /// One connection per producer.
+    producers: PgPool,
+    payload: Arc<[u8]>,
+}
+
+/// A JSON object payload of exactly `PAYLOAD_BYTES`.
+fn payload() -> Arc<[u8]> {
+    let pad = PAYLOAD_BYTES - r#"{"pad":""}"#.len();
+    format!(r#"{{"pad":"{}"}}"#, "x".repeat(pad)).into_bytes().into()
+}
+
+fn per_second(count: u64, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// Phase 1: single-row autocommit inserts into a plain table, with no outboxd running.
+async fn ceiling(b: &Bench) -> Result<f64> {
+    sqlx::query(
+        "CREATE TABLE bench_ceiling (seq bigserial PRIMARY KEY, id uuid, topic text, type text, payload bytea,
+                                     headers jsonb, enqueued_at timestamptz DEFAULT now())",
+    )
+    .execute(&b.db)
+    .await?;
+    let p = &b.params;
+    let run =
+        Producers::start(&b.producers, p.producers, Work::PlainInsert, p.window(), None, false, &b.payload).await?;
+    let produced = run.finish().await?;
+    Ok(per_second(produced.in_window, p.window()))
+}
+
+#[derive(Debug)]
+struct Enqueued {
+    per_s: f64,
+    /// Messages the relay had not fanned out yet when the window closed.
+    unrelayed_at_end: i64,
+}
+
+/// Phase 2: producers enqueue in their own transactions; outboxd relays to one consumer that
+/// has no stream, so the relay's work competes with the producers, and nothing else does.
+async fn enqueue(b: &Bench, admin: &mut AdminClient) -> Result<Enqueued> {
+    const TOPIC: &str = "bench.enqueue";
+    create_consumer(admin, consumer("bench-enqueue", &[TOPIC])).await?;
+    let p = &b.params;
+    let run = Producers::start(
+        &b.producers,
+        p.producers,
+        Work::Enqueue { topic: TOPIC },
+        p.window(),
+        None,
+        false,
+        &b.payload,
+    )
+    .await?;
+    let produced = run.finish().await?;
+    let unrelayed_at_end = unrelayed(&b.db).await?;
+    // The next phase starts with the relay idle.
+    wait_relayed(&b.db, budget(produced.total)).await?;
+    Ok(Enqueued { per_s: per_second(produced.in_window, p.window()), unrelayed_at_end })
+}
+
+/// One run of producers on `topic` while `STREAMS` streams of one consumer ack.
+#[derive(Debug)]
+struct Flow {
+    acked_in_window: u64,
+    produced: Produced,
+    receipts: Vec<Receipt>,
+    redelivered: u64,
+}
+
+async fn flow(
+    b: &Bench,
+    admin: &mut AdminClient,
+    endpoint: &str,
+    topic: &'static str,
+    rate: Option<f64>,
+    record: bool,
+) -> Result<Flow> {
+    let name = topic.replace('.', "-");
+    create_consumer(admin, consumer(&name, &[topic])).await?;
+    let mut streams = Streams::attach(endpoint, &[name], STREAMS, FLOW_MAX_IN_FLIGHT, record).await?;
+    let p = &b.params;
+    let run =
+        Producers::start(&b.producers, p.producers, Work::Enqueue { topic }, p.window(), rate, record, &b.payload)
+            .await?;
+    tokio::time::sleep_until(run.window.end).await;
+    let acked_in_window = streams.progress.acked();
+    let produced = run.finish().await?;
+    // Whatever is still in flight is delivered before the next phase, which then starts clean.
+    streams.wait_acked(produced.total, budget(produced.total), &format!("{topic} to be delivered")).await?;
+    let redelivered = streams.progress.redelivered();
+    let receipts = streams.stop().await?;
+    Ok(Flow { acked_in_window, produced, receipts, redelivered })
+}
+
+#[derive(Debug)]
+struct EndToEnd {
+    per_s: f64,
+    /// Producers' commits per second meanwhile.
+    committed_per_s: f64,
+    /// Committed in the window but not acked by its end.
+    backlog_at_end: u64,
+    redelivered: u64,
+}
+
+/// Phase 3: producers flat out while four streams of one consumer receive and ack.
+async fn end_to_end(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<EndToEnd> {
+    let f = flow(b, admin, endpoint, "bench.e2e", None, false).await?;
+    let len = b.params.window();
+    Ok(EndToEnd {
+        per_s: per_second(f.acked_in_window, len),
+        committed_per_s: per_second(f.produced.in_window, len),
+        backlog_at_end: f.produced.in_window.saturating_sub(f.acked_in_window),
+        redelivered: f.redelivered,
+    })
+}
+
+/// Nearest-rank percentiles, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Quantiles {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+}
+
+impl Quantiles {
+    fn of(mut samples: Vec<Duration>) -> Result<Self> {
+        ensure!(!samples.is_empty(), "no latency samples");
+        samples.sort_unstable();
+        let at = |p: f64| {
+            let rank = (p / 100.0 * samples.len() as f64).ceil() as usize;
+            ms(samples[rank.clamp(1, samples.len()) - 1])
+        };
+        Ok(Self { p50: at(50.0), p90: at(90.0), p99: at(99.0), max: at(100.0) })
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    round(d.as_secs_f64() * 1000.0, 3)
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    /// Commit returned → delivery received.
+    #[serde(flatten)]
+    delivery: Quantiles,
+    /// Commit returned → ack sent.
+    ack: Quantiles,
+    offered_per_s: f64,
+    achieved_per_s: f64,
+    samples: usize,
+}
+
+/// Phase 4: producers paced to `rate`; every message's commit, delivery and ack instants, all
+/// on this process's monotonic clock.
+async fn latency(b: &Bench, admin: &mut AdminClient, endpoint: &str, rate: f64) -> Result<Latency> {
+    let f = flow(b, admin, endpoint, "bench.latency", Some(rate), true).await?;
+    let committed: HashMap<Uuid, Instant> = f.produced.commits.into_iter().collect();
+    let mut to_delivery = Vec::with_capacity(f.receipts.len());
+    let mut to_ack = Vec::with_capacity(f.receipts.len());
+    for r in &f.receipts {
+        let Some(at) = Uuid::parse_str(&r.message_id).ok().and_then(|id| committed.get(&id)) else { continue };
+        // A delivery can be seen before its producer task resumes after the commit: count it as 0.
+        to_delivery.push(r.delivered.saturating_duration_since(*at));
+        to_ack.push(r.acked.saturating_duration_since(*at));
+    }
+    let samples = to_delivery.len();
+    Ok(Latency {
+        delivery: Quantiles::of(to_delivery)?,
+        ack: Quantiles::of(to_ack)?,
+        offered_per_s: round(rate, 1),
+        achieved_per_s: round(per_second(f.produced.in_window, b.params.window()), 1),
+        samples,
+    })
+}
+
+/// A committed backlog delivered to every consumer.
+#[derive(Debug, Clone, Copy)]
+struct Drained {
+    messages: u64,
+    deliveries: u64,
+    /// From the streams attaching to the last ack.
+    elapsed: Duration,
+    /// From the streams attaching until the relay had fanned everything out (to 100 ms).
+    relayed: Duration,
+    redelivered: u64,
+}
+
+/// Commits `n` messages on `topic` with no stream attached, then times `consumers` (with
+/// `per_consumer` streams each) from attaching until every delivery is acked.
+async fn drain_backlog(
+    b: &Bench,
+    admin: &mut AdminClient,
+    endpoint: &str,
+    topic: &str,
+    consumers: &[String],
+    n: u64,
+    per_consumer: u32,
+) -> Result<Drained> {
+    for name in consumers {
+        create_consumer(admin, consumer(name, &[topic])).await?;
+    }
+    tracing::info!(topic, messages = n, "loading the backlog");
+    insert_committed(&b.db, topic, n, &b.payload).await?;
+    let deliveries = n * consumers.len() as u64;
+    let within = budget(deliveries);
+    let start = Instant::now();
+    let mut streams = Streams::attach(endpoint, consumers, per_consumer, DRAIN_MAX_IN_FLIGHT, false).await?;
+    let what = format!("{deliveries} deliveries of {topic}");
+    let (relayed, acked) =
+        tokio::join!(time_until_relayed(&b.db, start, within), streams.wait_acked(deliveries, within, &what));
+    acked?;
+    let relayed = relayed?;
+    let elapsed = streams.progress.last_ack().saturating_duration_since(start);
+    let redelivered = streams.progress.redelivered();
+    streams.stop().await?;
+    Ok(Drained { messages: n, deliveries, elapsed, relayed, redelivered })
+}
+
+/// Phase 5: one consumer, `STREAMS` streams.
+async fn drain(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Drained> {
+    drain_backlog(b, admin, endpoint, "bench.drain", &["bench-drain".to_owned()], b.params.drain_messages, STREAMS)
+        .await
+}
+
+/// Phase 6: the same with several consumers on one topic (a topic per round, so rounds do not
+/// feed each other).
+async fn fanout(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Vec<(u32, Drained)>> {
+    let mut out = Vec::new();
+    for k in FANOUT_CONSUMERS {
+        let topic = format!("bench.fanout.c{k}");
+        let names: Vec<String> = (1..=k).map(|i| format!("bench-fanout-c{k}-{i}")).collect();
+        let n = b.params.fanout_messages;
+        let d = drain_backlog(b, admin, endpoint, &topic, &names, n, FANOUT_STREAMS_PER_CONSUMER).await?;
+        tracing::info!(consumers = k, deliveries_per_s = per_second(d.deliveries, d.elapsed), "fanout round done");
+        out.push((k, d));
+    }
+    Ok(out)
+}
+
+/// `xact_commit + xact_rollback` of the current database. PostgreSQL counts every autocommit
+/// statement as a transaction, so this counts outboxd's queries (and this reading's own).
+async fn transactions(conn: &mut PgConnection) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(conn)
+    .await?)
+}
+
+async fn autovacuum_running(conn: &mut PgConnection) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                         WHERE datname = current_database() AND backend_type = 'autovacuum worker')",
+    )
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Phase 7: transactions per second in the database while outboxd has one idle stream and
+/// nothing to do. Runs last, after the bench closed its pools: a backend flushes its pending
+/// statistics when it exits, so theirs cannot land in the window.
+async fn idle(url: &str, admin: &mut AdminClient, endpoint: &str, len: Duration) -> Result<f64> {
+    create_consumer(admin, consumer("bench-idle", &["bench.idle"])).await?;
+    let streams = Streams::attach(endpoint, &["bench-idle".to_owned()], 1, IDLE_MAX_IN_FLIGHT, false).await?;
+    let mut conn = connect(url).await?;
+    // Autovacuum cleaning up after the drain would count as well: let it finish (bounded).
+    let quiet_by = Instant::now() + Duration::from_secs(60);
+    while autovacuum_running(&mut conn).await? && Instant::now() < quiet_by {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Flushes this connection's statistics now rather than inside the window.
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut conn).await?;
+    // Long enough for the relay to back off to its longest poll, and for this connection's
+    // next flush (at least a second after the last one) to follow its next statement at once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = transactions(&mut conn).await?;
+    let start = Instant::now();
+    tokio::time::sleep(len).await;
+    let after = transactions(&mut conn).await?;
+    let elapsed = start.elapsed();
+    if autovacuum_running(&mut conn).await? {
+        tracing::warn!("autovacuum ran during the idle window; idle_queries_per_s includes it");
+    }
+    streams.stop().await?;
+    conn.close().await?;
+    // The first reading's own transaction commits inside the window; the second's after it.
+    let outboxd = (after - before - 1).max(0);
+    Ok(per_second(outboxd as u64, elapsed))
+}
+
+/// Resident memory of a process, from `/proc/PID/status`.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading the status of outboxd (pid {pid})"))?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS line")?;
+    line.split_whitespace().nth(1).context("empty VmRSS line")?.parse().context("VmRSS is not a number")
+}
+
+/// `outboxd` (the server crate's build), else `outboxd-e2e` (this crate's copy), next to this
+/// executable.
+fn find_outboxd(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        ensure!(path.is_file(), "--outboxd {}: no such file", path.display());
+        return Ok(path);
+    }
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let dir = exe.parent().context("this executable has no directory")?;
+    for name in ["outboxd", "outboxd-e2e"] {
+        let path = dir.join(name);
+        if path.is_file() {
+            return Ok(path);
+        }
+    }
+    bail!(
+        "no outboxd or outboxd-e2e next to {}: run `cargo build --release -p outbox-server -p outbox-tests --bins` \
+         first, or pass --outboxd PATH",
+        exe.display()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+/// Figures keyed by consumer count, in the order measured.
+#[derive(Debug, Clone, Default)]
+struct ByConsumers(Vec<(u32, f64)>);
+
+impl Serialize for ByConsumers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.to_string(), v)))
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Rss {
+    start: u64,
+    end: u64,
+}
+
+/// Figures that explain the headline ones.
+#[derive(Debug, Serialize)]
+struct Details {
+    enqueue_unrelayed_at_end: i64,
+    end_to_end_committed_per_s: f64,
+    end_to_end_backlog_at_end: u64,
+    drain_s: f64,
+    drain_relayed_s: f64,
+    fanout_messages_per_s: ByConsumers,
+    fanout_s: ByConsumers,
+    fanout_relayed_s: ByConsumers,
+    redeliveries: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    params: Params,
+    ceiling_per_s: f64,
+    enqueue_per_s: f64,
+    end_to_end_per_s: f64,
+    ratio_to_ceiling: f64,
+    latency_ms: Latency,
+    drain_per_s: f64,
+    fanout_per_s: ByConsumers,
+    idle_queries_per_s: f64,
+    outboxd_rss_kib: Rss,
+    details: Details,
+}
+
+/// `12345.6` → `12,346`.
+fn grouped(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn quantiles_text(q: &Quantiles) -> String {
+    format!("p50 {:.1} / p90 {:.1} / p99 {:.1} / max {:.1} ms", q.p50, q.p90, q.p99, q.max)
+}
+
+fn print_table(r: &Report) {
+    let p = &r.params;
+    let d = &r.details;
+    let producers = format!("{} producers, {} s", p.producers, p.seconds);
+    let mut rows: Vec<[String; 3]> = vec![
+        [
+            "ceiling".into(),
+            format!("{} rows/s", grouped(r.ceiling_per_s)),
+            format!("{producers}; 1 INSERT per autocommit transaction, plain table, no outboxd"),
+        ],
+        [
+            "enqueue".into(),
+            format!("{} msg/s", grouped(r.enqueue_per_s)),
+            format!(
+                "{producers}; enqueue + COMMIT per message; 1 consumer, no stream; {} unrelayed at end",
+                grouped(d.enqueue_unrelayed_at_end as f64)
+            ),
+        ],
+        [
+            "end_to_end".into(),
+            format!("{} msg/s acked", grouped(r.end_to_end_per_s)),
+            format!(
+                "{producers}; {} streams x max_in_flight {}; {:.2} of ceiling; committed {} msg/s, {} behind at end",
+                p.streams,
+                p.end_to_end_max_in_flight,
+                r.ratio_to_ceiling,
+                grouped(d.end_to_end_committed_per_s),
+                grouped(d.end_to_end_backlog_at_end as f64)
+            ),
+        ],
+        [
+            "latency".into(),
+            format!("commit->delivery {}", quantiles_text(&r.latency_ms.delivery)),
+            format!(
+                "offered {} msg/s (half of end_to_end), achieved {}; {producers}; {} streams; {} samples",
+                grouped(r.latency_ms.offered_per_s),
+                grouped(r.latency_ms.achieved_per_s),
+                p.streams,
+                r.latency_ms.samples
+            ),
+        ],
+        ["".into(), format!("commit->ack      {}", quantiles_text(&r.latency_ms.ack)), "".into()],
+        [
+            "drain".into(),
+            format!("{} msg/s", grouped(r.drain_per_s)),
+            format!(
+                "{} committed messages, 1 consumer, {} streams x max_in_flight {}; {:.1} s, relayed after {:.1} s",
+                grouped(p.drain_messages as f64),
+                p.streams,
+                p.drain_max_in_flight,
+                d.drain_s,
+                d.drain_relayed_s
+            ),
+        ],
+    ];
+    for (k, per_s) in &r.fanout_per_s.0 {
+        let find = |v: &ByConsumers| v.0.iter().find(|(c, _)| c == k).map_or(0.0, |(_, x)| *x);
+        rows.push([
+            format!("fanout x{k}"),
+            format!("{} deliveries/s", grouped(*per_s)),
+            format!(
+                "{} messages to {k} consumer{}, {} streams each x max_in_flight {}; {} msg/s; {:.1} s, relayed after {:.1} s",
+                grouped(p.fanout_messages as f64),
+                if *k == 1 { "" } else { "s" },
+                p.fanout_streams_per_consumer,
+                p.drain_max_in_flight,
+                grouped(find(&d.fanout_messages_per_s)),
+                find(&d.fanout_s),
+                find(&d.fanout_relayed_s)
+            ),
+        ]);
+    }
+    rows.push([
+        "idle".into(),
+        format!("{:.1} queries/s", r.idle_queries_per_s),
+        format!("1 idle stream, {} s, xact_commit + xact_rollback", p.idle_seconds),
+    ]);
+    rows.push([
+        "outboxd RSS".into(),
+        format!("{} -> {} KiB", grouped(r.outboxd_rss_kib.start as f64), grouped(r.outboxd_rss_kib.end as f64)),
+        "start -> end of the run".into(),
+    ]);
+
+    println!(
+        "outbox-bench: PostgreSQL {}, {} cores, payload {} B{}; outboxd {}",
+        p.postgres,
+        p.cores,
+        p.payload_bytes,
+        if p.quick { ", quick" } else { "" },
+        p.outboxd_flags
+    );
+    if d.redeliveries > 0 {
+        println!("note: {} redeliveries were acked besides the counted first deliveries", d.redeliveries);
+    }
+    let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0);
+    println!();
+    println!("{:w0$}  {:w1$}  parameters", "phase", "result");
+    for [phase, result, params] in &rows {
+        println!("{phase:w0$}  {result:w1$}  {params}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async fn run(args: Args) -> Result<Report> {
+    let bin = find_outboxd(args.outboxd.clone())?;
+    let url = args.database_url.clone();
+    recreate_database(&url).await?;
+    let db = pool(&url, 4).await?;
+    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&db).await?;
+    let params = Params::new(&args, postgres);
+    let producers = pool(&url, params.producers).await?;
+    let b = Bench { params, db, producers, payload: payload() };
+    let p = &b.params;
+    tracing::info!(producers = p.producers, seconds = p.seconds, quick = p.quick, outboxd = %bin.display(), "starting");
+
+    tracing::info!("phase 1: ceiling");
+    let ceiling_per_s = ceiling(&b).await?;
+
+    let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
+    let rss_start = rss_kib(outboxd.pid())?;
+    let mut admin = outboxd.admin().await?;
+    let endpoint = outboxd.endpoint.clone();
+
+    tracing::info!(ceiling_per_s, "phase 2: enqueue");
+    let enq = enqueue(&b, &mut admin).await?;
+    tracing::info!(enqueue_per_s = enq.per_s, "phase 3: end_to_end");
+    let e2e = end_to_end(&b, &mut admin, &endpoint).await?;
+    ensure!(e2e.per_s > 0.0, "nothing was delivered end to end: no rate to pace the latency phase at");
+    tracing::info!(end_to_end_per_s = e2e.per_s, "phase 4: latency");
+    let lat = latency(&b, &mut admin, &endpoint, e2e.per_s / 2.0).await?;
+    tracing::info!(p99_ms = lat.delivery.p99, "phase 5: drain");
+    let dr = drain(&b, &mut admin, &endpoint).await?;
+    tracing::info!(drain_per_s = per_second(dr.messages, dr.elapsed), "phase 6: fanout");
+    let fan = fanout(&b, &mut admin, &endpoint).await?;
+
+    tracing::info!("phase 7: idle");
+    let Bench { params, db, producers, .. } = b;
+    producers.close().await;
+    db.close().await;
+    let idle_queries_per_s = idle(&url, &mut admin, &endpoint, Duration::from_secs(params.idle_seconds)).await?;
+    let rss_end = rss_kib(outboxd.pid())?;
+    if !outboxd.terminate(Duration::from_secs(20)).await? {
+        tracing::warn!("outboxd exited with an error status");
+    }
+
+    let fan_by = |f: &dyn Fn(&Drained) -> f64| ByConsumers(fan.iter().map(|(k, d)| (*k, f(d))).collect());
+    let redeliveries = e2e.redelivered + dr.redelivered + fan.iter().map(|(_, d)| d.redelivered).sum::<u64>();
+    Ok(Report {
+        ceiling_per_s: round(ceiling_per_s, 1),
+        enqueue_per_s: round(enq.per_s, 1),
+        end_to_end_per_s: round(e2e.per_s, 1),
+        ratio_to_ceiling: round(e2e.per_s / ceiling_per_s.max(1e-9), 3),
+        latency_ms: lat,
+        drain_per_s: round(per_second(dr.messages, dr.elapsed), 1),
+        fanout_per_s: fan_by(&|d| round(per_second(d.deliveries, d.elapsed), 1)),
+        idle_queries_per_s: round(idle_queries_per_s, 2),
+        outboxd_rss_kib: Rss { start: rss_start, end: rss_end },
+        details: Details {
+            enqueue_unrelayed_at_end: enq.unrelayed_at_end,
+            end_to_end_committed_per_s: round(e2e.committed_per_s, 1),
+            end_to_end_backlog_at_end: e2e.backlog_at_end,
+            drain_s: round(dr.elapsed.as_secs_f64(), 3),
+            drain_relayed_s: round(dr.relayed.as_secs_f64(), 3),
+            fanout_messages_per_s: fan_by(&|d| round(per_second(d.messages, d.elapsed), 1)),
+            fanout_s: fan_by(&|d| round(d.elapsed.as_secs_f64(), 3)),
+            fanout_relayed_s: fan_by(&|d| round(d.relayed.as_secs_f64(), 3)),
+            redeliveries,
+        },
+        params,
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=error")),
+        )
+        .init();
+    let args = Args::parse();
+    let json = args.json;
+    let report = run(args).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
