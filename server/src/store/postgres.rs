@@ -337,6 +337,10 @@ impl Store for PgStore {
                              ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
              RETURNING message_id, seq, topic, ordering_key, available_at",
         )
+        // Planned on every pass, never cached: a plan made while the table was empty ("scan
+        // every unrelayed row, sort, take 500") costs hundreds of milliseconds once a backlog
+        // exists, and the relay then falls further behind.
+        .persistent(false)
         .bind(limit)
         .bind(now)
         .fetch_all(&mut *tx)

@@ -812,8 +812,8 @@ async fn autovacuum_running(conn: &mut PgConnection) -> Result<bool> {
 }
 
 /// Phase 7: transactions per second in the database while outboxd has one idle stream and
-/// nothing to do. Runs last, after the bench closed its pools: a backend flushes its pending
-/// statistics when it exits, so theirs cannot land in the window.
+/// nothing to do. Runs right after outboxd starts, before any load, so that the delayed
+/// statistics of busy connections cannot land in the window.
 async fn idle(url: &str, admin: &mut AdminClient, endpoint: &str, len: Duration) -> Result<f64> {
     create_consumer(admin, consumer("bench-idle", &["bench.idle"])).await?;
     let streams = Streams::attach(endpoint, &["bench-idle".to_owned()], 1, IDLE_MAX_IN_FLIGHT, false).await?;
@@ -825,9 +825,10 @@ async fn idle(url: &str, admin: &mut AdminClient, endpoint: &str, len: Duration)
     }
     // Flushes this connection's statistics now rather than inside the window.
     sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut conn).await?;
-    // Long enough for the relay to back off to its longest poll, and for this connection's
-    // next flush (at least a second after the last one) to follow its next statement at once.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // PostgreSQL flushes an idle backend's counters up to 10 s late: wait that out, so that
+    // earlier work (the ceiling's producers, outboxd's migrations) does not land in the window.
+    // It is also long enough for the relay to back off to its longest poll.
+    tokio::time::sleep(Duration::from_millis(11_000)).await;
     let before = transactions(&mut conn).await?;
     let start = Instant::now();
     tokio::time::sleep(len).await;
@@ -1068,7 +1069,11 @@ async fn run(args: Args) -> Result<Report> {
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();
 
-    tracing::info!(ceiling_per_s, "phase 2: enqueue");
+    // Idle first, while outboxd has done nothing else: its counters are then its own.
+    tracing::info!(ceiling_per_s, "phase 7 (run first): idle");
+    let idle_queries_per_s = idle(&url, &mut admin, &endpoint, Duration::from_secs(b.params.idle_seconds)).await?;
+
+    tracing::info!(idle_queries_per_s, "phase 2: enqueue");
     let enq = enqueue(&b, &mut admin).await?;
     tracing::info!(enqueue_per_s = enq.per_s, "phase 3: end_to_end");
     let e2e = end_to_end(&b, &mut admin, &endpoint).await?;
@@ -1080,11 +1085,9 @@ async fn run(args: Args) -> Result<Report> {
     tracing::info!(drain_per_s = per_second(dr.messages, dr.elapsed), "phase 6: fanout");
     let fan = fanout(&b, &mut admin, &endpoint).await?;
 
-    tracing::info!("phase 7: idle");
     let Bench { params, db, producers, .. } = b;
     producers.close().await;
     db.close().await;
-    let idle_queries_per_s = idle(&url, &mut admin, &endpoint, Duration::from_secs(params.idle_seconds)).await?;
     let rss_end = rss_kib(outboxd.pid())?;
     if !outboxd.terminate(Duration::from_secs(20)).await? {
         tracing::warn!("outboxd exited with an error status");
