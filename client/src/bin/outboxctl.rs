@@ -60,6 +60,11 @@ enum Command {
     /// One message.
     #[command(subcommand)]
     Message(MessageCmd),
+    /// Watch messages go by as they are committed, without consuming them for anyone.
+    Tail {
+        /// Topics or patterns (`orders.*`, `orders.>`); all when none.
+        topics: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -219,6 +224,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         },
         Command::DeadLetters(cmd) => dead_letters(&mut admin, out, cmd).await,
         Command::Replay(args) => replay(&mut admin, out, args).await,
+        Command::Tail { topics } => {
+            let mut stream = admin.tail(pb::TailRequest { topics }).await.map_err(|s| status_failure(&s))?.into_inner();
+            loop {
+                let next = tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                    m = stream.message() => m.map_err(|s| status_failure(&s))?,
+                };
+                let Some(m) = next else { return Ok(()) };
+                if out == Output::Json {
+                    println!("{}", message_json(&m));
+                } else {
+                    println!(
+                        "{}  #{}  {}  {}  {}  {}",
+                        fmt_time(m.enqueued_at.as_ref()),
+                        m.seq,
+                        m.topic,
+                        m.r#type,
+                        m.message_id,
+                        payload_text(&m.payload)
+                    );
+                }
+                let _ = std::io::stdout().flush();
+            }
+        }
         Command::Message(MessageCmd::Get { message_id }) => {
             let m = admin.get_message(pb::GetMessageRequest { message_id }).await.map_err(|s| status_failure(&s))?;
             print_message(out, &m.into_inner(), None);

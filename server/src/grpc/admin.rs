@@ -4,7 +4,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
-use crate::domain::{ConsumerName, InvalidField, MessageId};
+use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::pruner::Pruner;
 use crate::session::SessionContext;
 use crate::store::{ReplayOptions, ReplaySelector};
@@ -22,8 +22,55 @@ fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
+/// How often a tail looks for new messages when not woken.
+const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 #[tonic::async_trait]
 impl pb::outbox_admin_server::OutboxAdmin for AdminService {
+    type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
+
+    async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
+        let patterns = request
+            .into_inner()
+            .topics
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TopicPattern::parse(&format!("topics[{i}]"), t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
+        let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let mut enqueued = ctx.hub.enqueued().subscribe();
+            loop {
+                match ctx.store.message_list_after(cursor, 500).await {
+                    Ok(batch) => {
+                        let full = batch.len() == 500;
+                        for m in batch {
+                            cursor = m.seq;
+                            let wanted = patterns.is_empty() || patterns.iter().any(|p| p.matches(&m.topic));
+                            if wanted && tx.send(Ok(convert::pb_message(m))).await.is_err() {
+                                return;
+                            }
+                        }
+                        if full {
+                            continue;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "tail read failed; retrying"),
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = ctx.shutdown.cancelled() => return,
+                    _ = enqueued.changed() => {}
+                    _ = tokio::time::sleep(TAIL_POLL) => {}
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     async fn create_consumer(
         &self,
         request: Request<pb::CreateConsumerRequest>,

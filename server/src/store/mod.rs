@@ -99,6 +99,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A page of dead letters in `seq` order after `after_seq`.
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
+    /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
+    async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
+    /// The highest `seq` committed so far (0 when empty).
+    async fn message_last_seq(&self) -> Result<i64>;
     /// Makes deliveries due again with a fresh count; leased ones are left to their stream.
     /// Refused ([`StoreError::BeyondRetention`]) when a selected message was enqueued before
     /// `options.retention_cutoff`, unless allowed; a dry run counts and changes nothing.

@@ -772,6 +772,16 @@ impl Store for PgStore {
         Ok((message, deliveries))
     }
 
+    async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.seq > $1 ORDER BY m.seq LIMIT $2");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter().map(message_from_row).collect()
+    }
+
+    async fn message_last_seq(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox.messages").fetch_one(&self.pool).await?)
+    }
+
     /// Makes a consumer's deliveries due again (see [`ReplaySelector`]); returns how many.
     async fn replay(
         &self,

@@ -7,7 +7,10 @@ use serde_json::Value;
 
 use crate::{WAIT, conformance, setup, stats};
 
-conformance!(an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl);
+conformance!(
+    an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl,
+    outboxctl_tail_shows_matching_messages_as_they_commit
+);
 
 fn outboxctl_path() -> PathBuf {
     outbox_tests::outboxd_path().with_file_name("outboxctl-e2e")
@@ -105,5 +108,33 @@ async fn an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl(backend: 
     eventually("acked", WAIT, || async { Ok((stats(&srv, "billing").await?.acked == 1).then_some(())) }).await?;
     assert_eq!(msg["message"]["topic"], "orders.created");
     assert_eq!(msg["deliveries"][0]["consumer"], "billing");
+    Ok(())
+}
+
+async fn outboxctl_tail_shows_matching_messages_as_they_commit(backend: Backend) -> Result<()> {
+    use tokio::io::AsyncBufReadExt as _;
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    db.sql_enqueue("orders.created", "Before", b"old").await?; // committed before the tail: not shown
+    let mut child = tokio::process::Command::new(outboxctl_path())
+        .args(["--server", &srv.endpoint, "--output", "json", "tail", "orders.*"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().context("no stdout")?).lines();
+    // The tail starts after the newest message it sees when it starts; enqueue until one shows
+    // (bounded), since the process may still be connecting.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let line = loop {
+        db.sql_enqueue("users.created", "OtherTopic", b"").await?;
+        db.sql_enqueue("orders.created", "Shown", b"new").await?;
+        if let Ok(line) = tokio::time::timeout(std::time::Duration::from_millis(500), lines.next_line()).await {
+            break line?.context("tail ended")?;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the tail showed nothing");
+    };
+    let v: Value = serde_json::from_str(&line)?;
+    assert_eq!(v["type"], "Shown", "{line}");
+    assert_eq!(v["topic"], "orders.created");
+    assert_eq!(v["payload"], "new");
     Ok(())
 }
