@@ -1,7 +1,8 @@
 //! The subscriber runtime: one `Subscribe` stream, a handler per delivery.
 //!
 //! Returning `Ok` from the handler acks the delivery; an error nacks it with the error's text
-//! (retried after the consumer's backoff, dead after `max_deliveries`). Handlers run
+//! (retried after the consumer's backoff, dead after `max_deliveries`). A handler that runs
+//! longer than the ack deadline keeps its lease: the subscriber extends it every half lease. Handlers run
 //! concurrently, at most `concurrency` at once. Lost connections are re-established with
 //! exponential backoff; errors that retrying cannot fix (an unknown consumer, a bad request)
 //! end [`Subscriber::run`].
@@ -213,9 +214,39 @@ impl Subscriber {
                         };
                         let handler = handler.clone();
                         let req_tx = req_tx.clone();
+                        // The lease granted: what is left of it as the delivery arrives.
+                        let lease = delivery
+                            .ack_deadline
+                            .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
+                            .filter(|d| !d.is_zero());
                         tasks.spawn(async move {
                             let id = delivery.message_id;
-                            let outcome = handler(delivery).await;
+                            let work = handler(delivery);
+                            tokio::pin!(work);
+                            // A handler slower than the ack deadline keeps its lease: extend it
+                            // by the same length every half lease while the handler runs.
+                            let outcome = match lease {
+                                Some(lease) => {
+                                    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + lease / 2, lease / 2);
+                                    loop {
+                                        tokio::select! {
+                                            out = &mut work => break out,
+                                            _ = ticker.tick() => {
+                                                let extend = pb::Extend {
+                                                    message_ids: vec![id.to_string()],
+                                                    deadline: Some(prost_types::Duration {
+                                                        seconds: lease.as_secs() as i64,
+                                                        nanos: lease.subsec_nanos() as i32,
+                                                    }),
+                                                };
+                                                let req = pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Extend(extend)) };
+                                                let _ = req_tx.send(req).await;
+                                            }
+                                        }
+                                    }
+                                }
+                                None => work.await,
+                            };
                             drop(permit);
                             let request = match outcome {
                                 Ok(()) => pb::subscribe_request::Request::Ack(pb::Ack { message_ids: vec![id.to_string()] }),

@@ -25,6 +25,7 @@ conformance!(
     poison_message_is_dead_after_max_deliveries_visible_and_replayable,
     slow_consumer_shows_as_backlog_and_oldest_unacked_age,
     the_subscriber_reconnects_when_outboxd_restarts,
+    the_subscriber_extends_the_lease_of_a_slow_handler,
 );
 
 async fn producer_commit_fails_leaves_no_message(backend: Backend) -> Result<()> {
@@ -497,5 +498,35 @@ async fn three_replicas_split_relay_and_streams_with_no_loss_and_no_second_effec
         assert_eq!((st.acked, st.backlog, st.in_flight), (N as i64, 0, 0), "{name}");
     }
     assert_eq!(db.delivery_count().await?, 2 * N as i64, "one inbox row per (message, consumer)");
+    Ok(())
+}
+
+async fn the_subscriber_extends_the_lease_of_a_slow_handler(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.ack_deadline = Some(dur(Duration::from_millis(300)));
+    create_consumer(&mut srv.admin().await?, c).await?;
+    db.sql_enqueue("t", "Slow", b"").await?;
+    let calls = Arc::new(AtomicU32::new(0));
+    let stop = CancellationToken::new();
+    let n = calls.clone();
+    let sub = tokio::spawn(Subscriber::new(SubscriberConfig::new(srv.endpoint.clone(), "c")).run(
+        move |_d| {
+            let n = n.clone();
+            async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                // The behaviour under test: work that outlasts the 300 ms ack deadline.
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                Ok(())
+            }
+        },
+        stop.clone(),
+    ));
+    eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never redelivered while the handler ran");
+    let st = stats(&srv, "c").await?;
+    assert_eq!((st.backlog, st.in_flight, st.retrying), (0, 0, 0));
+    stop.cancel();
+    sub.await??;
     Ok(())
 }
