@@ -1,8 +1,10 @@
 //! Connecting to outboxd over gRPC.
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox_proto::v1 as pb;
 use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument as _;
 
 use crate::{ClientError, Enqueued, Message};
 
@@ -37,8 +39,16 @@ pub async fn outbox(endpoint: &str) -> Result<OutboxClient, ClientError> {
 
 /// Enqueues over gRPC, for producers without access to the database. Not transactional with
 /// anything of the caller's: prefer [`crate::enqueue`] where the database is shared.
+///
+/// Like [`crate::enqueue`], runs in an `outbox.enqueue` span whose trace context the message
+/// carries in its `traceparent` header.
 pub async fn enqueue_rpc(client: &mut OutboxClient, msg: &Message) -> Result<Enqueued, ClientError> {
-    let resp = client.enqueue(to_request(msg)).await?.into_inner();
+    let span = tracing::info_span!("outbox.enqueue", otel.kind = "producer", topic = %msg.topic, r#type = %msg.type_);
+    let mut request = to_request(msg);
+    let mut headers: BTreeMap<String, String> = std::mem::take(&mut request.headers).into_iter().collect();
+    crate::trace::inject(&span, &mut headers);
+    request.headers = headers.into_iter().collect();
+    let resp = client.enqueue(request).instrument(span).await?.into_inner();
     Ok(Enqueued {
         message_id: resp
             .message_id

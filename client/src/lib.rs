@@ -7,6 +7,7 @@
 //!   transaction, the transactional ack, and the inbox for consumers with their own database.
 //! - [`subscriber`]: [`Subscriber`], runs a handler per delivery with bounded concurrency,
 //!   acks on `Ok`, nacks on `Err`, reconnects with backoff, stops gracefully.
+//! - [`trace`]: the W3C trace context carried in message headers.
 //! - [`grpc`]: connecting to outboxd: the `Enqueue` RPC and the admin client.
 //!
 //! # Producing inside your transaction
@@ -26,6 +27,7 @@ pub mod grpc;
 pub mod message;
 pub mod store;
 pub mod subscriber;
+pub mod trace;
 
 pub use message::{Enqueued, Message};
 pub use store::{Inbox, OutboxDatabase, ack_in_tx, enqueue};

@@ -5,6 +5,7 @@
 use futures::future::BoxFuture;
 use sqlx::types::Json;
 use sqlx::{Executor, Postgres, Row, Sqlite};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::{ClientError, Enqueued, Message};
@@ -12,7 +13,7 @@ use crate::{ClientError, Enqueued, Message};
 /// A database outboxd can run on: PostgreSQL, or the embedded SQLite file.
 pub trait OutboxDatabase: sqlx::Database {
     #[doc(hidden)]
-    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> BoxFuture<'e, Result<Enqueued, ClientError>>
     where
         E: Executor<'e, Database = Self> + 'e;
 
@@ -23,11 +24,11 @@ pub trait OutboxDatabase: sqlx::Database {
 }
 
 impl OutboxDatabase for Postgres {
-    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> BoxFuture<'e, Result<Enqueued, ClientError>>
     where
         E: Executor<'e, Database = Self> + 'e,
     {
-        Box::pin(pg_enqueue(exec, msg))
+        Box::pin(pg_enqueue(exec, msg, headers))
     }
 
     fn ack_on<'e, E>(exec: E, consumer: &'e str, message_id: Uuid) -> BoxFuture<'e, Result<bool, ClientError>>
@@ -41,11 +42,11 @@ impl OutboxDatabase for Postgres {
 }
 
 impl OutboxDatabase for Sqlite {
-    fn enqueue_on<'e, E>(exec: E, msg: &'e Message) -> BoxFuture<'e, Result<Enqueued, ClientError>>
+    fn enqueue_on<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> BoxFuture<'e, Result<Enqueued, ClientError>>
     where
         E: Executor<'e, Database = Self> + 'e,
     {
-        Box::pin(sqlite_enqueue(exec, msg))
+        Box::pin(sqlite_enqueue(exec, msg, headers))
     }
 
     fn ack_on<'e, E>(exec: E, consumer: &'e str, message_id: Uuid) -> BoxFuture<'e, Result<bool, ClientError>>
@@ -69,29 +70,40 @@ impl OutboxDatabase for Sqlite {
     }
 }
 
+/// The headers as stored: a JSON object of strings.
+#[doc(hidden)]
+pub type Headers = serde_json::Map<String, serde_json::Value>;
+
 /// Enqueues `msg` on the caller's executor, PostgreSQL or SQLite: pass `&mut *tx` to make it
 /// part of your own transaction, so the message exists if and only if that transaction
 /// commits. Enqueueing an existing `message_id` succeeds with `duplicate = true` and does not
 /// abort the transaction.
+///
+/// Runs in an `outbox.enqueue` span whose trace context is stored in the message's
+/// `traceparent` header (see [`crate::trace`]), unless the message carries one already.
 pub async fn enqueue<'e, DB, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
 where
     DB: OutboxDatabase,
     E: Executor<'e, Database = DB> + 'e,
 {
-    DB::enqueue_on(exec, msg).await
+    let span = tracing::info_span!("outbox.enqueue", otel.kind = "producer", topic = %msg.topic, r#type = %msg.type_);
+    let mut headers = msg.headers.clone();
+    crate::trace::inject(&span, &mut headers);
+    let headers: Headers = headers.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+    DB::enqueue_on(exec, msg, headers).instrument(span).await
 }
 
 /// SQLite's enqueue, in one statement (a generic executor can run only one). On a duplicate
 /// `message_id` the no-op `DO UPDATE` makes `RETURNING` give the existing row, whose
 /// `enqueued_at` is not this call's: that is how a duplicate is told apart.
-async fn sqlite_enqueue<'e, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
+async fn sqlite_enqueue<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> Result<Enqueued, ClientError>
 where
     E: Executor<'e, Database = Sqlite> + 'e,
 {
     let id = msg.message_id.unwrap_or_else(Uuid::now_v7);
     let now = chrono::Utc::now().timestamp_micros();
     let available = msg.delay.map(|d| now.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)));
-    let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
+    let headers = serde_json::Value::Object(headers).to_string();
     let row = sqlx::query(
         "INSERT INTO outbox_messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
@@ -112,12 +124,10 @@ where
     Ok(Enqueued { message_id: id, seq: row.try_get("seq")?, duplicate: enqueued_at != now })
 }
 
-async fn pg_enqueue<'e, E>(exec: E, msg: &'e Message) -> Result<Enqueued, ClientError>
+async fn pg_enqueue<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> Result<Enqueued, ClientError>
 where
     E: Executor<'e, Database = Postgres> + 'e,
 {
-    let headers: serde_json::Map<String, serde_json::Value> =
-        msg.headers.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
     let delay_ms = msg.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let row = sqlx::query(
         "SELECT id, message_seq, is_duplicate

@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::{ClientError, grpc, store};
@@ -219,9 +220,16 @@ impl Subscriber {
                             .ack_deadline
                             .and_then(|t| (t - chrono::Utc::now()).to_std().ok())
                             .filter(|d| !d.is_zero());
+                        // The handler runs in a span continuing the producer's trace.
+                        let span = tracing::info_span!(
+                            "outbox.handle", otel.kind = "consumer", consumer = %delivery.consumer,
+                            message_id = %delivery.message_id, topic = %delivery.topic,
+                            delivery_count = delivery.delivery_count,
+                        );
+                        crate::trace::continue_from(&span, &delivery.headers);
                         tasks.spawn(async move {
                             let id = delivery.message_id;
-                            let work = handler(delivery);
+                            let work = handler(delivery).instrument(span);
                             tokio::pin!(work);
                             // A handler slower than the ack deadline keeps its lease: extend it
                             // by the same length every half lease while the handler runs.

@@ -20,6 +20,7 @@
 //! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
+//! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 #![forbid(unsafe_code)]
 
@@ -36,6 +37,7 @@ pub mod relay;
 pub mod session;
 pub mod store;
 pub mod sweeper;
+pub mod telemetry;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

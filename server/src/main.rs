@@ -4,22 +4,13 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use outbox_server::app::App;
 use outbox_server::clock::SystemClock;
-use outbox_server::config::{Cli, Command, LogFormat, ServeConfig};
-use outbox_server::store;
-use tracing_subscriber::EnvFilter;
+use outbox_server::config::{Cli, Command, ServeConfig};
+use outbox_server::{store, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Text => fmt.init(),
-        LogFormat::Json => fmt.json().init(),
-    }
+    let mut telemetry = telemetry::init(cli.log_format).context("setting up logs and traces")?;
     match cli.command {
         Command::Serve(args) => {
             let config = ServeConfig::try_from(args)?;
@@ -41,6 +32,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("migrations applied");
         }
     }
+    telemetry.shutdown();
     Ok(())
 }
 

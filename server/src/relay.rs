@@ -50,6 +50,12 @@ impl Relay {
         for c in &out.consumers {
             self.hub.notify_consumer(c);
         }
+        // One span per traced message, continuing its producer's trace; it ends here, once the
+        // message's deliveries are committed.
+        for (message_id, traceparent) in &out.traced {
+            let span = tracing::info_span!("outboxd.relay", message_id = %message_id, batch = out.messages);
+            crate::telemetry::continue_trace(&span, traceparent, None);
+        }
         if out.messages > 0 {
             tracing::debug!(messages = out.messages, deliveries = out.deliveries, "relayed");
         }

@@ -24,8 +24,8 @@ use tonic::Status;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::Hub;
-use crate::metrics;
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
+use crate::{metrics, telemetry};
 
 /// Expired leases a session remembers for late acks.
 const MAX_REMEMBERED_EXPIRED: usize = 10_000;
@@ -101,6 +101,22 @@ enum End {
 
 pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
+}
+
+/// The span of one delivery of a traced message: a child of the producer's span, and the
+/// parent the consumer's handler continues (its context replaces the delivery's `traceparent`).
+/// Messages without a trace context get a disabled span, which costs nothing.
+fn deliver_span(consumer: &str, d: &mut LeasedDelivery) -> tracing::Span {
+    let Some(traceparent) = d.message.headers.get(telemetry::TRACEPARENT) else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(
+        "outboxd.deliver", otel.kind = "producer", consumer, message_id = %d.message.message_id,
+        delivery_count = d.delivery_count,
+    );
+    telemetry::continue_trace(&span, traceparent, d.message.headers.get("tracestate").map(String::as_str));
+    telemetry::inject(&span, &mut d.message.headers);
+    span
 }
 
 fn to_delivery(d: LeasedDelivery) -> pb::Delivery {
@@ -338,8 +354,10 @@ impl Session {
             };
             self.held.insert(d.message.message_id, held);
         }
-        for d in leased {
+        for mut d in leased {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+            // Open until the delivery is handed to the stream.
+            let _span = deliver_span(self.consumer().as_str(), &mut d);
             let msg =
                 pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
             tokio::select! {

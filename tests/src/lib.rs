@@ -55,12 +55,18 @@ impl Outboxd {
     /// [`Outboxd::start`] with the binary at `bin`, for callers that choose it themselves (a
     /// benchmark picks a release build; changing `OUTBOXD_BIN` in-process would need `unsafe`).
     pub async fn start_binary(bin: &Path, database_url: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_with_env(bin, database_url, extra, &[]).await
+    }
+
+    /// [`Outboxd::start_binary`] with extra environment variables (`OTEL_*`, for instance).
+    pub async fn start_with_env(bin: &Path, database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let mut child = Command::new(bin)
             .arg("serve")
             .args(["--database-url", database_url])
             .args(if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] })
             .args(extra)
             .env("RUST_LOG", std::env::var("OUTBOXD_TEST_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)

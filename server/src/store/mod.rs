@@ -272,6 +272,8 @@ pub struct RelayOutcome {
     pub deliveries: u64,
     /// Consumers that got new deliveries, to wake their streams.
     pub consumers: Vec<String>,
+    /// `(message_id, traceparent)` of the relayed messages that carry a trace context.
+    pub traced: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -335,7 +335,7 @@ impl Store for PgStore {
             "UPDATE outbox.messages SET relayed_at = $2
               WHERE seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
                              ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING message_id, seq, topic, ordering_key, available_at",
+             RETURNING message_id, seq, topic, ordering_key, available_at, headers->>'traceparent' AS traceparent",
         )
         // Planned on every pass, never cached: a plan made while the table was empty ("scan
         // every unrelayed row, sort, take 500") costs hundreds of milliseconds once a backlog
@@ -351,11 +351,15 @@ impl Store for PgStore {
         }
         let consumers = consumers_on(&mut tx).await?;
         let mut rows = Vec::new();
+        let mut traced = Vec::new();
         for row in &claimed {
             let seq: i64 = row.try_get("seq")?;
             let topic: &str = row.try_get("topic")?;
             for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
                 rows.push(NewDelivery::from_message_row(row, c.spec.name.as_str())?);
+            }
+            if let Some(tp) = row.try_get::<Option<String>, _>("traceparent")? {
+                traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp));
             }
         }
         let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
@@ -370,7 +374,7 @@ impl Store for PgStore {
             sqlx::query("SELECT pg_notify($1, $2)").bind(WORK_CHANNEL).bind(payload).execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
+        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced })
     }
 
     /// Creates a consumer. An existing consumer with the same definition is returned as is; a

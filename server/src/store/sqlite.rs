@@ -389,7 +389,8 @@ impl Store for SqliteStore {
         let claimed = sqlx::query(
             "UPDATE outbox_messages SET relayed_at = ?2
               WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL ORDER BY seq LIMIT ?1)
-             RETURNING message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at",
+             RETURNING message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at,
+                       json_extract(headers, '$.traceparent') AS traceparent",
         )
         .bind(limit)
         .bind(us(now))
@@ -402,6 +403,7 @@ impl Store for SqliteStore {
         let consumers = consumers_on(&mut tx).await?;
         let mut rows = Vec::new();
         let mut woken = Vec::new();
+        let mut traced = Vec::new();
         for row in &claimed {
             let seq: i64 = row.try_get("seq")?;
             let topic: &str = row.try_get("topic")?;
@@ -409,12 +411,15 @@ impl Store for SqliteStore {
                 rows.push(new_delivery(row, c.spec.name.as_str())?);
                 woken.push(c.spec.name.as_str().to_owned());
             }
+            if let Some(tp) = row.try_get::<Option<String>, _>("traceparent")? {
+                traced.push((row.try_get::<String, _>("message_id")?, tp));
+            }
         }
         let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
         tx.commit().await?;
         woken.sort_unstable();
         woken.dedup();
-        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken })
+        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced })
     }
 
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {

@@ -9,6 +9,7 @@ mod admin;
 mod delivery;
 mod failure_matrix;
 mod metrics;
+mod otlp;
 mod outboxctl;
 mod python;
 
