@@ -19,6 +19,7 @@ use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
 use crate::pruner::Pruner;
 use crate::relay::{Relay, RelayConfig};
+use crate::replay::Replayer;
 use crate::session::SessionContext;
 use crate::store::{self, SharedStore, StoreError};
 use crate::sweeper::LeaseSweeper;
@@ -104,7 +105,8 @@ impl App {
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
         let outbox =
             OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone() });
+        let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate);
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer });
 
         let stop_accepting = shutdown.clone();
         let server = tokio::spawn(

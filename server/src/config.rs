@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// the dedup horizon.
     #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
     pub retention: Duration,
+    /// Default pace of a replay, in deliveries made due per second (a request may set its own).
+    #[arg(long, env = "OUTBOXD_REPLAY_RATE", default_value_t = 1000)]
+    pub replay_rate: u32,
     /// Longest wait between relay polls when idle.
     #[arg(long, env = "OUTBOXD_RELAY_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub relay_poll_max: Duration,
@@ -100,6 +103,7 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     pub retention: Duration,
     pub prune_interval: Duration,
+    pub replay_rate: u32,
     pub relay_poll_min: Duration,
     pub relay_poll_max: Duration,
     pub relay_batch: i64,
@@ -129,6 +133,7 @@ impl ServeConfig {
             drain_timeout: Duration::from_secs(10),
             retention: Duration::from_secs(7 * 24 * 3600),
             prune_interval: Duration::from_secs(600),
+            replay_rate: 1000,
             relay_poll_min: Duration::from_millis(1),
             relay_poll_max: Duration::from_millis(500),
             relay_batch: 500,
@@ -147,6 +152,9 @@ impl ServeConfig {
         }
         if self.max_connections < 2 {
             return Err(ConfigError("--max-connections must be at least 2".into()));
+        }
+        if self.replay_rate == 0 {
+            return Err(ConfigError("--replay-rate must be at least 1".into()));
         }
         if self.max_payload_bytes == 0 || self.max_payload_bytes > 64 * 1024 * 1024 {
             return Err(ConfigError("--max-payload-bytes must be between 1 and 67108864".into()));
@@ -177,6 +185,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.max_payload_bytes = a.max_payload_bytes;
         c.drain_timeout = a.drain_timeout;
         c.retention = a.retention;
+        c.replay_rate = a.replay_rate;
         c.relay_poll_max = a.relay_poll_max;
         c.sweep_interval = a.sweep_interval;
         c.stream_poll = a.stream_poll;

@@ -13,6 +13,7 @@
 //! - [`store`]: every SQL statement: the [`store::Store`] seam, the PostgreSQL store and the
 //!   embedded SQLite store, each with its migrations.
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
+//! - [`replay`]: managed replay: filters, count first, retention check, rate-limited batches.
 //! - [`session`]: one `Subscribe` stream: leases, sends, applies acks, nacks and extends.
 //! - [`sweeper`]: returns expired leases to pending (with backoff) or to dead.
 //! - [`pruner`]: deletes old, fully acked messages; its retention is the dedup horizon.
@@ -34,6 +35,7 @@ pub mod listener;
 pub mod metrics;
 pub mod pruner;
 pub mod relay;
+pub mod replay;
 pub mod session;
 pub mod store;
 pub mod sweeper;

@@ -6,17 +6,28 @@ use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
 use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::pruner::Pruner;
+use crate::replay::{ReplayPlan, ReplayProgress, Replayer};
 use crate::session::SessionContext;
-use crate::store::{ReplayOptions, ReplaySelector};
+use crate::store::ReplayFilter;
 
 #[derive(Debug, Clone)]
 pub struct AdminService {
     pub ctx: SessionContext,
     pub pruner: Pruner,
+    pub replayer: Replayer,
 }
 
 fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
     ConsumerName::parse(field, s).map_err(invalid)
+}
+
+/// Parses every item of a repeated field; an error names the item (`field[i]`).
+fn parse_each<T>(
+    field: &str,
+    items: &[String],
+    parse: impl Fn(&str, &str) -> Result<T, InvalidField>,
+) -> Result<Vec<T>, Status> {
+    items.iter().enumerate().map(|(i, s)| parse(&format!("{field}[{i}]"), s)).collect::<Result<_, _>>().map_err(invalid)
 }
 
 const DEFAULT_PAGE: u32 = 100;
@@ -30,14 +41,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
-        let patterns = request
-            .into_inner()
-            .topics
-            .iter()
-            .enumerate()
-            .map(|(i, t)| TopicPattern::parse(&format!("topics[{i}]"), t))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(invalid)?;
+        let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
@@ -212,71 +216,52 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
 
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
         let peer = request.remote_addr();
-        let req = request.into_inner();
-        let n = name("consumer", &req.consumer)?;
-        let by_ids = !req.message_ids.is_empty();
-        let by_range = req.enqueued_after.is_some() || req.enqueued_before.is_some();
-        let selectors = usize::from(by_ids) + usize::from(req.dead_letters) + usize::from(by_range);
-        if selectors != 1 {
-            return Err(invalid(InvalidField::new(
-                "selector",
-                "exactly one of message_ids, dead_letters, or enqueued_after/enqueued_before is required",
-            )));
-        }
-        let selector = if by_ids {
-            let ids = req
-                .message_ids
-                .iter()
-                .enumerate()
-                .map(|(i, s)| MessageId::parse(&format!("message_ids[{i}]"), s))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(invalid)?;
-            ReplaySelector::MessageIds(ids)
-        } else if req.dead_letters {
-            ReplaySelector::DeadLetters
-        } else {
-            let after = match &req.enqueued_after {
-                Some(t) => convert::time("enqueued_after", t).map_err(invalid)?,
-                None => chrono::DateTime::<chrono::Utc>::MIN_UTC,
-            };
-            let before = match &req.enqueued_before {
-                Some(t) => convert::time("enqueued_before", t).map_err(invalid)?,
-                None => chrono::DateTime::<chrono::Utc>::MAX_UTC,
-            };
-            if before <= after {
-                return Err(invalid(InvalidField::new("enqueued_before", "must be later than enqueued_after")));
-            }
-            ReplaySelector::EnqueuedBetween { after, before }
-        };
-        let now = self.ctx.clock.now();
-        let age = chrono::Duration::from_std(self.pruner.retention).unwrap_or(chrono::Duration::MAX);
-        let options = ReplayOptions {
-            dry_run: req.dry_run,
-            retention_cutoff: now.checked_sub_signed(age).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC),
-            allow_beyond_retention: req.allow_beyond_retention,
-        };
-        let result = self.ctx.store.replay(&n, &selector, options, now).await;
-        // The audit trail: every replay, refused or not, with who asked.
-        match &result {
-            Ok(out) => tracing::info!(
-                target: "outboxd::audit", consumer = %n, ?selector, dry_run = req.dry_run,
-                allow_beyond_retention = req.allow_beyond_retention, replayed = out.replayed,
-                beyond_retention = out.beyond_retention, ?peer, "replay"
-            ),
-            Err(e) => tracing::warn!(
-                target: "outboxd::audit", consumer = %n, ?selector, dry_run = req.dry_run, error = %e, ?peer,
-                "replay refused"
-            ),
-        }
-        let out = result.map_err(store_status)?;
-        if !req.dry_run {
-            self.ctx.hub.notify_consumer(n.as_str());
-        }
+        let plan = replay_plan(request.into_inner())?;
+        let out = self.replayer.run(&plan, peer, None).await.map_err(store_status)?;
         Ok(Response::new(pb::ReplayResponse {
-            replayed: out.replayed as i64,
-            dry_run: req.dry_run,
+            replayed: (if plan.dry_run { out.selected } else { out.replayed }) as i64,
+            dry_run: plan.dry_run,
             beyond_retention: out.beyond_retention as i64,
+            selected: out.selected as i64,
         }))
+    }
+
+    type ReplayStreamStream = tokio_stream::wrappers::ReceiverStream<Result<pb::ReplayProgress, Status>>;
+
+    async fn replay_stream(
+        &self,
+        request: Request<pb::ReplayRequest>,
+    ) -> Result<Response<Self::ReplayStreamStream>, Status> {
+        let peer = request.remote_addr();
+        let plan = replay_plan(request.into_inner())?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<ReplayProgress>(1);
+        let replayer = self.replayer.clone();
+        let dry_run = plan.dry_run;
+        let to_pb = move |p: ReplayProgress| pb::ReplayProgress {
+            selected: p.selected as i64,
+            replayed: (if dry_run { p.selected } else { p.replayed }) as i64,
+            beyond_retention: p.beyond_retention as i64,
+            dry_run,
+            done: p.done,
+        };
+        let forward_tx = tx.clone();
+        // Forwards progress; once the caller is gone it drops the progress channel, which stops
+        // the replay after its current batch.
+        let forward = async move {
+            while let Some(p) = progress_rx.recv().await {
+                if forward_tx.send(Ok(to_pb(p))).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::spawn(async move {
+            let (result, ()) = tokio::join!(replayer.run(&plan, peer, Some(progress_tx)), forward);
+            if let Err(e) = result {
+                let _ = tx.send(Err(store_status(e))).await;
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
     async fn prune(&self, request: Request<pb::PruneRequest>) -> Result<Response<pb::PruneResponse>, Status> {
@@ -290,4 +275,53 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             deliveries_deleted: pruned.deliveries,
         }))
     }
+}
+
+/// Validates a replay request into a plan; names the field at fault.
+fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
+    let consumer = name("consumer", &req.consumer)?;
+    let by_ids = !req.message_ids.is_empty();
+    let by_range = req.enqueued_after.is_some() || req.enqueued_before.is_some();
+    if !(by_ids || req.dead_letters || by_range) {
+        return Err(invalid(InvalidField::new(
+            "selector",
+            "one of message_ids, dead_letters, or enqueued_after/enqueued_before is required",
+        )));
+    }
+    if by_ids && (req.dead_letters || by_range) {
+        return Err(invalid(InvalidField::new(
+            "message_ids",
+            "cannot be combined with dead_letters or enqueued_after/enqueued_before",
+        )));
+    }
+    let message_ids = parse_each("message_ids", &req.message_ids, MessageId::parse)?;
+    let enqueued_after =
+        req.enqueued_after.as_ref().map(|t| convert::time("enqueued_after", t)).transpose().map_err(invalid)?;
+    let enqueued_before =
+        req.enqueued_before.as_ref().map(|t| convert::time("enqueued_before", t)).transpose().map_err(invalid)?;
+    if let (Some(a), Some(b)) = (enqueued_after, enqueued_before)
+        && b <= a
+    {
+        return Err(invalid(InvalidField::new("enqueued_before", "must be later than enqueued_after")));
+    }
+    for (i, t) in req.types.iter().enumerate() {
+        if t.trim().is_empty() {
+            return Err(invalid(InvalidField::new(format!("types[{i}]"), "must not be empty")));
+        }
+    }
+    let topics = parse_each("topics", &req.topics, TopicPattern::parse)?;
+    Ok(ReplayPlan {
+        consumer,
+        filter: ReplayFilter {
+            message_ids,
+            dead_only: req.dead_letters,
+            enqueued_after,
+            enqueued_before,
+            types: req.types,
+        },
+        topics,
+        dry_run: req.dry_run,
+        allow_beyond_retention: req.allow_beyond_retention,
+        max_per_second: req.max_per_second,
+    })
 }

@@ -103,16 +103,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
-    /// Makes deliveries due again with a fresh count; leased ones are left to their stream.
-    /// Refused ([`StoreError::BeyondRetention`]) when a selected message was enqueued before
-    /// `options.retention_cutoff`, unless allowed; a dry run counts and changes nothing.
-    async fn replay(
+    /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`
+    /// selects and whose delivery to `consumer` is not leased right now (a leased one is left
+    /// to its stream). Fewer than `limit` means there are no more.
+    async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        selector: &ReplaySelector,
-        options: ReplayOptions,
-        now: DateTime<Utc>,
-    ) -> Result<ReplayOutcome>;
+        filter: &ReplayFilter,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<ReplayCandidate>>;
+    /// Makes `consumer`'s deliveries of `ids` due now with a fresh count, creating the ones
+    /// that do not exist; leased ones are left alone. Returns how many changed.
+    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
     /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
 }
@@ -304,31 +307,29 @@ pub struct DeadLetter {
     pub dead_at: Option<DateTime<Utc>>,
 }
 
-/// Which deliveries a replay makes due again.
-#[derive(Debug, Clone)]
-pub enum ReplaySelector {
-    MessageIds(Vec<MessageId>),
-    DeadLetters,
-    /// `after` inclusive, `before` exclusive, on `enqueued_at`.
-    EnqueuedBetween {
-        after: DateTime<Utc>,
-        before: DateTime<Utc>,
-    },
+/// The criteria of a replay that the store applies; every one given must hold. Topic patterns
+/// are matched by the caller ([`crate::replay`]), on the candidates' topics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayFilter {
+    /// Only these messages (none: any).
+    pub message_ids: Vec<MessageId>,
+    /// Only the consumer's dead letters.
+    pub dead_only: bool,
+    /// `enqueued_at` at or after this.
+    pub enqueued_after: Option<DateTime<Utc>>,
+    /// `enqueued_at` before this.
+    pub enqueued_before: Option<DateTime<Utc>>,
+    /// Only these message types (none: any).
+    pub types: Vec<String>,
 }
 
-/// How a replay runs.
-#[derive(Debug, Clone, Copy)]
-pub struct ReplayOptions {
-    pub dry_run: bool,
-    /// Messages enqueued before this are beyond the dedup horizon.
-    pub retention_cutoff: DateTime<Utc>,
-    pub allow_beyond_retention: bool,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ReplayOutcome {
-    pub replayed: u64,
-    pub beyond_retention: u64,
+/// A message a replay may make due again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayCandidate {
+    pub message_id: MessageId,
+    pub seq: i64,
+    pub topic: String,
+    pub enqueued_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

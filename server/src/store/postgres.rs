@@ -7,14 +7,13 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
-use sqlx::{Executor, PgConnection, Postgres, Row};
+use sqlx::{Executor, PgConnection, Postgres, QueryBuilder, Row};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
     ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplayOptions, ReplayOutcome, ReplaySelector, Result, Stats, Store, StoreError,
-    StoredMessage,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError, StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -786,107 +785,60 @@ impl Store for PgStore {
         Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox.messages").fetch_one(&self.pool).await?)
     }
 
-    /// Makes a consumer's deliveries due again (see [`ReplaySelector`]); returns how many.
-    async fn replay(
+    async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        selector: &ReplaySelector,
-        options: ReplayOptions,
-        now: DateTime<Utc>,
-    ) -> Result<ReplayOutcome> {
-        let c = self.consumer_get(consumer).await?;
-        let mut tx = self.pool.begin().await?;
-        let cutoff = options.retention_cutoff;
-        let beyond: i64 = match selector {
-            ReplaySelector::MessageIds(ids) => {
-                let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-                sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE message_id = ANY($1) AND enqueued_at < $2")
-                    .bind(&ids)
-                    .bind(cutoff)
-                    .fetch_one(&mut *tx)
-                    .await?
-            }
-            ReplaySelector::DeadLetters => sqlx::query_scalar(
-                "SELECT count(*) FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
-                  WHERE d.consumer = $1 AND d.state = 'dead' AND m.enqueued_at < $2",
-            )
-            .bind(consumer.as_str())
-            .bind(cutoff)
-            .fetch_one(&mut *tx)
-            .await?,
-            ReplaySelector::EnqueuedBetween { after, before } => sqlx::query_scalar(
-                "SELECT count(*) FROM outbox.messages WHERE enqueued_at >= $1 AND enqueued_at < $2 AND enqueued_at < $3",
-            )
-            .bind(after)
-            .bind(before)
-            .bind(cutoff)
-            .fetch_one(&mut *tx)
-            .await?,
-        };
-        let beyond = beyond as u64;
-        if beyond > 0 && !options.allow_beyond_retention {
-            return Err(StoreError::BeyondRetention(beyond));
-        }
-        let replayed = match selector {
-            ReplaySelector::MessageIds(ids) => {
-                let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-                delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?
-            }
-            ReplaySelector::DeadLetters => sqlx::query(
-                "UPDATE outbox.deliveries
-                    SET state = 'pending', delivery_count = 0, available_at = $2, last_error = NULL,
-                        dead_at = NULL, updated_at = $2
-                  WHERE consumer = $1 AND state = 'dead'",
-            )
-            .bind(consumer.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected(),
-            ReplaySelector::EnqueuedBetween { after, before } => {
-                let mut total = 0;
-                let mut after_seq = 0i64;
-                loop {
-                    let batch = sqlx::query(
-                        "SELECT message_id, seq, topic FROM outbox.messages
-                          WHERE enqueued_at >= $1 AND enqueued_at < $2 AND seq > $3
-                          ORDER BY seq LIMIT $4",
-                    )
-                    .bind(after)
-                    .bind(before)
-                    .bind(after_seq)
-                    .bind(SCAN_BATCH)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                    let Some(last) = batch.last() else { break };
-                    after_seq = last.try_get("seq")?;
-                    let mut ids = Vec::new();
-                    for r in &batch {
-                        if c.spec.matches(r.try_get("topic")?) {
-                            ids.push(r.try_get::<Uuid, _>("message_id")?);
-                        }
-                    }
-                    total += delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?;
-                    if (batch.len() as i64) < SCAN_BATCH {
-                        break;
-                    }
-                }
-                total
-            }
-        };
-        if options.dry_run {
-            tx.rollback().await?;
+        filter: &ReplayFilter,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<ReplayCandidate>> {
+        let mut q = QueryBuilder::<Postgres>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
+        if filter.dead_only {
+            // Driven by the dead-letter index, not by every message.
+            q.push("outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
+            q.push_bind(consumer.as_str());
         } else {
-            tx.commit().await?;
+            q.push("outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = ");
+            q.push_bind(consumer.as_str());
+            q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
         }
-        Ok(ReplayOutcome { replayed, beyond_retention: beyond })
+        q.push(" AND m.seq > ").push_bind(after_seq);
+        if !filter.message_ids.is_empty() {
+            q.push(" AND m.message_id = ANY(")
+                .push_bind(filter.message_ids.iter().map(|m| m.0).collect::<Vec<_>>())
+                .push(")");
+        }
+        if let Some(t) = filter.enqueued_after {
+            q.push(" AND m.enqueued_at >= ").push_bind(t);
+        }
+        if let Some(t) = filter.enqueued_before {
+            q.push(" AND m.enqueued_at < ").push_bind(t);
+        }
+        if !filter.types.is_empty() {
+            q.push(" AND m.type = ANY(").push_bind(&filter.types).push(")");
+        }
+        q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
+        // Unprepared: the statement's shape varies, and a plan cached on a small table would
+        // not suit a large one.
+        let rows = q.build().persistent(false).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ReplayCandidate {
+                    message_id: MessageId(r.try_get("message_id")?),
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    enqueued_at: r.try_get("enqueued_at")?,
+                })
+            })
+            .collect()
     }
 
-    /// Deletes, in bounded batches, relayed messages enqueued before `cutoff` whose deliveries
-    /// are all acked, with their inbox rows. Past this, a re-enqueued id is new again: the
-    /// retention is the dedup horizon.
-    /// One replica at a time: each batch runs under a transaction-scoped advisory lock, and a
-    /// replica that finds it taken stops (the other one is pruning).
+    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        let mut conn = self.pool.acquire().await?;
+        delivery_replay_ids(&mut conn, consumer.as_str(), &ids, now).await
+    }
+
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
         let mut total = Pruned::default();
         loop {

@@ -20,13 +20,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row, Sqlite, SqliteExecutor};
+use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
 use super::{
     ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplayOptions, ReplayOutcome, ReplaySelector, Result, Stats, Store, StoreError,
-    StoredMessage,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError, StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -813,96 +812,58 @@ impl Store for SqliteStore {
         Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox_messages").fetch_one(&self.pool).await?)
     }
 
-    async fn replay(
+    async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        selector: &ReplaySelector,
-        options: ReplayOptions,
-        now: DateTime<Utc>,
-    ) -> Result<ReplayOutcome> {
-        let mut tx = self.begin().await?;
-        let c = consumer_get_on(&mut tx, consumer).await?;
-        let cutoff = us(options.retention_cutoff);
-        let beyond: i64 = match selector {
-            ReplaySelector::MessageIds(ids) => sqlx::query_scalar(
-                "SELECT count(*) FROM outbox_messages
-                  WHERE message_id IN (SELECT value FROM json_each(?1)) AND enqueued_at < ?2",
-            )
-            .bind(ids_json(ids))
-            .bind(cutoff)
-            .fetch_one(&mut *tx)
-            .await?,
-            ReplaySelector::DeadLetters => sqlx::query_scalar(
-                "SELECT count(*) FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
-                  WHERE d.consumer = ?1 AND d.state = 'dead' AND m.enqueued_at < ?2",
-            )
-            .bind(consumer.as_str())
-            .bind(cutoff)
-            .fetch_one(&mut *tx)
-            .await?,
-            ReplaySelector::EnqueuedBetween { after, before } => sqlx::query_scalar(
-                "SELECT count(*) FROM outbox_messages WHERE enqueued_at >= ?1 AND enqueued_at < ?2 AND enqueued_at < ?3",
-            )
-            .bind(us(*after))
-            .bind(us(*before))
-            .bind(cutoff)
-            .fetch_one(&mut *tx)
-            .await?,
-        };
-        let beyond = beyond as u64;
-        if beyond > 0 && !options.allow_beyond_retention {
-            return Err(StoreError::BeyondRetention(beyond));
-        }
-        let replayed = match selector {
-            ReplaySelector::MessageIds(ids) => delivery_replay_ids(&mut tx, consumer.as_str(), ids, now).await?,
-            ReplaySelector::DeadLetters => sqlx::query(
-                "UPDATE outbox_deliveries
-                    SET state = 'pending', delivery_count = 0, available_at = ?2, last_error = NULL,
-                        dead_at = NULL, updated_at = ?2
-                  WHERE consumer = ?1 AND state = 'dead'",
-            )
-            .bind(consumer.as_str())
-            .bind(us(now))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected(),
-            ReplaySelector::EnqueuedBetween { after, before } => {
-                let mut total = 0;
-                let mut after_seq = 0i64;
-                loop {
-                    let batch = sqlx::query(
-                        "SELECT message_id, seq, topic FROM outbox_messages
-                          WHERE enqueued_at >= ?1 AND enqueued_at < ?2 AND seq > ?3
-                          ORDER BY seq LIMIT ?4",
-                    )
-                    .bind(us(*after))
-                    .bind(us(*before))
-                    .bind(after_seq)
-                    .bind(SCAN_BATCH)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                    let Some(last) = batch.last() else { break };
-                    after_seq = last.try_get("seq")?;
-                    let mut ids = Vec::new();
-                    for r in &batch {
-                        if c.spec.matches(r.try_get("topic")?) {
-                            ids.push(uuid(r.try_get("message_id")?)?);
-                        }
-                    }
-                    total += delivery_replay_ids(&mut tx, consumer.as_str(), &ids, now).await?;
-                    if (batch.len() as i64) < SCAN_BATCH {
-                        break;
-                    }
-                }
-                total
-            }
-        };
-        if options.dry_run {
-            tx.rollback().await?;
+        filter: &ReplayFilter,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<ReplayCandidate>> {
+        let mut q = QueryBuilder::<Sqlite>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
+        if filter.dead_only {
+            q.push("outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
+            q.push_bind(consumer.as_str());
         } else {
-            tx.commit().await?;
+            q.push("outbox_messages m LEFT JOIN outbox_deliveries d ON d.message_id = m.message_id AND d.consumer = ");
+            q.push_bind(consumer.as_str());
+            q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
         }
-        Ok(ReplayOutcome { replayed, beyond_retention: beyond })
+        q.push(" AND m.seq > ").push_bind(after_seq);
+        if !filter.message_ids.is_empty() {
+            q.push(" AND m.message_id IN (SELECT value FROM json_each(")
+                .push_bind(ids_json(&filter.message_ids))
+                .push("))");
+        }
+        if let Some(t) = filter.enqueued_after {
+            q.push(" AND m.enqueued_at >= ").push_bind(us(t));
+        }
+        if let Some(t) = filter.enqueued_before {
+            q.push(" AND m.enqueued_at < ").push_bind(us(t));
+        }
+        if !filter.types.is_empty() {
+            q.push(" AND m.type IN (SELECT value FROM json_each(")
+                .push_bind(json!(filter.types).to_string())
+                .push("))");
+        }
+        q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
+        let rows = q.build().fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ReplayCandidate {
+                    message_id: uuid(r.try_get("message_id")?)?,
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    enqueued_at: time(r.try_get("enqueued_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let changed = delivery_replay_ids(&mut tx, consumer.as_str(), ids, now).await?;
+        tx.commit().await?;
+        Ok(changed)
     }
 
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outbox_proto::v1 as pb;
-use outbox_tests::{Backend, RawStream, consumer, create_consumer, eventually};
+use outbox_tests::{Backend, Db, Outboxd, RawStream, consumer, create_consumer, eventually};
 use tonic::Code;
 
 use crate::{WAIT, conformance, setup, setup_pg, stats};
@@ -14,6 +14,8 @@ conformance!(
     replay_by_ids_and_by_range_redelivers_acked_messages_from_count_one,
     get_message_shows_each_consumers_delivery_and_prune_removes_acked_history,
     replay_counts_with_a_dry_run_and_refuses_messages_beyond_the_dedup_horizon,
+    replay_filters_by_type_topic_time_range_and_dead_only,
+    replay_stream_reports_progress_batch_by_batch_at_the_requested_rate,
 );
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -222,5 +224,111 @@ async fn replay_counts_with_a_dry_run_and_refuses_messages_beyond_the_dedup_hori
     assert_eq!((done.replayed, done.dry_run), (1, false));
     let again = s.take(1, WAIT).await?.remove(0);
     assert_eq!((again.message_id, again.delivery_count), (d.message_id, 1));
+    Ok(())
+}
+
+/// Enqueues `(topic, type)` messages, lets `consumer` receive them all and acks all but the ids
+/// for which `nack` returns true (nacked with `max_deliveries` 1: dead); returns the ids.
+async fn deliver_all(
+    srv: &Outboxd,
+    db: &Db,
+    consumer: &str,
+    msgs: &[(&str, &str)],
+    nack: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    for (topic, type_) in msgs {
+        ids.push(db.sql_enqueue(topic, type_, b"").await?.to_string());
+    }
+    let mut s = RawStream::open(&srv.endpoint, consumer, 100).await?;
+    for d in s.take(msgs.len(), WAIT).await? {
+        if nack(&d.r#type) { s.nack(&d.message_id, "boom").await } else { s.ack(&[&d.message_id]).await }
+    }
+    let settled = msgs.len() as i64;
+    eventually("all settled", WAIT, || async {
+        let st = stats(srv, consumer).await?;
+        Ok((st.acked + st.dead == settled).then_some(()))
+    })
+    .await?;
+    Ok(ids)
+}
+
+async fn replay_filters_by_type_topic_time_range_and_dead_only(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut admin = srv.admin().await?;
+    let mut c = consumer("c", &["orders.>"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut admin, c).await?;
+    let ids = deliver_all(
+        &srv,
+        &db,
+        "c",
+        &[("orders.created", "A"), ("orders.created", "B"), ("orders.paid", "A"), ("orders.paid", "Poison")],
+        |t| t == "Poison",
+    )
+    .await?;
+    let first = admin.get_message(pb::GetMessageRequest { message_id: ids[0].clone() }).await?.into_inner();
+    let start = first.message.unwrap().enqueued_at.unwrap();
+    let all =
+        || pb::ReplayRequest { consumer: "c".into(), enqueued_after: Some(start), dry_run: true, ..Default::default() };
+    let count = |r: pb::ReplayRequest| {
+        let mut admin = admin.clone();
+        async move { Ok::<_, anyhow::Error>(admin.replay(r).await?.into_inner().replayed) }
+    };
+    assert_eq!(count(all()).await?, 4);
+    assert_eq!(count(pb::ReplayRequest { types: vec!["A".into()], ..all() }).await?, 2);
+    assert_eq!(count(pb::ReplayRequest { topics: vec!["orders.paid".into()], ..all() }).await?, 2);
+    assert_eq!(
+        count(pb::ReplayRequest { topics: vec!["*.created".into()], types: vec!["A".into()], ..all() }).await?,
+        1
+    );
+    assert_eq!(count(pb::ReplayRequest { types: vec!["A".into(), "B".into()], ..all() }).await?, 3);
+    assert_eq!(count(pb::ReplayRequest { dead_letters: true, ..all() }).await?, 1, "dead only, within the range");
+    let later = prost_types::Timestamp { seconds: start.seconds + 3600, nanos: 0 };
+    assert_eq!(count(pb::ReplayRequest { dead_letters: true, enqueued_after: Some(later), ..all() }).await?, 0);
+
+    // Only the selected messages are made due: the two of type A.
+    let done = admin.replay(pb::ReplayRequest { dry_run: false, types: vec!["A".into()], ..all() }).await?.into_inner();
+    assert_eq!((done.replayed, done.selected), (2, 2));
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let mut got: Vec<String> = s.take(2, WAIT).await?.into_iter().map(|d| d.message_id).collect();
+    got.sort();
+    let mut want = vec![ids[0].clone(), ids[2].clone()];
+    want.sort();
+    assert_eq!(got, want);
+    assert!(s.next(QUIET).await?.is_none(), "nothing else was replayed");
+
+    // Bad filters are named.
+    let err = admin.replay(pb::ReplayRequest { topics: vec!["orders..x".into()], ..all() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("topics[0]"), "{}", err.message());
+    let err = admin.replay(pb::ReplayRequest { types: vec![" ".into()], ..all() }).await.unwrap_err();
+    assert!(err.message().contains("types[0]"), "{}", err.message());
+    Ok(())
+}
+
+async fn replay_stream_reports_progress_batch_by_batch_at_the_requested_rate(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("c", &["t"])).await?;
+    let msgs = vec![("t", "T"); 25];
+    deliver_all(&srv, &db, "c", &msgs, |_| false).await?;
+
+    // 10 per second: batches of 10, so progress comes as 0, 10, 20, 25 (done).
+    let req = pb::ReplayRequest {
+        consumer: "c".into(),
+        enqueued_after: Some(prost_types::Timestamp { seconds: 0, nanos: 0 }),
+        max_per_second: 10,
+        ..Default::default()
+    };
+    let mut stream = admin.replay_stream(req).await?.into_inner();
+    let mut seen = Vec::new();
+    while let Some(p) = stream.message().await? {
+        assert_eq!(p.selected, 25);
+        seen.push((p.replayed, p.done));
+    }
+    assert_eq!(seen, [(0, false), (10, false), (20, false), (25, true)]);
+    let mut s = RawStream::open(&srv.endpoint, "c", 100).await?;
+    assert_eq!(s.take(25, WAIT).await?.len(), 25);
     Ok(())
 }

@@ -95,10 +95,19 @@ async fn an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl(backend: 
     // refuses unless told --yes.
     let dry = json(server, &["replay", "billing", "--dead-letters", "--dry-run"]).await?;
     assert_eq!((dry["replayed"].as_i64(), dry["dry_run"].as_bool()), (Some(1), Some(true)));
-    let refused = outboxctl(server, &["replay", "billing", "--dead-letters"]).await?;
+    let by_type = json(server, &["replay", "billing", "--dead-letters", "--type", "OrderCreated", "--dry-run"]).await?;
+    assert_eq!(by_type["replayed"], 1);
+    let other = json(server, &["replay", "billing", "--dead-letters", "--type", "Refund", "--dry-run"]).await?;
+    assert_eq!(other["replayed"], 0, "the type filter excludes it");
+    let off_topic =
+        json(server, &["replay", "billing", "--dead-letters", "--topic", "orders.paid", "--dry-run"]).await?;
+    assert_eq!(off_topic["replayed"], 0, "the topic filter excludes it");
+    // Large replays ask first (here: more than 0), and without a terminal that is a refusal.
+    let refused = outboxctl(server, &["replay", "billing", "--dead-letters", "--confirm-above", "0"]).await?;
     assert_eq!(refused.code, 6, "{}", refused.stderr);
     assert_eq!(stats(&srv, "billing").await?.dead, 1, "nothing replayed");
-    let replayed = json(server, &["replay", "billing", "--dead-letters", "--yes"]).await?;
+    let replayed =
+        json(server, &["replay", "billing", "--dead-letters", "--rate", "50", "--confirm-above", "0", "--yes"]).await?;
     assert_eq!(replayed["replayed"], 1);
     let d = s.take(1, WAIT).await?.remove(0);
     assert_eq!((d.message_id.as_str(), d.delivery_count), (id.as_str(), 1));
