@@ -86,6 +86,7 @@ impl App {
                 batch_size: config.relay_batch,
                 poll_min: config.relay_poll_min,
                 poll_max: config.relay_poll_max,
+                hot_for: RelayConfig::default().hot_for,
                 notify: config.listen_notify,
             },
         );

@@ -2,9 +2,14 @@
 //! delivery sessions. A wake-up is a counter in a `watch` channel, so a waiter that was busy
 //! when it was signalled still sees the change: no wake-up is lost.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::watch;
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, watch};
+
+use crate::store::{LeasedDelivery, PushTarget, PushTargets};
 
 #[derive(Debug, Clone, Default)]
 pub struct Hub(Arc<Inner>);
@@ -19,6 +24,99 @@ struct Inner {
 struct Entry {
     signal: Signal,
     streams: u32,
+    /// Streams that take deliveries straight from the relay.
+    slots: Vec<PushSlot>,
+}
+
+/// How many more deliveries a stream may be given: its `max_in_flight` less what it holds and
+/// what the relay has set aside for it. Shared by the stream's session and the relay, so that
+/// the two together never exceed the window.
+#[derive(Debug)]
+pub struct Credits(AtomicUsize);
+
+impl Credits {
+    pub fn new(n: usize) -> Self {
+        Self(AtomicUsize::new(n))
+    }
+
+    /// Takes up to `want`; returns how many were taken.
+    pub fn take(&self, want: usize) -> usize {
+        let mut taken = 0;
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+            taken = free.min(want);
+            Some(free - taken)
+        });
+        taken
+    }
+
+    pub fn give(&self, n: usize) {
+        if n > 0 {
+            self.0.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    pub fn available(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A stream the relay may hand new deliveries to, leased to its session at fan-out time.
+#[derive(Debug, Clone)]
+pub struct PushSlot {
+    pub session: String,
+    pub ack_deadline: Duration,
+    pub credits: Arc<Credits>,
+    pub tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
+}
+
+/// The push slots of every consumer at one instant: what one relay pass hands out. Counts
+/// what it has taken, so that a failed pass gives it all back.
+#[derive(Debug, Default)]
+pub struct PushSlots {
+    slots: HashMap<String, Vec<PushSlot>>,
+    taken: Mutex<HashMap<(String, String), usize>>,
+}
+
+impl PushSlots {
+    /// Gives back everything taken and not given back: the pass that took it failed.
+    pub fn give_back_all(&self) {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        for ((consumer, session), n) in taken.drain() {
+            if let Some(slot) = self.slot(&consumer, &session) {
+                slot.credits.give(n);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The slot of `session`, to send it what was leased to it.
+    pub fn slot(&self, consumer: &str, session: &str) -> Option<&PushSlot> {
+        self.slots.get(consumer)?.iter().find(|s| s.session == session)
+    }
+}
+
+impl PushTargets for PushSlots {
+    fn take(&self, consumer: &str, now: DateTime<Utc>) -> Option<PushTarget> {
+        let slot = self.slots.get(consumer)?.iter().find(|s| s.credits.take(1) == 1)?;
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        *taken.entry((consumer.to_owned(), slot.session.clone())).or_default() += 1;
+        Some(PushTarget { session: slot.session.clone(), lease_until: crate::clock::add(now, slot.ack_deadline) })
+    }
+
+    fn untake(&self, consumer: &str, session: &str) {
+        if let Some(slot) = self.slot(consumer, session) {
+            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = taken.get_mut(&(consumer.to_owned(), session.to_owned()))
+                && *n > 0
+            {
+                *n -= 1;
+                slot.credits.give(1);
+            }
+        }
+    }
 }
 
 /// A wake-up source.
@@ -77,6 +175,23 @@ impl Hub {
         (rx, StreamGuard { hub: self.clone(), consumer: consumer.to_owned() })
     }
 
+    /// Lets the relay lease new deliveries of `consumer` straight to this stream; the returned
+    /// guard withdraws the slot when dropped.
+    pub fn offer(&self, consumer: &str, slot: PushSlot) -> PushGuard {
+        let session = slot.session.clone();
+        self.with_entry(consumer, |e| e.slots.push(slot));
+        PushGuard { hub: self.clone(), consumer: consumer.to_owned(), session }
+    }
+
+    /// Every push slot now, for one relay pass.
+    pub fn push_slots(&self) -> PushSlots {
+        let map = self.0.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        PushSlots {
+            slots: map.iter().filter(|(_, e)| !e.slots.is_empty()).map(|(c, e)| (c.clone(), e.slots.clone())).collect(),
+            taken: Mutex::default(),
+        }
+    }
+
     /// Streams attached to `consumer` in this process.
     pub fn streams(&self, consumer: &str) -> u32 {
         let map = self.0.consumers.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,5 +214,68 @@ impl Drop for StreamGuard {
                 map.remove(&self.consumer);
             }
         }
+    }
+}
+
+#[derive(Debug)]
+pub struct PushGuard {
+    hub: Hub,
+    consumer: String,
+    session: String,
+}
+
+impl Drop for PushGuard {
+    fn drop(&mut self) {
+        let mut map = self.hub.0.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = map.get_mut(&self.consumer) {
+            e.slots.retain(|s| s.session != self.session);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credits_are_never_handed_out_twice() {
+        let c = Credits::new(3);
+        assert_eq!(c.take(2), 2);
+        assert_eq!(c.take(5), 1);
+        assert_eq!(c.take(1), 0);
+        c.give(2);
+        assert_eq!(c.available(), 2);
+    }
+
+    #[test]
+    fn a_push_takes_one_credit_from_a_stream_with_room_and_untake_returns_it() {
+        let hub = Hub::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let full = Arc::new(Credits::new(0));
+        let open = Arc::new(Credits::new(1));
+        let slot = |session: &str, credits: &Arc<Credits>| PushSlot {
+            session: session.into(),
+            ack_deadline: Duration::from_secs(30),
+            credits: credits.clone(),
+            tx: tx.clone(),
+        };
+        let _a = hub.offer("c", slot("full", &full));
+        let b = hub.offer("c", slot("open", &open));
+        let slots = hub.push_slots();
+        let now = Utc::now();
+        let t = slots.take("c", now).expect("the open stream has room");
+        assert_eq!(t.session, "open");
+        assert_eq!(t.lease_until, now + chrono::Duration::seconds(30));
+        assert!(slots.take("c", now).is_none(), "no room left anywhere");
+        assert!(slots.take("other", now).is_none());
+        slots.untake("c", "open");
+        assert_eq!(open.available(), 1);
+        slots.untake("c", "open");
+        assert_eq!(open.available(), 1, "only what was taken is given back");
+        slots.take("c", now).expect("room again");
+        slots.give_back_all();
+        assert_eq!(open.available(), 1, "a failed pass gives back what it took");
+        drop(b);
+        assert!(hub.push_slots().take("c", now).is_none(), "a withdrawn slot gets nothing");
     }
 }

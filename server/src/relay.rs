@@ -1,30 +1,47 @@
 //! The relay: moves committed messages from the outbox into every matching consumer's inbox.
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::hub::Hub;
-use crate::store::{RelayOutcome, SharedStore, StoreError};
+use crate::domain::{ConsumerName, DeliveryState};
+use crate::hub::{Hub, PushSlots};
+use crate::store::{LeasedDelivery, RelayOutcome, Release, ReleaseGuard, SharedStore, StoreError};
 
 /// How the relay waits for work. Producers writing through their own transactions cannot signal
 /// this process (a NOTIFY on their commit path would serialise their commits), so the relay
-/// polls: again at once after a pass that found work, then after `poll_min`, doubling up to
-/// `poll_max` while nothing comes. Messages enqueued through this process's `Enqueue` RPC (and,
-/// on SQLite, commits noticed by the store's watcher) wake it at once.
+/// polls: again at once after a pass that found work; every `poll_min` for `hot_for` after the
+/// last work it found (traffic is likely to go on, and each empty poll is one cheap indexed
+/// probe); then doubling up to `poll_max` while nothing comes. Messages enqueued through this
+/// process's `Enqueue` RPC (and, on SQLite, commits noticed by the store's watcher) wake it at
+/// once.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayConfig {
     pub batch_size: i64,
     pub poll_min: Duration,
     pub poll_max: Duration,
+    pub hot_for: Duration,
     /// Announce new deliveries to other replicas with one NOTIFY per batch.
     pub notify: bool,
 }
 
 impl Default for RelayConfig {
     fn default() -> Self {
-        Self { batch_size: 500, poll_min: Duration::from_millis(1), poll_max: Duration::from_millis(500), notify: true }
+        Self {
+            batch_size: 500,
+            poll_min: Duration::from_millis(1),
+            poll_max: Duration::from_millis(500),
+            hot_for: Duration::from_secs(1),
+            notify: true,
+        }
     }
+}
+
+/// The wait before the next poll, `idle` after the last pass that found work, `previous` the
+/// last wait.
+fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Duration {
+    if idle < config.hot_for { config.poll_min } else { (previous * 2).clamp(config.poll_min, config.poll_max) }
 }
 
 #[derive(Debug, Clone)]
@@ -43,7 +60,16 @@ impl Relay {
     /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
         let started = std::time::Instant::now();
-        let out = self.store.relay_batch(self.config.batch_size, self.clock.now(), self.config.notify).await?;
+        let slots = self.hub.push_slots();
+        let out =
+            match self.store.relay_batch(self.config.batch_size, self.clock.now(), self.config.notify, &slots).await {
+                Ok(out) => out,
+                Err(e) => {
+                    slots.give_back_all();
+                    return Err(e);
+                }
+            };
+        self.hand_over(&slots, &out.pushed).await;
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
         }
@@ -62,32 +88,94 @@ impl Relay {
         Ok(out)
     }
 
+    /// Sends each stream the deliveries leased to it at fan-out. A stream that ended meanwhile
+    /// gets its leases released (not counted as an attempt), for any stream to take.
+    async fn hand_over(&self, slots: &PushSlots, pushed: &[(String, String, LeasedDelivery)]) {
+        let mut by_session: HashMap<(&str, &str), Vec<LeasedDelivery>> = HashMap::new();
+        for (consumer, session, d) in pushed {
+            by_session.entry((consumer.as_str(), session.as_str())).or_default().push(d.clone());
+        }
+        for ((consumer, session), batch) in by_session {
+            let Some(slot) = slots.slot(consumer, session) else { continue };
+            if let Err(unsent) = slot.tx.send(batch) {
+                let now = self.clock.now();
+                let Ok(name) = ConsumerName::parse("consumer", consumer) else { continue };
+                let releases: Vec<Release> = unsent
+                    .0
+                    .iter()
+                    .map(|d| Release {
+                        consumer: name.clone(),
+                        message_id: d.message.message_id,
+                        state: DeliveryState::Pending,
+                        available_at: now,
+                        error: None,
+                    })
+                    .collect();
+                if let Err(e) = self.store.delivery_release_many(&releases, ReleaseGuard::Session(session), now).await {
+                    tracing::warn!(consumer, error = %e, "could not release deliveries of a stream that ended; the sweeper will");
+                }
+                self.hub.notify_consumer(consumer);
+            }
+        }
+    }
+
     /// Runs passes until cancelled; a failed pass is logged and retried after `poll_max`.
     pub async fn run(self, cancel: CancellationToken) {
         let mut enqueued = self.hub.enqueued().subscribe();
         let mut wait = self.config.poll_min;
+        let mut last_work = std::time::Instant::now();
+        let mut probe = false;
         loop {
-            match self.run_once().await {
+            // After an empty pass, a one-statement probe decides whether a pass is worth it.
+            let found = if probe { self.store.message_unrelayed_exists().await } else { Ok(true) };
+            let pass = match found {
+                Ok(true) => self.run_once().await.map(|out| out.messages),
+                Ok(false) => Ok(0),
+                Err(e) => Err(e),
+            };
+            match pass {
                 // Found work: more may have committed meanwhile, so look again at once. Busy
                 // means no polling delay.
-                Ok(out) if out.messages > 0 => {
+                Ok(n) if n > 0 => {
                     wait = self.config.poll_min;
+                    last_work = std::time::Instant::now();
+                    probe = false;
                     if cancel.is_cancelled() {
                         return;
                     }
                     continue;
                 }
-                Ok(_) => wait = (wait * 2).min(self.config.poll_max),
+                Ok(_) => {
+                    wait = next_wait(&self.config, last_work.elapsed(), wait);
+                    probe = true;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "relay pass failed; retrying");
                     wait = self.config.poll_max;
+                    probe = false;
                 }
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = enqueued.changed() => wait = self.config.poll_min,
+                _ = enqueued.changed() => { wait = self.config.poll_min; probe = false; }
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_fast_while_traffic_is_recent_then_backs_off() {
+        let c = RelayConfig::default();
+        let ms = Duration::from_millis;
+        assert_eq!(next_wait(&c, ms(10), ms(1)), ms(1), "hot: every poll_min");
+        assert_eq!(next_wait(&c, ms(999), ms(1)), ms(1));
+        assert_eq!(next_wait(&c, ms(1000), ms(1)), ms(2), "then doubling");
+        assert_eq!(next_wait(&c, ms(5000), ms(300)), ms(500), "up to poll_max");
+        assert_eq!(next_wait(&c, ms(5000), ms(500)), ms(500));
     }
 }

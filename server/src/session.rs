@@ -12,6 +12,7 @@
 //! applied; an ack for an id the stream never held is ignored. When the server shuts down, the session stops leasing, waits up to the drain timeout for
 //! outstanding acks, releases the rest as pending, and ends the stream with `UNAVAILABLE`.
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,7 +24,7 @@ use tonic::Status;
 
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
-use crate::hub::Hub;
+use crate::hub::{Credits, Hub, PushSlot};
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
 use crate::{metrics, telemetry};
 
@@ -69,6 +70,8 @@ struct Held {
     delivery_count: u32,
     deadline: DateTime<Utc>,
     enqueued_at: DateTime<Utc>,
+    /// Its ack may make the next message with the same key due.
+    has_ordering_key: bool,
 }
 
 pub type Outbound = mpsc::Sender<Result<pb::SubscribeResponse, Status>>;
@@ -79,6 +82,11 @@ pub struct Session {
     ctx: SessionContext,
     start: SessionStart,
     held: HashMap<MessageId, Held>,
+    /// Room for more deliveries, shared with the relay, which leases new ones straight to
+    /// this stream (`pushed`) while there is room.
+    credits: Arc<Credits>,
+    pushed: mpsc::UnboundedReceiver<Vec<LeasedDelivery>>,
+    push_tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
     /// When a retry this session scheduled falls due.
     next_due: Option<DateTime<Utc>>,
     /// Leases that expired while this stream held them: a late ack of one is still applied.
@@ -168,8 +176,12 @@ fn std_duration(d: &prost_types::Duration) -> Option<Duration> {
 
 impl Session {
     pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
+        let (push_tx, pushed) = mpsc::unbounded_channel();
         Self {
             id: uuid::Uuid::new_v4().to_string(),
+            credits: Arc::new(Credits::new(start.max_in_flight as usize)),
+            pushed,
+            push_tx,
             ctx,
             start,
             held: HashMap::new(),
@@ -189,8 +201,23 @@ impl Session {
         S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
     {
         let (mut wake, _guard) = self.ctx.hub.attach(self.consumer().as_str());
+        let slot = PushSlot {
+            session: self.id.clone(),
+            ack_deadline: self.start.ack_deadline,
+            credits: self.credits.clone(),
+            tx: self.push_tx.clone(),
+        };
+        let push = self.ctx.hub.offer(self.consumer().as_str(), slot);
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
         let end = self.serve(&mut inbound, &out, &mut wake).await;
+        // No more pushes; what arrived unsent is held, so that it is released below.
+        drop(push);
+        self.pushed.close();
+        while let Ok(batch) = self.pushed.try_recv() {
+            for d in &batch {
+                self.hold(d);
+            }
+        }
         // Only a broken stream counts against what it held; a clean close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
         if let Err(e) = self.release_all(counts_as_failure).await {
@@ -223,6 +250,7 @@ impl Session {
                 self.held.iter().filter(|(_, h)| h.deadline <= now).map(|(id, h)| (*id, *h)).collect();
             for (id, h) in expired {
                 self.held.remove(&id);
+                self.credits.give(1);
                 self.expired.insert(id, h);
             }
             if self.expired.len() > MAX_REMEMBERED_EXPIRED {
@@ -236,7 +264,7 @@ impl Session {
 
             if drain_until.is_none() && !self.ctx.shutdown.is_cancelled() {
                 let max = self.start.max_in_flight as usize;
-                let room = max - self.held.len().min(max);
+                let room = self.credits.available();
                 // While the stream is busy, lease in batches (a quarter of the window, at most
                 // 64) rather than one row per ack, waiting at most FILL_DELAY for the batch to
                 // fill up; an idle stream leases at once.
@@ -333,6 +361,14 @@ impl Session {
                     }
                     None => return End::Closed,
                 },
+                Some(batch) = self.pushed.recv() => {
+                    for d in &batch {
+                        self.hold(d);
+                    }
+                    if !self.send_all(batch, now, out).await {
+                        return End::Broken;
+                    }
+                }
                 _ = wake.changed() => {}
                 _ = out.closed() => return End::Broken,
                 _ = tokio::time::sleep(sleep_for) => {}
@@ -343,17 +379,34 @@ impl Session {
     /// Leases up to `room` deliveries and sends them; `None` when the client is gone.
     async fn fill(&mut self, room: usize, now: DateTime<Utc>, out: &Outbound) -> Result<Option<usize>, StoreError> {
         let until = clock::add(now, self.start.ack_deadline);
-        let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await?;
-        let n = leased.len();
+        let room = self.credits.take(room);
+        if room == 0 {
+            return Ok(Some(0));
+        }
+        let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await;
+        let n = leased.as_ref().map_or(0, Vec::len);
+        self.credits.give(room - n);
+        let leased = leased?;
         // Held before anything is sent, so that whatever happens next releases all of them.
         for d in &leased {
-            let held = Held {
-                delivery_count: d.delivery_count,
-                deadline: d.lease_expires_at,
-                enqueued_at: d.message.enqueued_at,
-            };
-            self.held.insert(d.message.message_id, held);
+            self.hold(d);
         }
+        Ok(self.send_all(leased, now, out).await.then_some(n))
+    }
+
+    /// Holds a delivery leased to this stream (its room is already taken).
+    fn hold(&mut self, d: &LeasedDelivery) {
+        let held = Held {
+            delivery_count: d.delivery_count,
+            deadline: d.lease_expires_at,
+            enqueued_at: d.message.enqueued_at,
+            has_ordering_key: d.message.ordering_key.is_some(),
+        };
+        self.held.insert(d.message.message_id, held);
+    }
+
+    /// Sends held deliveries; false when the client is gone.
+    async fn send_all(&self, leased: Vec<LeasedDelivery>, now: DateTime<Utc>, out: &Outbound) -> bool {
         for mut d in leased {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
             // Open until the delivery is handed to the stream.
@@ -361,12 +414,12 @@ impl Session {
             let msg =
                 pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(to_delivery(d))) };
             tokio::select! {
-                sent = out.send(Ok(msg)) => if sent.is_err() { return Ok(None) },
+                sent = out.send(Ok(msg)) => if sent.is_err() { return false },
                 // A client that stopped reading must not hold up a shutdown.
-                _ = self.ctx.shutdown.cancelled() => return Ok(Some(n)),
+                _ = self.ctx.shutdown.cancelled() => return true,
             }
         }
-        Ok(Some(n))
+        true
     }
 
     /// Applies requests in order; the acks among them are written in one statement at the end
@@ -395,8 +448,10 @@ impl Session {
         match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
             Ok(_) => {
                 metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
-                // Ordering-key successors, or other streams of this consumer, may be due now.
-                self.ctx.hub.notify_consumer(self.consumer().as_str());
+                // The next message with the same ordering key may be due now, for any stream.
+                if acks.iter().any(|(_, h)| h.has_ordering_key) {
+                    self.ctx.hub.notify_consumer(self.consumer().as_str());
+                }
             }
             Err(e) => {
                 tracing::warn!(consumer = %self.consumer(), error = %e, acks = ids.len(), "ack write failed; retrying");
@@ -419,6 +474,7 @@ impl Session {
                     tracing::debug!(consumer = %self.consumer(), message_id = %id, "nack for a delivery this stream does not hold; ignored");
                     return Ok(());
                 };
+                self.credits.give(1);
                 let spec = &self.start.consumer.spec;
                 let dead = held.delivery_count >= spec.max_deliveries;
                 let wait = nack
@@ -486,7 +542,13 @@ impl Session {
     fn take_held(&mut self, ids: &[MessageId]) -> Vec<(MessageId, Held)> {
         ids.iter()
             .filter_map(|id| {
-                let held = self.held.remove(id).or_else(|| self.expired.remove(id));
+                let held = match self.held.remove(id) {
+                    Some(h) => {
+                        self.credits.give(1);
+                        Some(h)
+                    }
+                    None => self.expired.remove(id),
+                };
                 if held.is_none() {
                     tracing::debug!(consumer = %self.consumer(), message_id = %id, "ack for a delivery this stream does not hold; ignored");
                 }

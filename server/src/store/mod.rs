@@ -47,8 +47,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>>;
     /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
     /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
-    /// deliveries to other replicas where the store supports that.
-    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome>;
+    /// deliveries to other replicas where the store supports that. A delivery that a stream of
+    /// `push` can take at once (due now, no ordering key, consumer not paused) is created leased
+    /// to that stream instead of pending, and returned in [`RelayOutcome::pushed`]; room taken
+    /// from `push` and not used (a failed pass) is the caller's to give back.
+    async fn relay_batch(
+        &self,
+        limit: i64,
+        now: DateTime<Utc>,
+        notify: bool,
+        push: &dyn PushTargets,
+    ) -> Result<RelayOutcome>;
 
     /// Creates a consumer; the same definition again returns the existing one, a different
     /// one is [`StoreError::ConsumerConflict`]. EARLIEST backfills from retained messages.
@@ -101,6 +110,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
     /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
+    /// Whether any committed message waits for the relay: one cheap indexed probe.
+    async fn message_unrelayed_exists(&self) -> Result<bool>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
     /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`
@@ -269,14 +280,43 @@ pub struct ExpiredLease {
 }
 
 /// What one relay pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct RelayOutcome {
     pub messages: u64,
     pub deliveries: u64,
-    /// Consumers that got new deliveries, to wake their streams.
+    /// Consumers that got new pending deliveries, to wake their streams.
     pub consumers: Vec<String>,
     /// `(message_id, traceparent)` of the relayed messages that carry a trace context.
     pub traced: Vec<(String, String)>,
+    /// Deliveries leased at fan-out to a stream of this process: `(consumer, session, delivery)`.
+    pub pushed: Vec<(String, String, LeasedDelivery)>,
+}
+
+/// Streams of this process that can take a new delivery at once.
+pub trait PushTargets: Send + Sync {
+    /// Sets aside room for one delivery on a stream of `consumer`, if one has room.
+    fn take(&self, consumer: &str, now: DateTime<Utc>) -> Option<PushTarget>;
+    /// Gives back room taken for a delivery that was not leased after all.
+    fn untake(&self, consumer: &str, session: &str);
+}
+
+/// Where a pushed delivery goes: a delivery session, and the deadline of its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushTarget {
+    pub session: String,
+    pub lease_until: DateTime<Utc>,
+}
+
+/// No stream takes pushes (a relay in a process without streams, and tests).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPush;
+
+impl PushTargets for NoPush {
+    fn take(&self, _consumer: &str, _now: DateTime<Utc>) -> Option<PushTarget> {
+        None
+    }
+
+    fn untake(&self, _consumer: &str, _session: &str) {}
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,5 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError, StoredMessage,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTarget,
+    PushTargets, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -160,16 +161,29 @@ where
     })
 }
 
-/// A delivery row to create (pending, due at the message's `available_at`).
+/// A delivery row to create: pending, due at the message's `available_at`, or leased at once
+/// to a stream of this process.
 struct NewDelivery {
     message_id: Uuid,
     consumer: String,
     seq: i64,
     ordering_key: Option<String>,
     available_at: DateTime<Utc>,
+    lease: Option<PushTarget>,
 }
 
 impl NewDelivery {
+    fn new(m: &StoredMessage, consumer: &str, lease: Option<PushTarget>) -> Self {
+        Self {
+            message_id: m.message_id.0,
+            consumer: consumer.to_owned(),
+            seq: m.seq,
+            ordering_key: m.ordering_key.clone(),
+            available_at: m.available_at,
+            lease,
+        }
+    }
+
     fn from_message_row(row: &PgRow, consumer: &str) -> Result<Self> {
         Ok(Self {
             message_id: row.try_get("message_id")?,
@@ -177,44 +191,68 @@ impl NewDelivery {
             seq: row.try_get("seq")?,
             ordering_key: row.try_get("ordering_key")?,
             available_at: row.try_get("available_at")?,
+            lease: None,
         })
     }
 }
 
+/// What a fan-out insert created.
+#[derive(Default)]
+struct Inserted {
+    count: u64,
+    /// `(message_id, consumer)` of the rows created leased.
+    leased: HashSet<(Uuid, String)>,
+}
+
 /// Inserts delivery rows (the fan-out); existing `(message_id, consumer)` rows are left alone,
 /// which is what makes a second relay pass harmless.
-async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<u64> {
+async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<Inserted> {
     if rows.is_empty() {
-        return Ok(0);
+        return Ok(Inserted::default());
     }
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut consumers = Vec::with_capacity(rows.len());
-    let mut seqs = Vec::with_capacity(rows.len());
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut available = Vec::with_capacity(rows.len());
+    let n = rows.len();
+    let (mut ids, mut consumers, mut seqs, mut keys) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut available, mut sessions, mut deadlines) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
     for r in rows {
         ids.push(r.message_id);
         consumers.push(r.consumer.as_str());
         seqs.push(r.seq);
         keys.push(r.ordering_key.as_deref());
         available.push(r.available_at);
+        sessions.push(r.lease.as_ref().map(|l| l.session.as_str()));
+        deadlines.push(r.lease.as_ref().map(|l| l.lease_until));
     }
-    let done = sqlx::query(
-        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-         SELECT r.message_id, r.consumer, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
-           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
-                AS r(message_id, consumer, seq, ordering_key, available_at)
-         ON CONFLICT (message_id, consumer) DO NOTHING",
+    let created = sqlx::query(
+        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, delivery_count, available_at,
+                                        lease_expires_at, leased_by, created_at, updated_at)
+         SELECT r.message_id, r.consumer, r.seq, r.ordering_key,
+                CASE WHEN r.leased_by IS NULL THEN 'pending' ELSE 'leased' END,
+                CASE WHEN r.leased_by IS NULL THEN 0 ELSE 1 END,
+                r.available_at, r.lease_expires_at, r.leased_by, $8, $8
+           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[])
+                AS r(message_id, consumer, seq, ordering_key, available_at, leased_by, lease_expires_at)
+         ON CONFLICT (message_id, consumer) DO NOTHING
+         RETURNING message_id, consumer, leased_by IS NOT NULL AS leased",
     )
     .bind(&ids)
     .bind(&consumers)
     .bind(&seqs)
     .bind(&keys)
     .bind(&available)
+    .bind(&sessions)
+    .bind(&deadlines)
     .bind(now)
-    .execute(&mut *conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(done.rows_affected())
+    let mut out = Inserted { count: created.len() as u64, leased: HashSet::new() };
+    for r in &created {
+        if r.try_get::<bool, _>("leased")? {
+            out.leased.insert((r.try_get("message_id")?, r.try_get("consumer")?));
+        }
+    }
+    Ok(out)
 }
 
 /// Upserts deliveries back to due for a replay: bypasses the inbox on purpose and restarts the
@@ -327,14 +365,20 @@ impl Store for PgStore {
     /// With `notify`, the transaction also sends one `NOTIFY outbox_work` naming the consumers
     /// that got deliveries, so the streams of other replicas wake at once. It costs this
     /// transaction, never a producer's.
-    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, notify: bool) -> Result<RelayOutcome> {
+    async fn relay_batch(
+        &self,
+        limit: i64,
+        now: DateTime<Utc>,
+        notify: bool,
+        push: &dyn PushTargets,
+    ) -> Result<RelayOutcome> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         let claimed = sqlx::query(
             "UPDATE outbox.messages SET relayed_at = $2
               WHERE seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
                              ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING message_id, seq, topic, ordering_key, available_at, headers->>'traceparent' AS traceparent",
+             RETURNING *",
         )
         // Planned on every pass, never cached: a plan made while the table was empty ("scan
         // every unrelayed row, sort, take 500") costs hundreds of milliseconds once a backlog
@@ -351,21 +395,27 @@ impl Store for PgStore {
         let consumers = consumers_on(&mut tx).await?;
         let mut rows = Vec::new();
         let mut traced = Vec::new();
+        let mut messages = HashMap::new();
         for row in &claimed {
-            let seq: i64 = row.try_get("seq")?;
-            let topic: &str = row.try_get("topic")?;
-            for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
-                rows.push(NewDelivery::from_message_row(row, c.spec.name.as_str())?);
+            let m = message_from_row(row)?;
+            // Pushed only when nothing else decides the order or the time of delivery.
+            let pushable = m.ordering_key.is_none() && m.available_at <= now;
+            for c in consumers.iter().filter(|c| m.seq > c.start_seq && c.spec.matches(&m.topic)) {
+                let name = c.spec.name.as_str();
+                let lease = if pushable && !c.paused { push.take(name, now) } else { None };
+                rows.push(NewDelivery::new(&m, name, lease));
             }
-            if let Some(tp) = row.try_get::<Option<String>, _>("traceparent")? {
-                traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp));
+            if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
+                traced.push((m.message_id.to_string(), tp.clone()));
             }
+            messages.insert(m.message_id.0, m);
         }
-        let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
-        let mut woken: Vec<String> = rows.into_iter().map(|r| r.consumer).collect();
+        let inserted = delivery_insert_many(&mut tx, &rows, now).await?;
+        // Streams are woken for what waits pending; what was pushed is on its way already.
+        let mut woken: Vec<String> = rows.iter().filter(|r| r.lease.is_none()).map(|r| r.consumer.clone()).collect();
         woken.sort_unstable();
         woken.dedup();
-        if notify && deliveries > 0 {
+        if notify && inserted.count > 0 {
             let mut payload = woken.join(",");
             if payload.len() > MAX_NOTIFY_PAYLOAD {
                 payload.clear(); // empty: wake every consumer
@@ -373,7 +423,25 @@ impl Store for PgStore {
             sqlx::query("SELECT pg_notify($1, $2)").bind(WORK_CHANNEL).bind(payload).execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced })
+        let mut pushed = Vec::new();
+        for r in rows {
+            let Some(lease) = r.lease else { continue };
+            match messages.get(&r.message_id) {
+                Some(m) if inserted.leased.contains(&(r.message_id, r.consumer.clone())) => {
+                    let d =
+                        LeasedDelivery { message: m.clone(), delivery_count: 1, lease_expires_at: lease.lease_until };
+                    pushed.push((r.consumer, lease.session, d));
+                }
+                _ => push.untake(&r.consumer, &lease.session),
+            }
+        }
+        Ok(RelayOutcome {
+            messages: claimed.len() as u64,
+            deliveries: inserted.count,
+            consumers: woken,
+            traced,
+            pushed,
+        })
     }
 
     /// Creates a consumer. An existing consumer with the same definition is returned as is; a
@@ -779,6 +847,15 @@ impl Store for PgStore {
         let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.seq > $1 ORDER BY m.seq LIMIT $2");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(after).bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(message_from_row).collect()
+    }
+
+    async fn message_unrelayed_exists(&self) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.messages WHERE relayed_at IS NULL)")
+            // Unprepared: a plan cached on an empty table (a sequential scan) would read every
+            // relayed row once the table is large.
+            .persistent(false)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {

@@ -24,8 +24,9 @@ use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError, StoredMessage,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTargets,
+    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -383,7 +384,15 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn relay_batch(&self, limit: i64, now: DateTime<Utc>, _notify: bool) -> Result<RelayOutcome> {
+    /// Never pushes: every delivery is created pending (SQLite's single writer makes the lease
+    /// that follows cheap next to PostgreSQL's).
+    async fn relay_batch(
+        &self,
+        limit: i64,
+        now: DateTime<Utc>,
+        _notify: bool,
+        _push: &dyn PushTargets,
+    ) -> Result<RelayOutcome> {
         let mut tx = self.begin().await?;
         let claimed = sqlx::query(
             "UPDATE outbox_messages SET relayed_at = ?2
@@ -418,7 +427,7 @@ impl Store for SqliteStore {
         tx.commit().await?;
         woken.sort_unstable();
         woken.dedup();
-        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced })
+        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced, pushed: Vec::new() })
     }
 
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
@@ -806,6 +815,12 @@ impl Store for SqliteStore {
         let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.seq > ?1 ORDER BY m.seq LIMIT ?2");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(after).bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(message_from_row).collect()
+    }
+
+    async fn message_unrelayed_exists(&self) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE relayed_at IS NULL)")
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
