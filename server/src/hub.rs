@@ -17,6 +17,7 @@ pub struct Hub(Arc<Inner>);
 #[derive(Debug, Default)]
 struct Inner {
     enqueued: Signal,
+    relay_backlog: Signal,
     consumers: Mutex<HashMap<String, Entry>>,
 }
 
@@ -143,6 +144,11 @@ impl Hub {
     /// Signalled when a message was enqueued through this process; wakes the relay.
     pub fn enqueued(&self) -> &Signal {
         &self.0.enqueued
+    }
+
+    /// Signalled when a relay pass claimed a full batch: there is a backlog to share.
+    pub fn relay_backlog(&self) -> &Signal {
+        &self.0.relay_backlog
     }
 
     fn with_entry<T>(&self, consumer: &str, f: impl FnOnce(&mut Entry) -> T) -> T {

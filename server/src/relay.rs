@@ -73,6 +73,9 @@ impl Relay {
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
         }
+        if out.messages as i64 >= self.config.batch_size {
+            self.hub.relay_backlog().notify();
+        }
         for c in &out.consumers {
             self.hub.notify_consumer(c);
         }
@@ -115,6 +118,29 @@ impl Relay {
                     tracing::warn!(consumer, error = %e, "could not release deliveries of a stream that ended; the sweeper will");
                 }
                 self.hub.notify_consumer(consumer);
+            }
+        }
+    }
+
+    /// A second relay loop for backlogs: idle until a pass somewhere in this process claims a
+    /// full batch, then runs passes back to back while they come back full. One loop alone
+    /// keeps up with steady traffic; two overlap their round trips when there is a backlog.
+    pub async fn run_helper(self, cancel: CancellationToken) {
+        let mut backlog = self.hub.relay_backlog().subscribe();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = backlog.changed() => if changed.is_err() { return },
+            }
+            loop {
+                match self.run_once().await {
+                    Ok(out) if out.messages as i64 >= self.config.batch_size && !cancel.is_cancelled() => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "relay pass failed");
+                        break;
+                    }
+                }
             }
         }
     }

@@ -373,12 +373,15 @@ impl Store for PgStore {
         push: &dyn PushTargets,
     ) -> Result<RelayOutcome> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
+        // The shared lock on consumer changes is taken by the claim itself (one round trip
+        // less); the consumers are read by the next statement, whose snapshot comes after it.
         let claimed = sqlx::query(
-            "UPDATE outbox.messages SET relayed_at = $2
-              WHERE seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
-                             ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING *",
+            "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($3))
+             UPDATE outbox.messages m SET relayed_at = $2
+               FROM lock
+              WHERE m.seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
+                               ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING m.*",
         )
         // Planned on every pass, never cached: a plan made while the table was empty ("scan
         // every unrelayed row, sort, take 500") costs hundreds of milliseconds once a backlog
@@ -386,6 +389,7 @@ impl Store for PgStore {
         .persistent(false)
         .bind(limit)
         .bind(now)
+        .bind(CONSUMERS_LOCK)
         .fetch_all(&mut *tx)
         .await?;
         if claimed.is_empty() {

@@ -90,6 +90,13 @@ struct Args {
     /// The outboxd binary [default: `outboxd`, else `outboxd-e2e`, next to this executable].
     #[arg(long, env = "OUTBOXD_BIN")]
     outboxd: Option<PathBuf>,
+    /// Instead of the phases: a steady load for this many seconds, sampling outboxd's memory
+    /// (RSS) ten times, to see that it stays flat.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    soak: Option<u64>,
+    /// The soak's offered rate, messages per second over all producers.
+    #[arg(long, default_value_t = 2000.0)]
+    soak_rate: f64,
 }
 
 /// Everything the figures depend on; reported with them.
@@ -1119,6 +1126,58 @@ async fn run(args: Args) -> Result<Report> {
     })
 }
 
+/// What a soak run saw.
+#[derive(Debug, Serialize)]
+struct Soak {
+    seconds: u64,
+    offered_per_s: f64,
+    producers: u32,
+    acked: u64,
+    /// `(seconds since start, RSS KiB)`, ten samples over the run.
+    outboxd_rss_kib: Vec<(u64, u64)>,
+}
+
+/// `--soak`: one consumer, four streams, producers paced to `rate` for `seconds`; outboxd's
+/// RSS sampled every tenth of the run.
+async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
+    let bin = find_outboxd(args.outboxd.clone())?;
+    let url = args.database_url.clone();
+    recreate_database(&url).await?;
+    let db = pool(&url, 4).await?;
+    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&db).await?;
+    let mut params = Params::new(args, postgres);
+    params.seconds = seconds;
+    let producers = pool(&url, params.producers).await?;
+    let b = Bench { params, db, producers, payload: payload() };
+    let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
+    let mut admin = outboxd.admin().await?;
+    let endpoint = outboxd.endpoint.clone();
+    let pid = outboxd.pid();
+    let started = Instant::now();
+    let sample = async {
+        let mut out = vec![(0, rss_kib(pid)?)];
+        for i in 1..=10 {
+            tokio::time::sleep_until(started + Duration::from_secs(seconds * i / 10)).await;
+            let rss = rss_kib(pid)?;
+            tracing::info!(at_s = seconds * i / 10, rss_kib = rss, "soak");
+            out.push((seconds * i / 10, rss));
+        }
+        anyhow::Ok(out)
+    };
+    let (f, rss) = tokio::join!(flow(&b, &mut admin, &endpoint, "bench.soak", Some(args.soak_rate), false), sample);
+    let (f, rss) = (f?, rss?);
+    if !outboxd.terminate(Duration::from_secs(20)).await? {
+        tracing::warn!("outboxd exited with an error status");
+    }
+    Ok(Soak {
+        seconds,
+        offered_per_s: args.soak_rate,
+        producers: b.params.producers,
+        acked: f.produced.total,
+        outboxd_rss_kib: rss,
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -1131,6 +1190,21 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let json = args.json;
+    if let Some(seconds) = args.soak {
+        let r = soak(&args, seconds).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            println!(
+                "soak: {} s at {} msg/s offered ({} producers), {} messages acked",
+                r.seconds, r.offered_per_s, r.producers, r.acked
+            );
+            for (at, rss) in &r.outboxd_rss_kib {
+                println!("  t = {at:>5} s   outboxd RSS {} KiB", grouped(*rss as f64));
+            }
+        }
+        return Ok(());
+    }
     let report = run(args).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
