@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, watch};
 
-use crate::store::{LeasedDelivery, PushTarget, PushTargets};
+use crate::store::{LeasedDelivery, PushOffer, PushTargets};
 
 #[derive(Debug, Clone, Default)]
 pub struct Hub(Arc<Inner>);
@@ -100,22 +100,33 @@ impl PushSlots {
 }
 
 impl PushTargets for PushSlots {
-    fn take(&self, consumer: &str, now: DateTime<Utc>) -> Option<PushTarget> {
-        let slot = self.slots.get(consumer)?.iter().find(|s| s.credits.take(1) == 1)?;
+    fn offer(&self, max: usize, now: DateTime<Utc>) -> Vec<PushOffer> {
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        *taken.entry((consumer.to_owned(), slot.session.clone())).or_default() += 1;
-        Some(PushTarget { session: slot.session.clone(), lease_until: crate::clock::add(now, slot.ack_deadline) })
+        let mut out = Vec::new();
+        for (consumer, slots) in &self.slots {
+            for slot in slots {
+                let room = slot.credits.take(max);
+                if room > 0 {
+                    *taken.entry((consumer.clone(), slot.session.clone())).or_default() += room;
+                    out.push(PushOffer {
+                        consumer: consumer.clone(),
+                        session: slot.session.clone(),
+                        room,
+                        lease_until: crate::clock::add(now, slot.ack_deadline),
+                    });
+                }
+            }
+        }
+        out
     }
 
-    fn untake(&self, consumer: &str, session: &str) {
-        if let Some(slot) = self.slot(consumer, session) {
-            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = taken.get_mut(&(consumer.to_owned(), session.to_owned()))
-                && *n > 0
-            {
-                *n -= 1;
-                slot.credits.give(1);
-            }
+    fn give_back(&self, consumer: &str, session: &str, n: usize) {
+        let Some(slot) = self.slot(consumer, session) else { return };
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = taken.get_mut(&(consumer.to_owned(), session.to_owned())) {
+            let n = n.min(*t);
+            *t -= n;
+            slot.credits.give(n);
         }
     }
 }
@@ -254,11 +265,11 @@ mod tests {
     }
 
     #[test]
-    fn a_push_takes_one_credit_from_a_stream_with_room_and_untake_returns_it() {
+    fn an_offer_takes_the_room_of_streams_that_have_some_and_gives_back_only_what_it_took() {
         let hub = Hub::default();
         let (tx, _rx) = mpsc::unbounded_channel();
         let full = Arc::new(Credits::new(0));
-        let open = Arc::new(Credits::new(1));
+        let open = Arc::new(Credits::new(5));
         let slot = |session: &str, credits: &Arc<Credits>| PushSlot {
             session: session.into(),
             ack_deadline: Duration::from_secs(30),
@@ -269,19 +280,25 @@ mod tests {
         let b = hub.offer("c", slot("open", &open));
         let slots = hub.push_slots();
         let now = Utc::now();
-        let t = slots.take("c", now).expect("the open stream has room");
-        assert_eq!(t.session, "open");
-        assert_eq!(t.lease_until, now + chrono::Duration::seconds(30));
-        assert!(slots.take("c", now).is_none(), "no room left anywhere");
-        assert!(slots.take("other", now).is_none());
-        slots.untake("c", "open");
-        assert_eq!(open.available(), 1);
-        slots.untake("c", "open");
-        assert_eq!(open.available(), 1, "only what was taken is given back");
-        slots.take("c", now).expect("room again");
+        let offers = slots.offer(3, now);
+        assert_eq!(
+            offers,
+            [PushOffer {
+                consumer: "c".into(),
+                session: "open".into(),
+                room: 3,
+                lease_until: now + chrono::Duration::seconds(30)
+            }]
+        );
+        assert_eq!(open.available(), 2);
+        slots.give_back("c", "open", 1);
+        assert_eq!(open.available(), 3);
+        slots.give_back("c", "open", 10);
+        assert_eq!(open.available(), 5, "only what was taken is given back");
+        slots.offer(3, now);
         slots.give_back_all();
-        assert_eq!(open.available(), 1, "a failed pass gives back what it took");
+        assert_eq!(open.available(), 5, "a failed pass gives back what it took");
         drop(b);
-        assert!(hub.push_slots().take("c", now).is_none(), "a withdrawn slot gets nothing");
+        assert!(hub.push_slots().offer(3, now).is_empty(), "a withdrawn slot gets nothing");
     }
 }

@@ -49,8 +49,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
     /// deliveries to other replicas where the store supports that. A delivery that a stream of
     /// `push` can take at once (due now, no ordering key, consumer not paused) is created leased
-    /// to that stream instead of pending, and returned in [`RelayOutcome::pushed`]; room taken
-    /// from `push` and not used (a failed pass) is the caller's to give back.
+    /// to that stream instead of pending, and returned in [`RelayOutcome::pushed`]; room offered
+    /// and not used is given back, except after an error (the caller's to give back).
     async fn relay_batch(
         &self,
         limit: i64,
@@ -292,18 +292,20 @@ pub struct RelayOutcome {
     pub pushed: Vec<(String, String, LeasedDelivery)>,
 }
 
-/// Streams of this process that can take a new delivery at once.
+/// Streams of this process that can take new deliveries at once.
 pub trait PushTargets: Send + Sync {
-    /// Sets aside room for one delivery on a stream of `consumer`, if one has room.
-    fn take(&self, consumer: &str, now: DateTime<Utc>) -> Option<PushTarget>;
-    /// Gives back room taken for a delivery that was not leased after all.
-    fn untake(&self, consumer: &str, session: &str);
+    /// Takes the room of every stream that has some, at most `max` each.
+    fn offer(&self, max: usize, now: DateTime<Utc>) -> Vec<PushOffer>;
+    /// Gives back `n` of the room taken from `session`: deliveries not leased to it after all.
+    fn give_back(&self, consumer: &str, session: &str, n: usize);
 }
 
-/// Where a pushed delivery goes: a delivery session, and the deadline of its lease.
+/// Room on one stream for deliveries leased to it at fan-out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PushTarget {
+pub struct PushOffer {
+    pub consumer: String,
     pub session: String,
+    pub room: usize,
     pub lease_until: DateTime<Utc>,
 }
 
@@ -312,11 +314,11 @@ pub struct PushTarget {
 pub struct NoPush;
 
 impl PushTargets for NoPush {
-    fn take(&self, _consumer: &str, _now: DateTime<Utc>) -> Option<PushTarget> {
-        None
+    fn offer(&self, _max: usize, _now: DateTime<Utc>) -> Vec<PushOffer> {
+        Vec::new()
     }
 
-    fn untake(&self, _consumer: &str, _session: &str) {}
+    fn give_back(&self, _consumer: &str, _session: &str, _n: usize) {}
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,5 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTarget,
-    PushTargets, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTargets,
+    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
@@ -34,8 +34,6 @@ const SCAN_BATCH: i64 = 5_000;
 /// The channel on which relays announce new deliveries: the payload is a comma-separated list
 /// of consumer names, or empty for "all".
 pub const WORK_CHANNEL: &str = "outbox_work";
-/// PostgreSQL's payload limit is 8000 bytes.
-const MAX_NOTIFY_PAYLOAD: usize = 7900;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -161,29 +159,16 @@ where
     })
 }
 
-/// A delivery row to create: pending, due at the message's `available_at`, or leased at once
-/// to a stream of this process.
+/// A delivery row to create (pending, due at the message's `available_at`).
 struct NewDelivery {
     message_id: Uuid,
     consumer: String,
     seq: i64,
     ordering_key: Option<String>,
     available_at: DateTime<Utc>,
-    lease: Option<PushTarget>,
 }
 
 impl NewDelivery {
-    fn new(m: &StoredMessage, consumer: &str, lease: Option<PushTarget>) -> Self {
-        Self {
-            message_id: m.message_id.0,
-            consumer: consumer.to_owned(),
-            seq: m.seq,
-            ordering_key: m.ordering_key.clone(),
-            available_at: m.available_at,
-            lease,
-        }
-    }
-
     fn from_message_row(row: &PgRow, consumer: &str) -> Result<Self> {
         Ok(Self {
             message_id: row.try_get("message_id")?,
@@ -191,68 +176,44 @@ impl NewDelivery {
             seq: row.try_get("seq")?,
             ordering_key: row.try_get("ordering_key")?,
             available_at: row.try_get("available_at")?,
-            lease: None,
         })
     }
 }
 
-/// What a fan-out insert created.
-#[derive(Default)]
-struct Inserted {
-    count: u64,
-    /// `(message_id, consumer)` of the rows created leased.
-    leased: HashSet<(Uuid, String)>,
-}
-
-/// Inserts delivery rows (the fan-out); existing `(message_id, consumer)` rows are left alone,
-/// which is what makes a second relay pass harmless.
-async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<Inserted> {
+/// Inserts pending delivery rows (an EARLIEST consumer's backfill); existing
+/// `(message_id, consumer)` rows are left alone. Relay passes fan out in `outbox.relay_pass`.
+async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<u64> {
     if rows.is_empty() {
-        return Ok(Inserted::default());
+        return Ok(0);
     }
-    let n = rows.len();
-    let (mut ids, mut consumers, mut seqs, mut keys) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut available, mut sessions, mut deadlines) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut consumers = Vec::with_capacity(rows.len());
+    let mut seqs = Vec::with_capacity(rows.len());
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut available = Vec::with_capacity(rows.len());
     for r in rows {
         ids.push(r.message_id);
         consumers.push(r.consumer.as_str());
         seqs.push(r.seq);
         keys.push(r.ordering_key.as_deref());
         available.push(r.available_at);
-        sessions.push(r.lease.as_ref().map(|l| l.session.as_str()));
-        deadlines.push(r.lease.as_ref().map(|l| l.lease_until));
     }
-    let created = sqlx::query(
-        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, delivery_count, available_at,
-                                        lease_expires_at, leased_by, created_at, updated_at)
-         SELECT r.message_id, r.consumer, r.seq, r.ordering_key,
-                CASE WHEN r.leased_by IS NULL THEN 'pending' ELSE 'leased' END,
-                CASE WHEN r.leased_by IS NULL THEN 0 ELSE 1 END,
-                r.available_at, r.lease_expires_at, r.leased_by, $8, $8
-           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[])
-                AS r(message_id, consumer, seq, ordering_key, available_at, leased_by, lease_expires_at)
-         ON CONFLICT (message_id, consumer) DO NOTHING
-         RETURNING message_id, consumer, leased_by IS NOT NULL AS leased",
+    let done = sqlx::query(
+        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT r.message_id, r.consumer, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
+           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
+                AS r(message_id, consumer, seq, ordering_key, available_at)
+         ON CONFLICT (message_id, consumer) DO NOTHING",
     )
     .bind(&ids)
     .bind(&consumers)
     .bind(&seqs)
     .bind(&keys)
     .bind(&available)
-    .bind(&sessions)
-    .bind(&deadlines)
     .bind(now)
-    .fetch_all(&mut *conn)
+    .execute(&mut *conn)
     .await?;
-    let mut out = Inserted { count: created.len() as u64, leased: HashSet::new() };
-    for r in &created {
-        if r.try_get::<bool, _>("leased")? {
-            out.leased.insert((r.try_get("message_id")?, r.try_get("consumer")?));
-        }
-    }
-    Ok(out)
+    Ok(done.rows_affected())
 }
 
 /// Upserts deliveries back to due for a replay: bypasses the inbox on purpose and restarts the
@@ -372,80 +333,55 @@ impl Store for PgStore {
         notify: bool,
         push: &dyn PushTargets,
     ) -> Result<RelayOutcome> {
-        let mut tx = self.pool.begin().await?;
-        // The shared lock on consumer changes is taken by the claim itself (one round trip
-        // less); the consumers are read by the next statement, whose snapshot comes after it.
-        let claimed = sqlx::query(
-            "WITH lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared($3))
-             UPDATE outbox.messages m SET relayed_at = $2
-               FROM lock
-              WHERE m.seq IN (SELECT seq FROM outbox.messages WHERE relayed_at IS NULL
-                               ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-             RETURNING m.*",
-        )
-        // Planned on every pass, never cached: a plan made while the table was empty ("scan
-        // every unrelayed row, sort, take 500") costs hundreds of milliseconds once a backlog
-        // exists, and the relay then falls further behind.
-        .persistent(false)
-        .bind(limit)
-        .bind(now)
-        .bind(CONSUMERS_LOCK)
-        .fetch_all(&mut *tx)
-        .await?;
-        if claimed.is_empty() {
-            tx.rollback().await?;
-            return Ok(RelayOutcome::default());
-        }
-        let consumers = consumers_on(&mut tx).await?;
-        let mut rows = Vec::new();
-        let mut traced = Vec::new();
-        let mut messages = HashMap::new();
-        for row in &claimed {
-            let m = message_from_row(row)?;
-            // Pushed only when nothing else decides the order or the time of delivery.
-            let pushable = m.ordering_key.is_none() && m.available_at <= now;
-            for c in consumers.iter().filter(|c| m.seq > c.start_seq && c.spec.matches(&m.topic)) {
-                let name = c.spec.name.as_str();
-                let lease = if pushable && !c.paused { push.take(name, now) } else { None };
-                rows.push(NewDelivery::new(&m, name, lease));
-            }
-            if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
-                traced.push((m.message_id.to_string(), tp.clone()));
-            }
-            messages.insert(m.message_id.0, m);
-        }
-        let inserted = delivery_insert_many(&mut tx, &rows, now).await?;
-        // Streams are woken for what waits pending; what was pushed is on its way already.
-        let mut woken: Vec<String> = rows.iter().filter(|r| r.lease.is_none()).map(|r| r.consumer.clone()).collect();
-        woken.sort_unstable();
-        woken.dedup();
-        if notify && inserted.count > 0 {
-            let mut payload = woken.join(",");
-            if payload.len() > MAX_NOTIFY_PAYLOAD {
-                payload.clear(); // empty: wake every consumer
-            }
-            sqlx::query("SELECT pg_notify($1, $2)").bind(WORK_CHANNEL).bind(payload).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        let mut pushed = Vec::new();
-        for r in rows {
-            let Some(lease) = r.lease else { continue };
-            match messages.get(&r.message_id) {
-                Some(m) if inserted.leased.contains(&(r.message_id, r.consumer.clone())) => {
-                    let d =
-                        LeasedDelivery { message: m.clone(), delivery_count: 1, lease_expires_at: lease.lease_until };
-                    pushed.push((r.consumer, lease.session, d));
+        let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
+        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(now)
+            .bind(CONSUMERS_LOCK)
+            .bind(notify.then_some(WORK_CHANNEL))
+            .bind(offers.iter().map(|o| o.consumer.as_str()).collect::<Vec<_>>())
+            .bind(offers.iter().map(|o| o.session.as_str()).collect::<Vec<_>>())
+            .bind(offers.iter().map(|o| i32::try_from(o.room).unwrap_or(i32::MAX)).collect::<Vec<_>>())
+            .bind(offers.iter().map(|o| o.lease_until).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = RelayOutcome::default();
+        let mut used: HashMap<(String, String), usize> = HashMap::new();
+        for row in &rows {
+            match row.try_get::<&str, _>("kind")? {
+                "m" => {
+                    out.messages += 1;
+                    let headers = headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0);
+                    if let Some(tp) = headers.get(crate::telemetry::TRACEPARENT) {
+                        out.traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp.clone()));
+                    }
                 }
-                _ => push.untake(&r.consumer, &lease.session),
+                "p" => {
+                    out.deliveries += 1;
+                    let consumer: String = row.try_get("consumer")?;
+                    let session: String = row.try_get("session")?;
+                    *used.entry((consumer.clone(), session.clone())).or_default() += 1;
+                    let d = LeasedDelivery {
+                        message: message_from_row(row)?,
+                        delivery_count: 1,
+                        lease_expires_at: row.try_get("lease_expires_at")?,
+                    };
+                    out.pushed.push((consumer, session, d));
+                }
+                _ => {
+                    out.deliveries += 1;
+                    out.consumers.push(row.try_get("consumer")?);
+                }
             }
         }
-        Ok(RelayOutcome {
-            messages: claimed.len() as u64,
-            deliveries: inserted.count,
-            consumers: woken,
-            traced,
-            pushed,
-        })
+        for o in &offers {
+            let n = used.get(&(o.consumer.clone(), o.session.clone())).copied().unwrap_or(0);
+            push.give_back(&o.consumer, &o.session, o.room.saturating_sub(n));
+        }
+        out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
+        out.consumers.sort_unstable();
+        out.consumers.dedup();
+        Ok(out)
     }
 
     /// Creates a consumer. An existing consumer with the same definition is returned as is; a

@@ -253,3 +253,68 @@ async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_h
     let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [second]);
 }
+
+/// The relay's SQL matches topics exactly as the server's `TopicPattern` does.
+#[tokio::test]
+async fn sql_topic_matching_agrees_with_the_servers() {
+    let (_db, _store) = postgres().await;
+    let Guard::Pg(db) = &_db else { unreachable!() };
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let patterns = ["orders", "orders.*", "orders.>", "*.created", "*", ">", "a.*.c", "a.>", "a-b_c.*"];
+    let topics = ["orders", "orders.created", "orders.created.eu", "users.created", "a.b.c", "a.bc", "a", "a-b_c.x"];
+    for p in patterns {
+        for t in topics {
+            let sql: bool = sqlx::query_scalar("SELECT outbox.topic_matches(ARRAY[$1], $2)")
+                .bind(p)
+                .bind(t)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(sql, TopicPattern::parse("p", p).unwrap().matches(t), "pattern {p:?}, topic {t:?}");
+        }
+    }
+}
+
+/// A relay pass leases what streams have room for (due, unkeyed, not paused) straight to them,
+/// in seq order, and leaves the rest pending; room it does not use goes back.
+#[tokio::test]
+async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending() {
+    use crate::hub::{Credits, PushSlot};
+    let (_db, store) = postgres().await;
+    let now = Utc::now().trunc_subsecs(6);
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    store.consumer_create(&spec("paused", &["t"], 5), now).await.unwrap();
+    store.consumer_set_paused(&ConsumerName::parse("n", "paused").unwrap(), true).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let m = if i == 1 { NewMessage { ordering_key: Some("k".into()), ..msg("t") } } else { msg("t") };
+        ids.push(store.message_insert(&m, now).await.unwrap().message_id);
+    }
+    let hub = Hub::default();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let credits = Arc::new(Credits::new(2));
+    let paused_credits = Arc::new(Credits::new(10));
+    let slot = |session: &str, credits: &Arc<Credits>| PushSlot {
+        session: session.into(),
+        ack_deadline: Duration::from_secs(30),
+        credits: credits.clone(),
+        tx: tx.clone(),
+    };
+    let _a = hub.offer("c", slot("s1", &credits));
+    let _b = hub.offer("paused", slot("s2", &paused_credits));
+    let slots = hub.push_slots();
+    let out = store.relay_batch(10, now, false, &slots).await.unwrap();
+
+    assert_eq!((out.messages, out.deliveries), (4, 8));
+    let pushed: Vec<_> = out.pushed.iter().map(|(c, s, d)| (c.as_str(), s.as_str(), d.message.message_id)).collect();
+    assert_eq!(pushed, [("c", "s1", ids[0]), ("c", "s1", ids[2])], "the keyed message is not pushed");
+    assert!(out.pushed.iter().all(|(_, _, d)| d.delivery_count == 1 && d.message.payload == b"{}"));
+    assert_eq!(out.consumers, ["c", "paused"], "both have pending deliveries to wake for");
+    assert_eq!(credits.available(), 0, "the room used stays taken");
+    assert_eq!(paused_credits.available(), 10, "unused room goes back");
+    let s = store.stats(None, true).await.unwrap();
+    let of = |n: &str| s.consumers.iter().find(|c| c.consumer == n).unwrap().clone();
+    assert_eq!((of("c").in_flight, of("c").backlog), (2, 2));
+    assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 4));
+}
