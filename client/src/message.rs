@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::ClientError;
+
+/// Longest topic, as the database enforces it.
+pub const MAX_TOPIC_LEN: usize = 255;
+
 /// A message to enqueue. Topic and type are required; the rest is optional.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -50,6 +55,43 @@ impl Message {
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
+    }
+
+    /// Checks what the database would refuse, with a message naming the field: a topic of
+    /// dot-separated segments of `[A-Za-z0-9_-]` (at most 255 characters) and a type.
+    pub fn validate(&self) -> Result<(), ClientError> {
+        let segment_ok =
+            |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if self.topic.len() > MAX_TOPIC_LEN || !self.topic.split('.').all(segment_ok) {
+            return Err(ClientError::InvalidMessage(format!(
+                "invalid topic {:?}: dot-separated segments of [A-Za-z0-9_-], at most {MAX_TOPIC_LEN} characters, required",
+                self.topic
+            )));
+        }
+        if self.type_.is_empty() {
+            return Err(ClientError::InvalidMessage("type must not be empty".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_bad_field() {
+        let ok = Message::new("orders.created-v2.eu_1", "OrderCreated", b"{}".to_vec());
+        assert!(ok.validate().is_ok());
+        for topic in ["", "orders.", ".orders", "orders..created", "orders created", "orders.*", "ä"] {
+            let err = Message { topic: topic.into(), ..ok.clone() }.validate().unwrap_err().to_string();
+            assert!(err.contains("invalid topic"), "{topic:?}: {err}");
+        }
+        let long = "a".repeat(256);
+        assert!(Message { topic: long, ..ok.clone() }.validate().is_err());
+        assert!(Message { topic: "a".repeat(255), ..ok.clone() }.validate().is_ok());
+        let err = Message { type_: String::new(), ..ok }.validate().unwrap_err().to_string();
+        assert!(err.contains("type"), "{err}");
     }
 }
 

@@ -16,6 +16,7 @@ conformance!(
     replay_counts_with_a_dry_run_and_refuses_messages_beyond_the_dedup_horizon,
     replay_filters_by_type_topic_time_range_and_dead_only,
     replay_stream_reports_progress_batch_by_batch_at_the_requested_rate,
+    the_client_refuses_a_bad_message_naming_the_field,
 );
 
 const QUIET: Duration = Duration::from_millis(300);
@@ -191,6 +192,33 @@ async fn the_sql_function_joins_the_callers_transaction_and_tolerates_duplicates
 
     let err = sqlx::query("SELECT outbox.enqueue('bad topic', 'T', ''::bytea)").execute(&pool).await.unwrap_err();
     assert!(err.to_string().contains("invalid topic"), "{err}");
+    // The table enforces the same rule for writers that insert directly.
+    let err = sqlx::query(
+        "INSERT INTO outbox.messages (message_id, topic, type, payload) VALUES (gen_random_uuid(), 'a..b', 'T', '')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("messages_topic_format"), "{err}");
+    Ok(())
+}
+
+/// The Rust client refuses a bad message before it reaches the database, naming the field;
+/// a duplicate id reports the existing message.
+async fn the_client_refuses_a_bad_message_naming_the_field(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let bad = outbox_client::Message::new("orders..created", "OrderCreated", b"{}".to_vec());
+    let good = outbox_client::Message::new("orders.created", "OrderCreated", b"{}".to_vec());
+    let dup = good.clone().message_id(uuid::Uuid::now_v7());
+    let outcomes = db.enqueue_all(&[dup.clone(), dup.clone()]).await?;
+    assert_eq!(outcomes.iter().map(|e| e.duplicate).collect::<Vec<_>>(), [false, true]);
+    assert_eq!(outcomes[0].seq, outcomes[1].seq, "a duplicate reports the existing message");
+    let err = db.enqueue_all(&[good.clone(), bad]).await.unwrap_err();
+    assert!(format!("{err:#}").contains("invalid topic \"orders..created\""), "{err:#}");
+    let err = db.enqueue(&outbox_client::Message::new("t", "", b"".to_vec())).await.unwrap_err();
+    assert!(format!("{err:#}").contains("type must not be empty"), "{err:#}");
+    assert_eq!(db.message_count().await?, 1, "the failed batch left nothing behind");
+    drop(srv);
     Ok(())
 }
 
