@@ -13,7 +13,10 @@ $$;
 -- One relay pass, in the caller's transaction (autocommit: one round trip):
 --  * takes the consumers lock shared (consumer changes take it exclusively), so that the fan-out
 --    below, a later statement with a later snapshot, sees every consumer created before;
---  * claims up to `batch` unrelayed messages in seq order (skipping rows other passes hold);
+--  * claims up to `batch` unrelayed messages in seq order from `from_seq` on (skipping rows other
+--    passes hold). The caller passes the seq after its last claim, so that the scan starts past
+--    the index entries of relayed rows that vacuum has not removed yet, and 0 now and then, for
+--    a message whose transaction committed after later ones were relayed;
 --  * creates one delivery per matching consumer (seq > start_seq). A delivery that can go at
 --    once (due, no ordering key, consumer not paused) is created leased to a stream of the
 --    calling process, as far as the room offered allows: `push_*` are parallel arrays of
@@ -23,6 +26,7 @@ $$;
 -- with the payload) or 'd' (pending).
 CREATE FUNCTION outbox.relay_pass(
     batch          integer,
+    from_seq       bigint,
     at             timestamptz,
     lock_key       bigint,
     notify         text,
@@ -45,7 +49,8 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(lock_key);
     WITH claimed AS (
         UPDATE outbox.messages m SET relayed_at = relay_pass.at
-         WHERE m.seq IN (SELECT u.seq FROM outbox.messages u WHERE u.relayed_at IS NULL
+         WHERE m.seq IN (SELECT u.seq FROM outbox.messages u
+                          WHERE u.relayed_at IS NULL AND u.seq >= relay_pass.from_seq
                           ORDER BY u.seq LIMIT relay_pass.batch FOR UPDATE SKIP LOCKED)
         RETURNING m.*
     ), fan AS (

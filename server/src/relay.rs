@@ -1,5 +1,6 @@
 //! The relay: moves committed messages from the outbox into every matching consumer's inbox.
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -44,31 +45,74 @@ fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Durati
     if idle < config.hot_for { config.poll_min } else { (previous * 2).clamp(config.poll_min, config.poll_max) }
 }
 
+/// How often a pass looks for unrelayed messages from the start of the table rather than from
+/// where the last pass ended: the bound on the extra wait of a message whose transaction commits
+/// after later ones were relayed.
+const FULL_SCAN_EVERY: Duration = Duration::from_millis(200);
+
+/// Where passes start looking: past the last claim, except for a scan from the start now and
+/// then. Starting past the last claim skips the index entries of relayed rows that vacuum has
+/// not removed yet; under steady load they pile up by the hundred thousand, and walking them
+/// made every pass cost milliseconds.
+#[derive(Debug, Default)]
+struct ScanHint {
+    next_seq: i64,
+    last_full: Option<std::time::Instant>,
+}
+
+impl ScanHint {
+    /// The `seq` the next pass starts from.
+    fn start(&mut self) -> i64 {
+        match self.last_full {
+            Some(at) if at.elapsed() < FULL_SCAN_EVERY => self.next_seq,
+            _ => {
+                self.last_full = Some(std::time::Instant::now());
+                0
+            }
+        }
+    }
+
+    /// After a pass that claimed up to `last_seq`: every committed row below it that no other
+    /// pass holds was claimed.
+    fn claimed(&mut self, last_seq: Option<i64>) {
+        if let Some(last) = last_seq {
+            self.next_seq = self.next_seq.max(last + 1);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Relay {
     store: SharedStore,
     clock: SharedClock,
     hub: Hub,
     config: RelayConfig,
+    hint: Arc<Mutex<ScanHint>>,
 }
 
 impl Relay {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
-        Self { store, clock, hub, config }
+        Self { store, clock, hub, config, hint: Arc::default() }
+    }
+
+    fn hint(&self) -> std::sync::MutexGuard<'_, ScanHint> {
+        self.hint.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
         let started = std::time::Instant::now();
         let slots = self.hub.push_slots();
-        let out =
-            match self.store.relay_batch(self.config.batch_size, self.clock.now(), self.config.notify, &slots).await {
-                Ok(out) => out,
-                Err(e) => {
-                    slots.give_back_all();
-                    return Err(e);
-                }
-            };
+        let from = self.hint().start();
+        let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
+        let out = match self.store.relay_batch(batch, from, now, notify, &slots).await {
+            Ok(out) => out,
+            Err(e) => {
+                slots.give_back_all();
+                return Err(e);
+            }
+        };
+        self.hint().claimed(out.last_seq);
         self.hand_over(&slots, &out.pushed).await;
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
@@ -153,7 +197,12 @@ impl Relay {
         let mut probe = false;
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
-            let found = if probe { self.store.message_unrelayed_exists().await } else { Ok(true) };
+            let found = if probe {
+                let from = self.hint().start();
+                self.store.message_unrelayed_exists(from).await
+            } else {
+                Ok(true)
+            };
             let pass = match found {
                 Ok(true) => self.run_once().await.map(|out| out.messages),
                 Ok(false) => Ok(0),
@@ -193,6 +242,20 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passes_start_past_the_last_claim_and_from_the_start_now_and_then() {
+        let mut h = ScanHint::default();
+        assert_eq!(h.start(), 0, "the first pass scans from the start");
+        h.claimed(Some(41));
+        assert_eq!(h.start(), 42);
+        h.claimed(None);
+        h.claimed(Some(7)); // another loop's older claim never moves the hint back
+        assert_eq!(h.start(), 42);
+        h.last_full = Some(std::time::Instant::now() - FULL_SCAN_EVERY);
+        assert_eq!(h.start(), 0, "a full scan is due");
+        assert_eq!(h.start(), 42);
+    }
 
     #[test]
     fn polls_fast_while_traffic_is_recent_then_backs_off() {

@@ -51,9 +51,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `push` can take at once (due now, no ordering key, consumer not paused) is created leased
     /// to that stream instead of pending, and returned in [`RelayOutcome::pushed`]; room offered
     /// and not used is given back, except after an error (the caller's to give back).
+    /// Only messages with `seq >= from_seq` are claimed (see [`crate::relay`]).
     async fn relay_batch(
         &self,
         limit: i64,
+        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         push: &dyn PushTargets,
@@ -110,8 +112,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
     /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
-    /// Whether any committed message waits for the relay: one cheap indexed probe.
-    async fn message_unrelayed_exists(&self) -> Result<bool>;
+    /// Whether a committed message with `seq >= from_seq` waits for the relay: one indexed probe.
+    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
     /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`
@@ -283,6 +285,8 @@ pub struct ExpiredLease {
 #[derive(Debug, Clone, Default)]
 pub struct RelayOutcome {
     pub messages: u64,
+    /// The highest `seq` claimed.
+    pub last_seq: Option<i64>,
     pub deliveries: u64,
     /// Consumers that got new pending deliveries, to wake their streams.
     pub consumers: Vec<String>,

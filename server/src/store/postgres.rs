@@ -329,13 +329,15 @@ impl Store for PgStore {
     async fn relay_batch(
         &self,
         limit: i64,
+        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         push: &dyn PushTargets,
     ) -> Result<RelayOutcome> {
         let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
-        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8)")
+        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(from_seq)
             .bind(now)
             .bind(CONSUMERS_LOCK)
             .bind(notify.then_some(WORK_CHANNEL))
@@ -351,6 +353,7 @@ impl Store for PgStore {
             match row.try_get::<&str, _>("kind")? {
                 "m" => {
                     out.messages += 1;
+                    out.last_seq = out.last_seq.max(Some(row.try_get("seq")?));
                     let headers = headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0);
                     if let Some(tp) = headers.get(crate::telemetry::TRACEPARENT) {
                         out.traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp.clone()));
@@ -789,11 +792,12 @@ impl Store for PgStore {
         rows.iter().map(message_from_row).collect()
     }
 
-    async fn message_unrelayed_exists(&self) -> Result<bool> {
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.messages WHERE relayed_at IS NULL)")
+    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.messages WHERE relayed_at IS NULL AND seq >= $1)")
             // Unprepared: a plan cached on an empty table (a sequential scan) would read every
             // relayed row once the table is large.
             .persistent(false)
+            .bind(from_seq)
             .fetch_one(&self.pool)
             .await?)
     }

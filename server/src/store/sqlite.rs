@@ -389,6 +389,7 @@ impl Store for SqliteStore {
     async fn relay_batch(
         &self,
         limit: i64,
+        from_seq: i64,
         now: DateTime<Utc>,
         _notify: bool,
         _push: &dyn PushTargets,
@@ -396,12 +397,14 @@ impl Store for SqliteStore {
         let mut tx = self.begin().await?;
         let claimed = sqlx::query(
             "UPDATE outbox_messages SET relayed_at = ?2
-              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL ORDER BY seq LIMIT ?1)
+              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?3
+                             ORDER BY seq LIMIT ?1)
              RETURNING message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at,
                        json_extract(headers, '$.traceparent') AS traceparent",
         )
         .bind(limit)
         .bind(us(now))
+        .bind(from_seq)
         .fetch_all(&mut *tx)
         .await?;
         if claimed.is_empty() {
@@ -427,7 +430,15 @@ impl Store for SqliteStore {
         tx.commit().await?;
         woken.sort_unstable();
         woken.dedup();
-        Ok(RelayOutcome { messages: claimed.len() as u64, deliveries, consumers: woken, traced, pushed: Vec::new() })
+        let last_seq = claimed.iter().filter_map(|r| r.try_get::<i64, _>("seq").ok()).max();
+        Ok(RelayOutcome {
+            messages: claimed.len() as u64,
+            last_seq,
+            deliveries,
+            consumers: woken,
+            traced,
+            pushed: Vec::new(),
+        })
     }
 
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
@@ -817,8 +828,9 @@ impl Store for SqliteStore {
         rows.iter().map(message_from_row).collect()
     }
 
-    async fn message_unrelayed_exists(&self) -> Result<bool> {
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE relayed_at IS NULL)")
+    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?1)")
+            .bind(from_seq)
             .fetch_one(&self.pool)
             .await?)
     }

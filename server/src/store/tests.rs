@@ -166,7 +166,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
     store.consumer_create(&c, now).await.unwrap();
     let a = store.message_insert(&msg("t"), now).await.unwrap().message_id;
     let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
-    store.relay_batch(10, now, false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, later, now).await.unwrap().len(), 1);
     assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, later, now).await.unwrap().len(), 1);
@@ -199,7 +199,7 @@ async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retent
     store.consumer_create(&c, clock.now()).await.unwrap();
     let done = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
     let open = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    store.relay_batch(10, clock.now(), false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, clock.now(), false, &NoPush).await.unwrap();
     store.delivery_ack_many(&c.name, &[done], clock.now()).await.unwrap();
     let pruner = Pruner::new(store.clone(), shared, Duration::from_secs(7 * 86400), Duration::from_secs(600));
     assert_eq!(pruner.run_once().await.unwrap(), Pruned::default(), "within retention");
@@ -241,12 +241,16 @@ async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_h
         .execute(&mut *other)
         .await
         .unwrap();
-    assert_eq!(store.relay_batch(10, now, false, &NoPush).await.unwrap().messages, 1, "only the second is claimable");
+    assert_eq!(
+        store.relay_batch(10, 0, now, false, &NoPush).await.unwrap().messages,
+        1,
+        "only the second is claimable"
+    );
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert!(store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap().is_empty(), "second waits");
 
     other.rollback().await.unwrap();
-    store.relay_batch(10, now, false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
     let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [first]);
     store.delivery_ack_many(&c.name, &[first], now).await.unwrap();
@@ -304,7 +308,7 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
     let _a = hub.offer("c", slot("s1", &credits));
     let _b = hub.offer("paused", slot("s2", &paused_credits));
     let slots = hub.push_slots();
-    let out = store.relay_batch(10, now, false, &slots).await.unwrap();
+    let out = store.relay_batch(10, 0, now, false, &slots).await.unwrap();
 
     assert_eq!((out.messages, out.deliveries), (4, 8));
     let pushed: Vec<_> = out.pushed.iter().map(|(c, s, d)| (c.as_str(), s.as_str(), d.message.message_id)).collect();
