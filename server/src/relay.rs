@@ -61,15 +61,21 @@ struct ScanHint {
 }
 
 impl ScanHint {
-    /// The `seq` the next pass starts from.
-    fn start(&mut self) -> i64 {
+    /// The `seq` the next pass would start from.
+    fn peek(&self) -> i64 {
         match self.last_full {
             Some(at) if at.elapsed() < FULL_SCAN_EVERY => self.next_seq,
-            _ => {
-                self.last_full = Some(std::time::Instant::now());
-                0
-            }
+            _ => 0,
         }
+    }
+
+    /// The `seq` this pass starts from; a full scan counts as done.
+    fn start(&mut self) -> i64 {
+        let from = self.peek();
+        if from == 0 {
+            self.last_full = Some(std::time::Instant::now());
+        }
+        from
     }
 
     /// After a pass that claimed up to `last_seq`: every committed row below it that no other
@@ -198,7 +204,8 @@ impl Relay {
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
             let found = if probe {
-                let from = self.hint().start();
+                // Peek only: the pass that follows must start where the probe looked.
+                let from = self.hint().peek();
                 self.store.message_unrelayed_exists(from).await
             } else {
                 Ok(true)
@@ -253,7 +260,9 @@ mod tests {
         h.claimed(Some(7)); // another loop's older claim never moves the hint back
         assert_eq!(h.start(), 42);
         h.last_full = Some(std::time::Instant::now() - FULL_SCAN_EVERY);
-        assert_eq!(h.start(), 0, "a full scan is due");
+        assert_eq!(h.peek(), 0, "a full scan is due");
+        assert_eq!(h.peek(), 0, "peeking does not use it up");
+        assert_eq!(h.start(), 0);
         assert_eq!(h.start(), 42);
     }
 

@@ -530,3 +530,25 @@ async fn the_subscriber_extends_the_lease_of_a_slow_handler(backend: Backend) ->
     sub.await??;
     Ok(())
 }
+
+/// PostgreSQL only (SQLite has one writer, so commits cannot overtake each other). A producer
+/// whose transaction commits after a later message was relayed (its `seq` is lower) is still
+/// delivered, also when nothing else happens afterwards.
+#[tokio::test]
+async fn a_message_committed_after_a_later_one_was_relayed_is_still_delivered() -> Result<()> {
+    let (_db, srv, pool) = setup_pg(&[]).await?;
+    let mut admin = srv.admin().await?;
+    create_consumer(&mut admin, consumer("c", &["t"])).await?;
+    let mut slow = pool.begin().await?;
+    let early = outbox_client::enqueue(&mut *slow, &Message::new("t", "Early", b"".to_vec())).await?;
+    let late = outbox_client::enqueue(&pool, &Message::new("t", "Late", b"".to_vec())).await?;
+    assert!(early.seq < late.seq);
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, late.message_id.to_string());
+    s.ack(&[&d.message_id]).await;
+    slow.commit().await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, early.message_id.to_string(), "the straggler is relayed too");
+    Ok(())
+}
