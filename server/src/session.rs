@@ -241,6 +241,13 @@ impl Session {
     {
         let mut drain_until: Option<tokio::time::Instant> = None;
         let mut last_fill = std::time::Instant::now();
+        // Whether pending deliveries may wait for this stream: set by a wake-up or a timer,
+        // cleared by a lease that found less than it asked for. Acks alone do not make work
+        // pending (except with an ordering key, whose ack wakes the consumer), so handling
+        // them costs no lease query.
+        let mut maybe_pending = true;
+        // When the consumer's next pending delivery falls due, as last read.
+        let mut store_due: Option<DateTime<Utc>> = None;
         let mut error_backoff = Duration::ZERO;
         loop {
             let now = self.ctx.clock.now();
@@ -261,6 +268,15 @@ impl Session {
                 self.write_acks(retry).await;
             }
             let mut sleep_for = self.ctx.poll_interval;
+            if let Some(due) = store_due {
+                match (due - now).to_std() {
+                    Ok(d) if !d.is_zero() => sleep_for = sleep_for.min(d),
+                    _ => {
+                        store_due = None;
+                        maybe_pending = true;
+                    }
+                }
+            }
 
             if drain_until.is_none() && !self.ctx.shutdown.is_cancelled() {
                 let max = self.start.max_in_flight as usize;
@@ -270,21 +286,29 @@ impl Session {
                 // fill up; an idle stream leases at once.
                 let batch = (max / 4).clamp(1, 64);
                 let waited = last_fill.elapsed();
-                if room > 0 && room < batch && !self.held.is_empty() && waited < FILL_DELAY {
+                if !maybe_pending || room == 0 {
+                    // Nothing to lease, or no room: a wake-up, a timer or a freed slot comes first.
+                } else if room < batch && !self.held.is_empty() && waited < FILL_DELAY {
                     sleep_for = sleep_for.min(FILL_DELAY - waited);
-                } else if room > 0 {
+                } else {
                     last_fill = std::time::Instant::now();
                     match self.fill(room, now, out).await {
                         Ok(Some(sent)) if sent == room => continue,
                         // Some, but less than asked: more arrives with a wake-up.
-                        Ok(Some(sent)) if sent > 0 => error_backoff = Duration::ZERO,
+                        Ok(Some(sent)) if sent > 0 => {
+                            error_backoff = Duration::ZERO;
+                            maybe_pending = false;
+                        }
                         Ok(Some(_)) => {
                             error_backoff = Duration::ZERO;
+                            maybe_pending = false;
                             match self.ctx.store.delivery_next_due(self.consumer()).await {
                                 Ok(Some(due)) => {
                                     let until_due = (due - now).to_std().unwrap_or(Duration::ZERO);
-                                    // Due already but not leasable: blocked by an ordering key.
+                                    // Due already but not leasable: blocked by an ordering key
+                                    // (its ack wakes us) or a paused consumer (resume does).
                                     if !until_due.is_zero() {
+                                        store_due = Some(due);
                                         sleep_for = sleep_for.min(until_due);
                                     }
                                 }
@@ -369,9 +393,9 @@ impl Session {
                         return End::Broken;
                     }
                 }
-                _ = wake.changed() => {}
+                _ = wake.changed() => maybe_pending = true,
                 _ = out.closed() => return End::Broken,
-                _ = tokio::time::sleep(sleep_for) => {}
+                _ = tokio::time::sleep(sleep_for) => maybe_pending = true,
             }
         }
     }
