@@ -35,12 +35,17 @@ const SCAN_BATCH: i64 = 5_000;
 /// of consumer names, or empty for "all".
 pub const WORK_CHANNEL: &str = "outbox_work";
 
+/// Connections of the relay's own pool (a relay loop and its helper).
+const RELAY_CONNECTIONS: u32 = 2;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// The PostgreSQL store. Cheap to clone (a pool handle).
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// For relay passes only: commits without waiting for the WAL flush (see `relay_batch`).
+    relay_pool: PgPool,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -257,13 +262,17 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
-        Ok(Self { pool })
+        let relay_pool = PgPoolOptions::new()
+            .max_connections(RELAY_CONNECTIONS)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options.options([("synchronous_commit", "off")]));
+        Ok(Self { pool, relay_pool })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self { relay_pool: pool.clone(), pool }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -285,6 +294,7 @@ impl Store for PgStore {
     }
 
     async fn close(&self) {
+        self.relay_pool.close().await;
         self.pool.close().await;
     }
 
@@ -335,6 +345,11 @@ impl Store for PgStore {
         push: &dyn PushTargets,
     ) -> Result<RelayOutcome> {
         let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
+        // On the relay's pool, which commits without waiting for the WAL flush: a pass lost in
+        // a database crash is derived state that the next pass redoes (its messages are
+        // unrelayed again, as the claim is lost with it), and any later durable commit, such
+        // as an ack of one of its deliveries, flushes it first. Producers' commits stay
+        // durable; so do acks and every admin change.
         let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(from_seq)
@@ -345,7 +360,7 @@ impl Store for PgStore {
             .bind(offers.iter().map(|o| o.session.as_str()).collect::<Vec<_>>())
             .bind(offers.iter().map(|o| i32::try_from(o.room).unwrap_or(i32::MAX)).collect::<Vec<_>>())
             .bind(offers.iter().map(|o| o.lease_until).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.relay_pool)
             .await?;
         let mut out = RelayOutcome::default();
         let mut used: HashMap<(String, String), usize> = HashMap::new();
