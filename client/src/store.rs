@@ -129,7 +129,8 @@ where
 /// (a quarter faster than calling `outbox.enqueue_message`, which does the same checks in
 /// PL/pgSQL for other languages; the table's CHECK constraints hold either way). On a duplicate
 /// `message_id` the no-op `DO UPDATE` returns the existing row, even one that a concurrent
-/// transaction committed after this statement began; `xmax` tells the two cases apart.
+/// transaction committed after this statement began; `xmax` tells the two cases apart. It sets
+/// a column no key covers, so the row lock it takes does not block foreign-key checks.
 async fn pg_enqueue<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> Result<Enqueued, ClientError>
 where
     E: Executor<'e, Database = Postgres> + 'e,
@@ -140,7 +141,7 @@ where
     let row = sqlx::query(
         "INSERT INTO outbox.messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
          VALUES ($1, $2, $3, $4, $5, nullif($6, ''), now(), now() + coalesce($7, 0) * interval '1 millisecond')
-         ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
+         ON CONFLICT (message_id) DO UPDATE SET type = outbox.messages.type
          RETURNING seq, xmax <> 0 AS is_duplicate",
     )
     .bind(id)

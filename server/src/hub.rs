@@ -2,12 +2,12 @@
 //! delivery sessions. A wake-up is a counter in a `watch` channel, so a waiter that was busy
 //! when it was signalled still sees the change: no wake-up is lost.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::store::{LeasedDelivery, PushOffer, PushTargets};
 
@@ -32,18 +32,25 @@ struct Entry {
 /// How many more deliveries a stream may be given: its `max_in_flight` less what it holds and
 /// what the relay has set aside for it. Shared by the stream's session and the relay, so that
 /// the two together never exceed the window.
-#[derive(Debug)]
-pub struct Credits(AtomicUsize);
+#[derive(Debug, Default)]
+pub struct Credits {
+    free: AtomicUsize,
+    /// The session has pending deliveries to lease: the relay leaves its room alone, so that
+    /// older pending work goes before newer pushes.
+    wants_pending: AtomicBool,
+    /// Signalled when the relay gives back room that such a session is waiting for.
+    returned: Notify,
+}
 
 impl Credits {
     pub fn new(n: usize) -> Self {
-        Self(AtomicUsize::new(n))
+        Self { free: AtomicUsize::new(n), ..Self::default() }
     }
 
     /// Takes up to `want`; returns how many were taken.
     pub fn take(&self, want: usize) -> usize {
         let mut taken = 0;
-        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
             taken = free.min(want);
             Some(free - taken)
         });
@@ -52,12 +59,30 @@ impl Credits {
 
     pub fn give(&self, n: usize) {
         if n > 0 {
-            self.0.fetch_add(n, Ordering::AcqRel);
+            self.free.fetch_add(n, Ordering::AcqRel);
         }
     }
 
     pub fn available(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.free.load(Ordering::Acquire)
+    }
+
+    /// What the session says about pending work (see `wants_pending`).
+    pub fn set_wants_pending(&self, wants: bool) {
+        self.wants_pending.store(wants, Ordering::Release);
+    }
+
+    /// Room given back by the relay, while the session wants to lease pending work.
+    pub async fn returned(&self) {
+        self.returned.notified().await;
+    }
+
+    /// The relay's side of giving back: wakes a session that waits for room.
+    fn give_back(&self, n: usize) {
+        self.give(n);
+        if n > 0 && self.wants_pending.load(Ordering::Acquire) {
+            self.returned.notify_one();
+        }
     }
 }
 
@@ -84,7 +109,7 @@ impl PushSlots {
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
         for ((consumer, session), n) in taken.drain() {
             if let Some(slot) = self.slot(&consumer, &session) {
-                slot.credits.give(n);
+                slot.credits.give_back(n);
             }
         }
     }
@@ -104,7 +129,7 @@ impl PushTargets for PushSlots {
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
         for (consumer, slots) in &self.slots {
-            for slot in slots {
+            for slot in slots.iter().filter(|s| !s.credits.wants_pending.load(Ordering::Acquire)) {
                 let room = slot.credits.take(max);
                 if room > 0 {
                     *taken.entry((consumer.clone(), slot.session.clone())).or_default() += room;
@@ -126,7 +151,7 @@ impl PushTargets for PushSlots {
         if let Some(t) = taken.get_mut(&(consumer.to_owned(), session.to_owned())) {
             let n = n.min(*t);
             *t -= n;
-            slot.credits.give(n);
+            slot.credits.give_back(n);
         }
     }
 }
@@ -298,7 +323,26 @@ mod tests {
         slots.offer(3, now);
         slots.give_back_all();
         assert_eq!(open.available(), 5, "a failed pass gives back what it took");
+        open.set_wants_pending(true);
+        assert!(hub.push_slots().offer(3, now).is_empty(), "a stream with pending work to lease is left alone");
+        open.set_wants_pending(false);
         drop(b);
         assert!(hub.push_slots().offer(3, now).is_empty(), "a withdrawn slot gets nothing");
+    }
+
+    #[tokio::test]
+    async fn room_given_back_wakes_a_stream_that_waits_to_lease_pending_work() {
+        let hub = Hub::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let credits = Arc::new(Credits::new(4));
+        let slot =
+            PushSlot { session: "s".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx };
+        let _g = hub.offer("c", slot);
+        let slots = hub.push_slots();
+        assert_eq!(slots.offer(10, Utc::now()).len(), 1, "the relay takes the room");
+        credits.set_wants_pending(true);
+        slots.give_back("c", "s", 4);
+        tokio::time::timeout(Duration::from_secs(5), credits.returned()).await.expect("woken by the give-back");
+        assert_eq!(credits.available(), 4);
     }
 }

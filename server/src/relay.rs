@@ -83,9 +83,14 @@ impl ScanHint {
         from
     }
 
-    /// After a pass that claimed up to `last_seq`.
-    fn claimed(&mut self, last_seq: Option<i64>) {
+    /// After a pass from `from` that claimed up to `last_seq`, a whole batch if `full`.
+    fn claimed(&mut self, from: i64, last_seq: Option<i64>, full: bool) {
         if let Some(last) = last_seq {
+            // A full batch entirely behind the hint: more late messages may wait there, so the
+            // next pass scans from the start again instead of in 200 ms.
+            if from < self.next_seq && full && last < self.next_seq {
+                self.last_full = None;
+            }
             self.next_seq = self.next_seq.max(last + 1 - SCAN_BEHIND).max(1);
         }
     }
@@ -122,7 +127,7 @@ impl Relay {
                 return Err(e);
             }
         };
-        self.hint().claimed(out.last_seq);
+        self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
         self.hand_over(&slots, &out.pushed).await;
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
@@ -146,7 +151,8 @@ impl Relay {
     }
 
     /// Sends each stream the deliveries leased to it at fan-out. A stream that ended meanwhile
-    /// gets its leases released (not counted as an attempt), for any stream to take.
+    /// gets its leases released at once, for any stream to take (their delivery count stays
+    /// at 1, so the next delivery says 2).
     async fn hand_over(&self, slots: &PushSlots, pushed: &[(String, String, LeasedDelivery)]) {
         let mut by_session: HashMap<(&str, &str), Vec<LeasedDelivery>> = HashMap::new();
         for (consumer, session, d) in pushed {
@@ -258,18 +264,25 @@ mod tests {
     fn passes_start_past_the_last_claim_and_from_the_start_now_and_then() {
         let mut h = ScanHint::default();
         assert_eq!(h.start(), 0, "the first pass scans from the start");
-        h.claimed(Some(41));
+        h.claimed(0, Some(41), false);
         assert_eq!(h.start(), 1, "never behind the start");
-        h.claimed(Some(SCAN_BEHIND + 41));
+        h.claimed(1, Some(SCAN_BEHIND + 41), false);
         assert_eq!(h.start(), 42, "a little behind the last claim");
-        h.claimed(None);
-        h.claimed(Some(7)); // another loop's older claim never moves the hint back
+        h.claimed(42, None, false);
+        h.claimed(42, Some(7), false); // another loop's older claim never moves the hint back
         assert_eq!(h.start(), 42);
         h.last_full = Some(std::time::Instant::now() - FULL_SCAN_EVERY);
         assert_eq!(h.peek(), 0, "a full scan is due");
         assert_eq!(h.peek(), 0, "peeking does not use it up");
         assert_eq!(h.start(), 0);
         assert_eq!(h.start(), 42);
+        // A full scan that comes back with a whole batch of late messages goes on at once.
+        h.last_full = None;
+        assert_eq!(h.start(), 0);
+        h.claimed(0, Some(30), true);
+        assert_eq!(h.start(), 0, "more late messages may wait: scan from the start again");
+        h.claimed(0, Some(3 * SCAN_BEHIND), true);
+        assert_eq!(h.start(), 2 * SCAN_BEHIND + 1, "caught up: back to the hint");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tonic::Status;
 
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
-use crate::hub::{Credits, Hub, PushSlot};
+use crate::hub::{Credits, Hub, PushGuard, PushSlot};
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
 use crate::{metrics, telemetry};
 
@@ -85,6 +85,8 @@ pub struct Session {
     /// Room for more deliveries, shared with the relay, which leases new ones straight to
     /// this stream (`pushed`) while there is room.
     credits: Arc<Credits>,
+    /// This stream's slot in the hub while it takes pushes.
+    push: Option<PushGuard>,
     pushed: mpsc::UnboundedReceiver<Vec<LeasedDelivery>>,
     push_tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
     /// When a retry this session scheduled falls due.
@@ -180,6 +182,7 @@ impl Session {
         Self {
             id: uuid::Uuid::new_v4().to_string(),
             credits: Arc::new(Credits::new(start.max_in_flight as usize)),
+            push: None,
             pushed,
             push_tx,
             ctx,
@@ -207,20 +210,24 @@ impl Session {
             credits: self.credits.clone(),
             tx: self.push_tx.clone(),
         };
-        let push = self.ctx.hub.offer(self.consumer().as_str(), slot);
+        self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
         let end = self.serve(&mut inbound, &out, &mut wake).await;
-        // No more pushes; what arrived unsent is held, so that it is released below.
-        drop(push);
+        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
+        let counts_as_failure = matches!(end, End::Broken);
+        if let Err(e) = self.release_all(counts_as_failure).await {
+            tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
+        }
+        // No more pushes. What arrived and was never sent is released uncounted: the consumer
+        // never saw it.
+        self.push = None;
         self.pushed.close();
         while let Ok(batch) = self.pushed.try_recv() {
             for d in &batch {
                 self.hold(d);
             }
         }
-        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
-        let counts_as_failure = matches!(end, End::Broken);
-        if let Err(e) = self.release_all(counts_as_failure).await {
+        if let Err(e) = self.release_all(false).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
         }
         match end {
@@ -293,12 +300,12 @@ impl Session {
                 } else {
                     last_fill = std::time::Instant::now();
                     match self.fill(room, now, out).await {
-                        Ok(Some(sent)) if sent == room => continue,
-                        // Some, but less than asked: more arrives with a wake-up.
-                        Ok(Some(sent)) if sent > 0 => {
-                            error_backoff = Duration::ZERO;
-                            maybe_pending = false;
-                        }
+                        // The relay took the room meanwhile: try again once it is back.
+                        Ok(Some((0, _))) => {}
+                        // As much as asked: there may be more.
+                        Ok(Some((taken, sent))) if sent == taken => continue,
+                        // Less than asked: nothing more is due now. Find out when the next is
+                        // (a retry's backoff, a delay); new work comes with a wake-up.
                         Ok(Some(_)) => {
                             error_backoff = Duration::ZERO;
                             maybe_pending = false;
@@ -334,6 +341,7 @@ impl Session {
                     Ok(d) if !d.is_zero() => sleep_for = sleep_for.min(d),
                     _ => {
                         self.next_due = None;
+                        maybe_pending = true;
                         sleep_for = Duration::ZERO;
                     }
                 }
@@ -345,11 +353,18 @@ impl Session {
                 return End::Shutdown;
             }
             let drain_deadline = drain_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            // With pending work to lease, the relay leaves this stream's room alone, and says so
+            // when it gives back room it had taken.
+            let waits_for_room = maybe_pending && drain_until.is_none();
+            self.credits.set_wants_pending(waits_for_room);
+            let credits = self.credits.clone();
 
             tokio::select! {
                 biased;
                 _ = self.ctx.shutdown.cancelled(), if drain_until.is_none() => {
                     drain_until = Some(tokio::time::Instant::now() + self.ctx.drain_timeout);
+                    // Draining: the relay sends nothing new here.
+                    self.push = None;
                 }
                 _ = tokio::time::sleep_until(drain_deadline), if drain_until.is_some() => return End::Shutdown,
                 req = inbound.next() => match req {
@@ -394,18 +409,25 @@ impl Session {
                     }
                 }
                 _ = wake.changed() => maybe_pending = true,
+                _ = credits.returned(), if waits_for_room => {}
                 _ = out.closed() => return End::Broken,
                 _ = tokio::time::sleep(sleep_for) => maybe_pending = true,
             }
         }
     }
 
-    /// Leases up to `room` deliveries and sends them; `None` when the client is gone.
-    async fn fill(&mut self, room: usize, now: DateTime<Utc>, out: &Outbound) -> Result<Option<usize>, StoreError> {
+    /// Leases up to `room` deliveries (as much of it as is still free) and sends them: `(room
+    /// taken, deliveries leased)`, or `None` when the client is gone.
+    async fn fill(
+        &mut self,
+        room: usize,
+        now: DateTime<Utc>,
+        out: &Outbound,
+    ) -> Result<Option<(usize, usize)>, StoreError> {
         let until = clock::add(now, self.start.ack_deadline);
         let room = self.credits.take(room);
         if room == 0 {
-            return Ok(Some(0));
+            return Ok(Some((0, 0)));
         }
         let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await;
         let n = leased.as_ref().map_or(0, Vec::len);
@@ -415,7 +437,7 @@ impl Session {
         for d in &leased {
             self.hold(d);
         }
-        Ok(self.send_all(leased, now, out).await.then_some(n))
+        Ok(self.send_all(leased, now, out).await.then_some((room, n)))
     }
 
     /// Holds a delivery leased to this stream (its room is already taken).

@@ -217,7 +217,14 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
         let peer = request.remote_addr();
         let plan = replay_plan(request.into_inner())?;
-        let out = self.replayer.run(&plan, peer, None).await.map_err(store_status)?;
+        // Its own task: a caller that gives up (a deadline) does not cut the replay short
+        // between two batches, and the audit line is written.
+        let replayer = self.replayer.clone();
+        let task_plan = plan.clone();
+        let out = tokio::spawn(async move { replayer.run(&task_plan, peer, None).await })
+            .await
+            .map_err(|e| Status::internal(format!("replay task: {e}")))?
+            .map_err(store_status)?;
         Ok(Response::new(pb::ReplayResponse {
             replayed: (if plan.dry_run { out.selected } else { out.replayed }) as i64,
             dry_run: plan.dry_run,
