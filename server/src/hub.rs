@@ -114,10 +114,6 @@ impl PushSlots {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     /// The slot of `session`, to send it what was leased to it.
     pub fn slot(&self, consumer: &str, session: &str) -> Option<&PushSlot> {
         self.slots.get(consumer)?.iter().find(|s| s.session == session)

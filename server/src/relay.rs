@@ -120,7 +120,7 @@ impl Relay {
         let slots = self.hub.push_slots();
         let from = self.hint().start();
         let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
-        let out = match self.store.relay_batch(batch, from, now, notify, &slots).await {
+        let mut out = match self.store.relay_batch(batch, from, now, notify, &slots).await {
             Ok(out) => out,
             Err(e) => {
                 slots.give_back_all();
@@ -128,7 +128,7 @@ impl Relay {
             }
         };
         self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
-        self.hand_over(&slots, &out.pushed).await;
+        self.hand_over(&slots, std::mem::take(&mut out.pushed)).await;
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
         }
@@ -153,12 +153,13 @@ impl Relay {
     /// Sends each stream the deliveries leased to it at fan-out. A stream that ended meanwhile
     /// gets its leases released at once, for any stream to take (their delivery count stays
     /// at 1, so the next delivery says 2).
-    async fn hand_over(&self, slots: &PushSlots, pushed: &[(String, String, LeasedDelivery)]) {
-        let mut by_session: HashMap<(&str, &str), Vec<LeasedDelivery>> = HashMap::new();
+    async fn hand_over(&self, slots: &PushSlots, pushed: Vec<(String, String, LeasedDelivery)>) {
+        let mut by_session: HashMap<(String, String), Vec<LeasedDelivery>> = HashMap::new();
         for (consumer, session, d) in pushed {
-            by_session.entry((consumer.as_str(), session.as_str())).or_default().push(d.clone());
+            by_session.entry((consumer, session)).or_default().push(d);
         }
         for ((consumer, session), batch) in by_session {
+            let (consumer, session) = (consumer.as_str(), session.as_str());
             let Some(slot) = slots.slot(consumer, session) else { continue };
             if let Err(unsent) = slot.tx.send(batch) {
                 let now = self.clock.now();

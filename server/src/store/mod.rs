@@ -292,7 +292,8 @@ pub struct RelayOutcome {
     pub consumers: Vec<String>,
     /// `(message_id, traceparent)` of the relayed messages that carry a trace context.
     pub traced: Vec<(String, String)>,
-    /// Deliveries leased at fan-out to a stream of this process: `(consumer, session, delivery)`.
+    /// Deliveries leased at fan-out to a stream of this process: `(consumer, session, delivery)`
+    /// (the relay takes them out to hand them over).
     pub pushed: Vec<(String, String, LeasedDelivery)>,
 }
 
