@@ -25,7 +25,7 @@ use tonic::Status;
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, DeliveryState, MessageId};
 use crate::hub::{Credits, Hub, PushGuard, PushSlot};
-use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError};
+use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
 /// Expired leases a session remembers for late acks.
@@ -91,6 +91,8 @@ pub struct Session {
     push_tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
     /// When a retry this session scheduled falls due.
     next_due: Option<DateTime<Utc>>,
+    /// The ordering key the next lease starts after, so that every key gets its turn.
+    key_cursor: String,
     /// Leases that expired while this stream held them: a late ack of one is still applied.
     expired: HashMap<MessageId, Held>,
     /// Acks whose write failed; retried on the next pass.
@@ -189,6 +191,7 @@ impl Session {
             start,
             held: HashMap::new(),
             next_due: None,
+            key_cursor: String::new(),
             expired: HashMap::new(),
             unwritten_acks: Vec::new(),
         }
@@ -429,10 +432,15 @@ impl Session {
         if room == 0 {
             return Ok(Some((0, 0)));
         }
-        let leased = self.ctx.store.delivery_lease_batch(self.consumer(), &self.id, room as i64, until, now).await;
+        let leased = self
+            .ctx
+            .store
+            .delivery_lease_batch(self.consumer(), &self.id, room as i64, &self.key_cursor, until, now)
+            .await;
         let n = leased.as_ref().map_or(0, Vec::len);
         self.credits.give(room - n);
         let leased = leased?;
+        self.key_cursor = next_key_cursor(&self.key_cursor, &leased);
         // Held before anything is sent, so that whatever happens next releases all of them.
         for d in &leased {
             self.hold(d);

@@ -70,13 +70,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn consumer_delete(&self, name: &ConsumerName) -> Result<()>;
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer>;
 
-    /// Leases up to `limit` due deliveries in `seq` order to `session`, honouring ordering keys
-    /// and pausing; each lease increments `delivery_count`.
+    /// Leases up to `limit` due deliveries to `session`, returned in `seq` order, honouring
+    /// ordering keys and pausing; each lease increments `delivery_count`. Unkeyed deliveries go
+    /// in due order; ordering keys are visited from the first key after `keys_after` (byte
+    /// order, wrapping around; "" = from the first), so that a session that passes the key
+    /// cursor of its last lease ([`next_key_cursor`]) serves every key in turn. The cost
+    /// follows what the lease returns, not the backlog behind it.
     async fn delivery_lease_batch(
         &self,
         consumer: &ConsumerName,
         session: &str,
         limit: i64,
+        keys_after: &str,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>>;
@@ -383,4 +388,13 @@ pub struct ReplayCandidate {
 pub struct Pruned {
     pub messages: i64,
     pub deliveries: i64,
+}
+
+/// Where the next lease of a session should start visiting ordering keys: after the last key
+/// this lease took, in the lease's visiting order (keys after `keys_after` first, then the
+/// wrapped-around ones). Unchanged when the lease took no keyed delivery.
+pub fn next_key_cursor(keys_after: &str, leased: &[LeasedDelivery]) -> String {
+    let keys = leased.iter().filter_map(|d| d.message.ordering_key.as_deref());
+    let wrapped = keys.clone().filter(|k| *k <= keys_after).max();
+    wrapped.or_else(|| keys.max()).unwrap_or(keys_after).to_owned()
 }

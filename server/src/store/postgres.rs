@@ -1,6 +1,7 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -39,6 +40,116 @@ pub const WORK_CHANNEL: &str = "outbox_work";
 const RELAY_CONNECTIONS: u32 = 2;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The heads of a consumer's ordering keys (the lowest unfinished seq of each key), visited key
+/// by key through `deliveries_key_heads`: one index probe per key, never the messages queued
+/// behind a head. `after_heads` takes the keys after the session's key cursor, then
+/// `before_heads` wraps around to the rest, so that a lease starts where the last one stopped
+/// and no key waits behind keys that sort before it.
+const KEY_HEADS_CTE: &str = r#"
+    after_heads(k, seq, message_id, state, available_at) AS (
+        (SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
+           FROM outbox.deliveries d
+          WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+            AND d.ordering_key COLLATE "C" > {after}
+          ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM after_heads h CROSS JOIN LATERAL (
+            SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
+              FROM outbox.deliveries d
+             WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+               AND d.ordering_key COLLATE "C" > h.k
+             ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1) n
+    ),
+    before_heads(k, seq, message_id, state, available_at) AS (
+        (SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
+           FROM outbox.deliveries d
+          WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+            AND d.ordering_key COLLATE "C" <= {after}
+          ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM before_heads h CROSS JOIN LATERAL (
+            SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
+              FROM outbox.deliveries d
+             WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+               AND d.ordering_key COLLATE "C" > h.k AND d.ordering_key COLLATE "C" <= {after}
+             ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1) n
+    )"#;
+
+/// One lease, in one statement whose cost follows what it returns, not the backlog
+/// (ADR 0016): unkeyed due deliveries in due order from `deliveries_due_unkeyed`, stopped after
+/// `$3`; the heads of ordering keys (see [`KEY_HEADS_CTE`]) that are pending, due, have nothing
+/// of their key in flight and no earlier message of their key still unrelayed (another
+/// replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
+/// locked (skipping rows other sessions hold) and leased.
+pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH RECURSIVE {}{}",
+        KEY_HEADS_CTE.replace("{after}", "$6"),
+        r#",
+    ready_heads AS (
+        SELECT h.message_id FROM (SELECT * FROM after_heads UNION ALL SELECT * FROM before_heads) h
+         WHERE h.state = 'pending' AND h.available_at <= $2
+           -- Scalar subqueries, not EXISTS: PostgreSQL never turns them into a join that reads
+           -- every row of the other side; each is one probe per head.
+           AND (SELECT 1 FROM outbox.deliveries l
+                 WHERE l.consumer = $1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
+                   AND l.ordering_key COLLATE "C" = h.k
+                 LIMIT 1) IS NULL
+           AND (SELECT 1 FROM outbox.messages u
+                 WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
+                   AND u.ordering_key = h.k COLLATE "default" AND u.seq < h.seq
+                 ORDER BY u.ordering_key, u.seq
+                 LIMIT 1) IS NULL
+         LIMIT $3
+    ),
+    unkeyed AS (
+        SELECT d.message_id FROM outbox.deliveries d
+         WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL AND d.available_at <= $2
+         ORDER BY d.available_at, d.seq
+         LIMIT $3
+    ),
+    cand AS (
+        -- An array of at most 2 x $3 ids, looked up by primary key: never a join or a state
+        -- predicate that the planner could answer with a scan of the consumer's pending
+        -- deliveries. The state is checked by the UPDATE, on the row version it locked.
+        SELECT d.message_id FROM outbox.deliveries d
+         WHERE d.consumer = $1
+           AND d.message_id = ANY (ARRAY(SELECT message_id FROM unkeyed UNION ALL SELECT message_id FROM ready_heads))
+           AND EXISTS (SELECT 1 FROM outbox.consumers p WHERE p.name = $1 AND NOT p.paused)
+         ORDER BY d.seq
+         LIMIT $3
+         FOR UPDATE OF d SKIP LOCKED
+    )
+    UPDATE outbox.deliveries d
+       SET state = 'leased', delivery_count = d.delivery_count + 1,
+           lease_expires_at = $4, leased_by = $5, updated_at = $2
+      FROM cand, outbox.messages m
+     WHERE d.consumer = $1 AND d.message_id = cand.message_id
+       -- "pending", written so that it does not match deliveries_pending's predicate: the
+       -- planner must find these rows by primary key, not by scanning every pending one.
+       AND d.state NOT IN ('leased', 'acked', 'dead')
+       AND m.message_id = d.message_id
+    RETURNING m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+              m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count"#
+    )
+});
+
+/// When the consumer's next pending delivery falls due: the first unkeyed one in due order, or
+/// the earliest pending key head (one probe per key). `present` is false once it is deleted.
+static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH RECURSIVE {}{}",
+        KEY_HEADS_CTE.replace("{after}", "''"),
+        "
+    SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
+           LEAST(
+               (SELECT d.available_at FROM outbox.deliveries d
+                 WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL
+                 ORDER BY d.available_at, d.seq LIMIT 1),
+               (SELECT min(h.available_at) FROM after_heads h WHERE h.state = 'pending')) AS due"
+    )
+});
 
 /// The PostgreSQL store. Cheap to clone (a pool handle).
 #[derive(Debug, Clone)]
@@ -507,51 +618,26 @@ impl Store for PgStore {
         consumer_from_row(&row)
     }
 
-    /// Leases up to `limit` due deliveries of one consumer to a delivery session, in `seq`
-    /// order. A delivery whose ordering key has an earlier unfinished (pending or leased)
-    /// delivery, or a leased one, waits. Nothing is leased while the consumer is paused.
+    /// Leases up to `limit` due deliveries of one consumer to a delivery session (see
+    /// [`LEASE_SQL`]). Nothing is leased while the consumer is paused.
     async fn delivery_lease_batch(
         &self,
         consumer: &ConsumerName,
         session: &str,
         limit: i64,
+        keys_after: &str,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>> {
-        let rows = sqlx::query(
-            "WITH cand AS (
-                SELECT d.message_id FROM outbox.deliveries d
-                 WHERE d.consumer = $1 AND d.state = 'pending' AND d.available_at <= $2
-                   AND EXISTS (SELECT 1 FROM outbox.consumers c WHERE c.name = $1 AND NOT c.paused)
-                   AND (d.ordering_key IS NULL OR (
-                        NOT EXISTS (
-                            SELECT 1 FROM outbox.deliveries o
-                             WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
-                               AND o.state IN ('pending', 'leased')
-                               AND (o.seq < d.seq OR o.state = 'leased'))
-                        -- An earlier message with the key that no relay has committed yet (another
-                        -- replica's relay pass may still be in flight) must come first.
-                        AND NOT EXISTS (
-                            SELECT 1 FROM outbox.messages u
-                             WHERE u.relayed_at IS NULL AND u.ordering_key = d.ordering_key AND u.seq < d.seq)))
-                 ORDER BY d.seq
-                 LIMIT $3
-                 FOR UPDATE OF d SKIP LOCKED)
-             UPDATE outbox.deliveries d
-                SET state = 'leased', delivery_count = d.delivery_count + 1,
-                    lease_expires_at = $4, leased_by = $5, updated_at = $2
-               FROM cand, outbox.messages m
-              WHERE d.consumer = $1 AND d.message_id = cand.message_id AND m.message_id = d.message_id
-             RETURNING m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-                       m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count",
-        )
-        .bind(consumer.as_str())
-        .bind(now)
-        .bind(limit)
-        .bind(lease_until)
-        .bind(session)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(LEASE_SQL.as_str())
+            .bind(consumer.as_str())
+            .bind(now)
+            .bind(limit)
+            .bind(lease_until)
+            .bind(session)
+            .bind(keys_after)
+            .fetch_all(&self.pool)
+            .await?;
         let mut out = rows
             .iter()
             .map(|row| {
@@ -691,13 +777,7 @@ impl Store for PgStore {
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then;
     /// `ConsumerNotFound` once the consumer has been deleted.
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
-        let row = sqlx::query(
-            "SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
-                    (SELECT min(available_at) FROM outbox.deliveries WHERE consumer = $1 AND state = 'pending') AS due",
-        )
-        .bind(consumer.as_str())
-        .fetch_one(&self.pool)
-        .await?;
+        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer.as_str()).fetch_one(&self.pool).await?;
         if !row.try_get::<bool, _>("present")? {
             return Err(StoreError::ConsumerNotFound(consumer.to_string()));
         }

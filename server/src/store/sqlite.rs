@@ -31,7 +31,7 @@ use super::{
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
 /// How often the watcher looks for commits made by other processes.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
@@ -536,28 +536,30 @@ impl Store for SqliteStore {
         consumer: &ConsumerName,
         session: &str,
         limit: i64,
+        keys_after: &str,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>> {
         let mut tx = self.begin().await?;
+        let heads = ready_key_heads(&mut tx, consumer, keys_after, limit, now).await?;
+        // Unkeyed due deliveries in due order from their own index, stopped after `limit`, and
+        // the ready key heads: of both, the `limit` lowest seqs.
         let leased = sqlx::query(
             "UPDATE outbox_deliveries
                 SET state = 'leased', delivery_count = delivery_count + 1,
                     lease_expires_at = ?4, leased_by = ?5, updated_at = ?2
               WHERE consumer = ?1 AND message_id IN (
-                SELECT d.message_id FROM outbox_deliveries d
-                 WHERE d.consumer = ?1 AND d.state = 'pending' AND d.available_at <= ?2
-                   AND EXISTS (SELECT 1 FROM outbox_consumers c WHERE c.name = ?1 AND c.paused = 0)
-                   AND (d.ordering_key IS NULL OR (
-                        NOT EXISTS (
-                            SELECT 1 FROM outbox_deliveries o
-                             WHERE o.consumer = d.consumer AND o.ordering_key = d.ordering_key
-                               AND o.state IN ('pending', 'leased')
-                               AND (o.seq < d.seq OR o.state = 'leased'))
-                        AND NOT EXISTS (
-                            SELECT 1 FROM outbox_messages u
-                             WHERE u.relayed_at IS NULL AND u.ordering_key = d.ordering_key AND u.seq < d.seq)))
-                 ORDER BY d.seq LIMIT ?3)
+                SELECT c.message_id FROM (
+                    SELECT u.message_id, u.seq FROM (
+                        SELECT d.message_id, d.seq FROM outbox_deliveries d INDEXED BY outbox_deliveries_due_unkeyed
+                         WHERE d.consumer = ?1 AND d.state = 'pending' AND d.ordering_key IS NULL
+                           AND d.available_at <= ?2
+                         ORDER BY d.available_at, d.seq LIMIT ?3) u
+                    UNION ALL
+                    SELECT d.message_id, d.seq FROM outbox_deliveries d
+                     WHERE d.consumer = ?1 AND d.message_id IN (SELECT value FROM json_each(?6))) c
+                 WHERE EXISTS (SELECT 1 FROM outbox_consumers p WHERE p.name = ?1 AND p.paused = 0)
+                 ORDER BY c.seq LIMIT ?3)
              RETURNING message_id, delivery_count",
         )
         .bind(consumer.as_str())
@@ -565,6 +567,7 @@ impl Store for SqliteStore {
         .bind(limit)
         .bind(us(lease_until))
         .bind(session)
+        .bind(serde_json::Value::Array(heads.into_iter().map(|id| json!(id)).collect()).to_string())
         .fetch_all(&mut *tx)
         .await?;
         if leased.is_empty() {
@@ -929,4 +932,69 @@ impl Store for SqliteStore {
             }
         }
     }
+}
+
+/// The message ids of up to `limit` ready heads of a consumer's ordering keys, visiting keys in
+/// byte order from the first after `keys_after` and wrapping around. A head (the lowest
+/// unfinished seq of its key) is ready when it is pending and due, nothing of its key is in
+/// flight and no earlier message of its key is still unrelayed. One index probe per key visited:
+/// the messages blocked behind a head are never read. Statements on the caller's (write)
+/// transaction; each is a few microseconds in process.
+async fn ready_key_heads(
+    conn: &mut SqliteConnection,
+    consumer: &ConsumerName,
+    keys_after: &str,
+    limit: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>> {
+    let mut ready = Vec::new();
+    let limit = usize::try_from(limit).unwrap_or(0);
+    // (lower bound exclusive, upper bound inclusive): the keys after the cursor, then the rest.
+    for upper in [None, Some(keys_after)] {
+        let mut after: Option<String> = if upper.is_none() { Some(keys_after.to_owned()) } else { None };
+        while ready.len() < limit {
+            // One statement per bound shape, so that each is an index range (an `OR` is not).
+            let bounds = match (&after, upper) {
+                (Some(_), None) => "d.ordering_key > ?2",
+                (None, Some(_)) => "d.ordering_key <= ?3",
+                _ => "d.ordering_key > ?2 AND d.ordering_key <= ?3",
+            };
+            let sql = format!(
+                "SELECT d.ordering_key, d.seq, d.message_id, d.state = 'pending' AND d.available_at <= ?4 AS due
+                   FROM outbox_deliveries d INDEXED BY outbox_deliveries_ordering
+                  WHERE d.consumer = ?1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+                    AND {bounds}
+                  ORDER BY d.ordering_key, d.seq LIMIT 1"
+            );
+            let head = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(consumer.as_str())
+                .bind(after.as_deref())
+                .bind(upper)
+                .bind(us(now))
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(head) = head else { break };
+            let key: String = head.try_get("ordering_key")?;
+            if head.try_get::<bool, _>("due")? {
+                let blocked: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM outbox_deliveries l INDEXED BY outbox_deliveries_keyed_leased
+                                     WHERE l.consumer = ?1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
+                                       AND l.ordering_key = ?2)
+                         OR EXISTS (SELECT 1 FROM outbox_messages u
+                                     WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
+                                       AND u.ordering_key = ?2 AND u.seq < ?3)",
+                )
+                .bind(consumer.as_str())
+                .bind(&key)
+                .bind(head.try_get::<i64, _>("seq")?)
+                .fetch_one(&mut *conn)
+                .await?;
+                if !blocked {
+                    ready.push(head.try_get("message_id")?);
+                }
+            }
+            after = Some(key);
+        }
+    }
+    Ok(ready)
 }

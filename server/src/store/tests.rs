@@ -10,6 +10,7 @@ use chrono::{SubsecRound, Utc};
 
 use super::*;
 use crate::clock::{Clock, ManualClock, SharedClock};
+use crate::domain::DeliveryState;
 use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
 use crate::hub::Hub;
 use crate::pruner::Pruner;
@@ -64,6 +65,7 @@ on_every_store!(
     expired_leases_back_off_then_die_at_max_deliveries,
     a_release_never_undoes_an_ack_or_another_sessions_lease,
     the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
+    leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
 );
 
 fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
@@ -134,8 +136,10 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
 
     for attempt in 1..=3u32 {
         let now = clock.now();
-        let leased =
-            store.delivery_lease_batch(&c.name, "s", 10, crate::clock::add(now, c.ack_deadline), now).await.unwrap();
+        let leased = store
+            .delivery_lease_batch(&c.name, "s", 10, "", crate::clock::add(now, c.ack_deadline), now)
+            .await
+            .unwrap();
         assert_eq!(leased.len(), 1, "attempt {attempt} leases the message");
         assert_eq!(leased[0].delivery_count, attempt);
         assert_eq!(sweeper.run_once().await.unwrap(), 0, "not expired yet");
@@ -147,7 +151,7 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
             let wait = rows[0].available_at - clock.now();
             assert_eq!(wait.to_std().unwrap(), c.backoff.delay(attempt), "backoff after attempt {attempt}");
             assert!(
-                store.delivery_lease_batch(&c.name, "s", 10, clock.now(), clock.now()).await.unwrap().is_empty(),
+                store.delivery_lease_batch(&c.name, "s", 10, "", clock.now(), clock.now()).await.unwrap().is_empty(),
                 "not due during backoff"
             );
             clock.advance(c.backoff.delay(attempt));
@@ -168,8 +172,8 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
     let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
     store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
-    assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, later, now).await.unwrap().len(), 1);
-    assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, later, now).await.unwrap().len(), 1);
+    assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, "", later, now).await.unwrap().len(), 1);
+    assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, "", later, now).await.unwrap().len(), 1);
     assert_eq!(store.delivery_ack_many(&c.name, &[a], now).await.unwrap(), 1);
     assert_eq!(store.delivery_ack_many(&c.name, &[a], now).await.unwrap(), 0, "ack is idempotent");
     let release = |id| Release {
@@ -247,14 +251,14 @@ async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_h
         "only the second is claimable"
     );
     let later = crate::clock::add(now, Duration::from_secs(30));
-    assert!(store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap().is_empty(), "second waits");
+    assert!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().is_empty(), "second waits");
 
     other.rollback().await.unwrap();
     store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
-    let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
+    let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [first]);
     store.delivery_ack_many(&c.name, &[first], now).await.unwrap();
-    let leased = store.delivery_lease_batch(&c.name, "s", 10, later, now).await.unwrap();
+    let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [second]);
 }
 
@@ -321,4 +325,270 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
     let of = |n: &str| s.consumers.iter().find(|c| c.consumer == n).unwrap().clone();
     assert_eq!((of("c").in_flight, of("c").backlog), (2, 2));
     assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 4));
+}
+
+/// Keys late in byte order are not starved by keys before them: with the key cursor, ten
+/// keys of three messages each (written key by key, so the lowest seqs all belong to the first
+/// keys) are each served once before any is served twice; a key's messages go one at a time,
+/// in seq order; a key with one message in flight yields nothing more until it is acked.
+async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    let mut seqs_of: std::collections::HashMap<String, Vec<i64>> = Default::default();
+    for k in 0..10 {
+        for _ in 0..3 {
+            let key = format!("key-{k}");
+            let e =
+                store.message_insert(&NewMessage { ordering_key: Some(key.clone()), ..msg("t") }, now).await.unwrap();
+            seqs_of.entry(key).or_default().push(e.seq);
+        }
+    }
+    store.relay_batch(100, 0, now, false, &NoPush).await.unwrap();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+
+    let mut cursor = String::new();
+    let mut served: Vec<String> = Vec::new();
+    let mut next_seq: std::collections::HashMap<String, usize> = Default::default();
+    for round in 0..15 {
+        let leased = store.delivery_lease_batch(&c.name, "s", 2, &cursor, later, now).await.unwrap();
+        assert_eq!(leased.len(), 2, "round {round}: two ready keys");
+        let keys: Vec<String> = leased.iter().map(|d| d.message.ordering_key.clone().unwrap()).collect();
+        assert_ne!(keys[0], keys[1], "round {round}: one message of a key at a time");
+        for d in &leased {
+            let key = d.message.ordering_key.clone().unwrap();
+            let i = next_seq.entry(key.clone()).or_default();
+            assert_eq!(d.message.seq, seqs_of[&key][*i], "key {key}: in seq order");
+            *i += 1;
+        }
+        // While in flight, those two keys have nothing more to give.
+        let more = store.delivery_lease_batch(&c.name, "s", 30, "", later, now).await.unwrap();
+        assert!(more.iter().all(|d| !keys.contains(d.message.ordering_key.as_ref().unwrap())), "round {round}");
+        let mut ids: Vec<MessageId> = leased.iter().map(|d| d.message.message_id).collect();
+        ids.extend(more.iter().map(|d| d.message.message_id));
+        store
+            .delivery_release_many(
+                &more
+                    .iter()
+                    .map(|d| Release {
+                        consumer: c.name.clone(),
+                        message_id: d.message.message_id,
+                        state: DeliveryState::Pending,
+                        available_at: now,
+                        error: None,
+                    })
+                    .collect::<Vec<_>>(),
+                ReleaseGuard::Session("s"),
+                now,
+            )
+            .await
+            .unwrap();
+        store.delivery_ack_many(&c.name, &ids[..2], now).await.unwrap();
+        cursor = next_key_cursor(&cursor, &leased);
+        served.extend(keys);
+    }
+    for (i, window) in served.chunks(10).enumerate() {
+        let distinct: std::collections::HashSet<_> = window.iter().collect();
+        assert_eq!(distinct.len(), 10, "pass {i} over the keys serves each key once: {window:?}");
+    }
+    assert!(store.delivery_lease_batch(&c.name, "s", 10, &cursor, later, now).await.unwrap().is_empty());
+}
+
+/// Builds, with plain SQL, `depth` messages for each of 49 ordering keys and as many unkeyed
+/// ones, all relayed to consumer `name` and pending (a consumer that was away).
+async fn deep_backlog(pool: &sqlx::PgPool, name: &str, depth: i64) {
+    sqlx::query(
+        "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
+         VALUES ($1, '{t}', 5, 1000, 10000, 30000, 'earliest')",
+    )
+    .bind(name)
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(
+        "WITH m AS (
+            INSERT INTO outbox.messages (message_id, topic, type, payload, ordering_key, relayed_at)
+            SELECT gen_random_uuid(), 't', 'T', '\\x00', CASE WHEN g % 2 = 0 THEN 'key-' || (g / 2 % 49) END, now()
+              FROM generate_series(1, $2 * 98) g
+            RETURNING message_id, seq, ordering_key)
+         INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+         SELECT message_id, $1, seq, ordering_key, 'pending', now() - interval '1 minute', now(), now() FROM m",
+    )
+    .bind(name)
+    .bind(depth)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// Shared buffers one lease of 64 touches (hits and reads, from `EXPLAIN (ANALYZE, BUFFERS)`),
+/// with the plan PostgreSQL caches for a prepared statement (`generic`) or a fresh one. Rolled
+/// back: the backlog stays as it is.
+async fn lease_buffers(pool: &sqlx::PgPool, consumer: &str, generic: bool) -> (i64, i64) {
+    let mut tx = pool.begin().await.unwrap();
+    let mode = if generic { "force_generic_plan" } else { "force_custom_plan" };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL plan_cache_mode = {mode};
+         PREPARE lease(text, timestamptz, bigint, timestamptz, text, text) AS {}",
+        super::postgres::LEASE_SQL.as_str()
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+         EXECUTE lease('{consumer}', now(), 64, now() + interval '30 seconds', 's', '')"
+    )))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::raw_sql("DEALLOCATE lease").execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    if std::env::var("LEASE_PLAN_DUMP").is_ok() {
+        std::fs::write(format!("/tmp/plan-{consumer}-{generic}.json"), serde_json::to_string_pretty(&plan).unwrap())
+            .unwrap();
+    }
+    let top = &plan[0]["Plan"];
+    let buffers = top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
+    (buffers, top["Actual Rows"].as_i64().unwrap())
+}
+
+/// The stall: a consumer that comes back to a deep backlog, a third of it under a few ordering
+/// keys, must drain it at a rate that does not depend on its depth. One lease of 64 touches about
+/// the same number of buffers behind a backlog of 4,900 deliveries as behind one of 196,000,
+/// with statistics taken while the tables were empty (the migrations analyse them), and again
+/// with fresh statistics, with the generic plan a prepared statement caches and a custom one.
+#[tokio::test]
+async fn a_lease_costs_what_it_returns_not_the_backlog_behind_it() {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    deep_backlog(&pool, "shallow", 50).await;
+    deep_backlog(&pool, "deep", 2_000).await;
+    // And a relay that is behind: 20,000 keyed messages of other keys not relayed yet.
+    sqlx::query(
+        "INSERT INTO outbox.messages (message_id, topic, type, payload, ordering_key)
+         SELECT gen_random_uuid(), 'u', 'T', '\\x00', 'other-' || (g % 500) FROM generate_series(1, 20000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The same holds whether the shared connection's cache has seen the statement or not.
+    for analysed in [false, true] {
+        if analysed {
+            sqlx::query("ANALYZE outbox.messages, outbox.deliveries").execute(&pool).await.unwrap();
+        }
+        for generic in [true, false] {
+            let (shallow, rows) = lease_buffers(&pool, "shallow", generic).await;
+            assert_eq!(rows, 64, "a full batch");
+            let (deep, rows) = lease_buffers(&pool, "deep", generic).await;
+            assert_eq!(rows, 64, "a full batch");
+            let case = format!("analysed {analysed}, generic plan {generic}: {shallow} buffers shallow, {deep} deep");
+            // 64 rows leased (heap, indexes) plus one probe per key: a few thousand at most.
+            assert!(deep <= 3_000, "{case}");
+            assert!(deep <= shallow * 3 / 2 + 100, "does not grow with the backlog: {case}");
+        }
+    }
+    // Through the store too: 64 leased, one per key at most, the unkeyed ones in seq order.
+    let now = Utc::now();
+    let leased = store
+        .delivery_lease_batch(
+            &ConsumerName::parse("c", "deep").unwrap(),
+            "s",
+            64,
+            "",
+            crate::clock::add(now, Duration::from_secs(30)),
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 64);
+    let keys: Vec<_> = leased.iter().filter_map(|d| d.message.ordering_key.clone()).collect();
+    assert_eq!(keys.len(), keys.iter().collect::<std::collections::HashSet<_>>().len(), "one per key");
+    assert!(leased.windows(2).all(|w| w[0].message.seq < w[1].message.seq));
+}
+
+/// A producer on the system's SQLite (Python's `sqlite3` module links it; 3.40 on Debian 12,
+/// where `unixepoch('subsec')` is NULL) writes the README's documented INSERT into a file that
+/// an older outboxd schema created and this one migrated: the row gets its defaults and is
+/// delivered. The migration keeps every message and delivery, and the seq counter: a pruned
+/// highest seq is not handed out again.
+#[tokio::test]
+async fn the_documented_sqlite_insert_works_on_the_system_library_after_migrating_an_old_file() {
+    let db = TestSqlite::create().unwrap();
+    let path = db.url.trim_start_matches("sqlite://").to_owned();
+    {
+        // The schema as it was before the portable defaults.
+        let old = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(
+                super::sqlite::MIGRATOR.migrations.iter().filter(|m| m.version <= 2).cloned().collect(),
+            ),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        let pool = sqlx::SqlitePool::connect(&format!("{}?mode=rwc", db.url)).await.unwrap();
+        old.run(&pool).await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from, created_at)
+             VALUES ('c', '[\"orders.>\"]', 5, 1000, 10000, 30000, 'earliest', 0);
+             INSERT INTO outbox_messages (topic, type, payload, enqueued_at, relayed_at) VALUES
+                 ('orders.created', 'T', x'01', 1, 1), ('orders.created', 'T', x'02', 2, 2), ('orders.created', 'T', x'03', 3, NULL);
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, available_at, created_at, updated_at)
+             SELECT message_id, 'c', seq, 'acked', 1, 1, 1 FROM outbox_messages WHERE seq = 1;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at)
+             SELECT message_id, 'c', seq, 'pending', 2, 2, 2, 2 FROM outbox_messages WHERE seq = 2;
+             DELETE FROM outbox_messages WHERE seq = 3;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+
+    let script = r#"
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=5)
+print(sqlite3.sqlite_version)
+with conn:
+    conn.execute("INSERT INTO outbox_messages (topic, type, payload, headers, message_id, ordering_key) "
+                 "VALUES ('orders.created', 'OrderCreated', x'7b226964223a34327d', '{\"tenant\":\"acme\"}', "
+                 "'0193b5c2-7f00-7000-8000-000000000042', 'order-42') ON CONFLICT (message_id) DO NOTHING")
+    conn.execute("INSERT INTO outbox_messages (topic, type, payload) VALUES ('orders.created', 'OrderCreated', x'7b7d')")
+"#;
+    let out = std::process::Command::new("python3").args(["-c", script, &path]).output().expect("python3 runs");
+    assert!(out.status.success(), "the documented insert failed: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("system SQLite {}", String::from_utf8_lossy(&out.stdout).trim());
+
+    let now = Utc::now();
+    let messages = store.message_list_after(0, 10).await.unwrap();
+    let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, [1, 2, 4, 5], "rows kept; the pruned seq 3 is not reused");
+    for m in &messages[2..] {
+        let age = now - m.enqueued_at;
+        assert!(
+            age >= chrono::Duration::zero() && age < chrono::Duration::seconds(60),
+            "enqueued_at {}",
+            m.enqueued_at
+        );
+    }
+    let (_, rows) = store.message_get(messages[1].message_id).await.unwrap();
+    assert_eq!(rows.len(), 1, "deliveries survive the rebuild: {rows:?}");
+    assert_eq!(rows[0].delivery_count, 2);
+
+    // And they are delivered.
+    let c = ConsumerName::parse("c", "c").unwrap();
+    Relay::new(store.clone(), Arc::new(ManualClock::new(now)), Hub::default(), RelayConfig::default())
+        .run_once()
+        .await
+        .unwrap();
+    let leased = store
+        .delivery_lease_batch(&c, "s", 10, "", crate::clock::add(now, Duration::from_secs(30)), now)
+        .await
+        .unwrap();
+    let leased: Vec<i64> = leased.iter().map(|d| d.message.seq).collect();
+    assert_eq!(leased, [2, 4, 5]);
 }
