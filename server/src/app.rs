@@ -11,6 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+/// On SQLite, the relay's gap after a pass that found less than a batch (see
+/// `RelayConfig::gather`): one tick of the timer, about a millisecond.
+const SQLITE_RELAY_GATHER: Duration = Duration::from_millis(1);
+
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
 use crate::grpc::admin::AdminService;
@@ -88,6 +92,7 @@ impl App {
                 poll_max: config.relay_poll_max,
                 hot_for: RelayConfig::default().hot_for,
                 notify: config.listen_notify,
+                gather: if store.backend() == "sqlite" { SQLITE_RELAY_GATHER } else { Duration::ZERO },
             },
         );
         let sweeper = LeaseSweeper::new(store.clone(), clock.clone(), hub.clone(), config.sweep_interval);

@@ -25,6 +25,10 @@ pub struct RelayConfig {
     pub hot_for: Duration,
     /// Announce new deliveries to other replicas with one NOTIFY per batch.
     pub notify: bool,
+    /// After a pass that found work but less than a batch, wait this long before the next
+    /// (zero: at once). On SQLite, where every pass takes the one write lock that producers
+    /// need too, a short gap lets a busy flow gather into fewer, larger passes.
+    pub gather: Duration,
 }
 
 impl Default for RelayConfig {
@@ -35,6 +39,7 @@ impl Default for RelayConfig {
             poll_max: Duration::from_millis(500),
             hot_for: Duration::from_secs(1),
             notify: true,
+            gather: Duration::ZERO,
         }
     }
 }
@@ -235,6 +240,12 @@ impl Relay {
                     probe = false;
                     if cancel.is_cancelled() {
                         return;
+                    }
+                    if !self.config.gather.is_zero() && (n as i64) < self.config.batch_size {
+                        tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            _ = tokio::time::sleep(self.config.gather) => {}
+                        }
                     }
                     continue;
                 }

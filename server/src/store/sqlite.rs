@@ -24,8 +24,8 @@ use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTargets,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushOffer,
+    PushTargets, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
@@ -33,15 +33,33 @@ use crate::hub::Hub;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
-/// How often the watcher looks for commits made by other processes.
-const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// How often the watcher looks for commits made by other processes: every `WATCH_HOT` for
+/// `WATCH_HOT_FOR` after it last saw one (traffic tends to go on), else every `WATCH_IDLE`.
+/// A look is one in-process `PRAGMA data_version`, a few microseconds.
+const WATCH_HOT: Duration = Duration::from_millis(1);
+const WATCH_HOT_FOR: Duration = Duration::from_secs(1);
+const WATCH_IDLE: Duration = Duration::from_millis(5);
+/// How long a write of this process keeps trying for the write lock while other processes
+/// (producers) hold it, and how it tries: at once a few times, for `WRITE_SPIN`, then every
+/// millisecond. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 … ms between tries,
+/// so that a write which met two or three producer commits in a row waited tens of
+/// milliseconds for a lock held a fraction of one.
+const WRITE_LOCK_WAIT: Duration = Duration::from_secs(5);
+const WRITE_SPIN: Duration = Duration::ZERO;
+
 /// Rows read per round trip when walking the messages table.
 const SCAN_BATCH: i64 = 5_000;
 
 /// The SQLite store. Cheap to clone; the file lock lives as long as any clone.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// Reads (WAL readers never wait for the writer).
     pool: SqlitePool,
+    /// Every write of this process, on one connection: SQLite has one writer at a time, and
+    /// writers that collide wait in SQLite's busy handler, which sleeps 1, 2, 5, 10 … ms between
+    /// tries. Queued here instead, this process's writes follow each other at once; only
+    /// other processes' commits (producers) can still make one wait.
+    writer: SqlitePool,
     options: SqliteConnectOptions,
     _lock: Option<Arc<File>>,
 }
@@ -228,6 +246,44 @@ async fn delivery_insert_many(
     Ok(done.rows_affected())
 }
 
+/// The relay's fan-out insert: rows with `"l"` (session) and `"u"` (lease deadline) are created
+/// leased to that session, with a delivery count of 1. An existing `(message_id, consumer)` row
+/// is left alone. Returns what was created: `(message_id, consumer, Some((session, deadline)))`
+/// for the leased ones.
+async fn delivery_insert_many_returning(
+    conn: &mut SqliteConnection,
+    rows: &[serde_json::Value],
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String, Option<(String, DateTime<Utc>)>)>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let created = sqlx::query(
+        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, delivery_count, available_at,
+                                        lease_expires_at, leased_by, created_at, updated_at)
+         SELECT json_extract(value, '$.m'), json_extract(value, '$.c'), json_extract(value, '$.s'),
+                json_extract(value, '$.k'),
+                CASE WHEN json_extract(value, '$.l') IS NULL THEN 'pending' ELSE 'leased' END,
+                CASE WHEN json_extract(value, '$.l') IS NULL THEN 0 ELSE 1 END,
+                json_extract(value, '$.a'), json_extract(value, '$.u'), json_extract(value, '$.l'), ?2, ?2
+           FROM json_each(?1) WHERE true
+         ON CONFLICT (message_id, consumer) DO NOTHING
+         RETURNING message_id, consumer, leased_by, lease_expires_at",
+    )
+    .bind(serde_json::Value::Array(rows.to_vec()).to_string())
+    .bind(us(now))
+    .fetch_all(&mut *conn)
+    .await?;
+    created
+        .iter()
+        .map(|r| {
+            let session: Option<String> = r.try_get("leased_by")?;
+            let until: Option<i64> = r.try_get("lease_expires_at")?;
+            Ok((r.try_get("message_id")?, r.try_get("consumer")?, session.zip(until.map(time))))
+        })
+        .collect()
+}
+
 async fn delivery_replay_ids(
     conn: &mut SqliteConnection,
     consumer: &str,
@@ -285,15 +341,193 @@ impl SqliteStore {
             Some(Arc::new(take_lock(&path)?))
         };
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options.clone()).await?;
-        Ok(Self { pool, options, _lock: lock })
+        // Waits for the write lock in `retry_busy`, not in SQLite's busy handler.
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone().busy_timeout(Duration::ZERO))
+            .await?;
+        Ok(Self { pool, writer, options, _lock: lock })
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
+    /// A write transaction, on this process's one writer connection. Its commit is durable
+    /// (`synchronous = FULL`, the WAL flushed); only relay passes commit without the flush.
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        retry_busy(|| self.writer.begin_with("BEGIN IMMEDIATE")).await
+    }
+
+    /// A relay pass commits derived state without flushing the WAL (`synchronous = NORMAL`,
+    /// outside its transaction, where SQLite allows the change, and back to FULL after it).
+    /// A crash of outboxd keeps it; only the operating system's crash can lose it, and then the
+    /// next pass redoes it (its messages are unrelayed again). Any later durable commit, such as
+    /// the ack of one of its deliveries, flushes it first: the WAL is one sequence. ADR 0017.
+    async fn relay_pass(
+        &self,
+        limit: i64,
+        from_seq: i64,
+        now: DateTime<Utc>,
+        offers: &[PushOffer],
+        used: &mut [usize],
+    ) -> Result<RelayOutcome> {
+        let mut conn = self.writer.acquire().await?;
+        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+        let out = relay_pass_on(&mut conn, limit, from_seq, now, offers, used).await;
+        if out.is_err() {
+            // Whatever the error left open; an error here only means there was none.
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        }
+        if sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.is_err() {
+            // Never hand a connection that commits without the flush to durable writes.
+            conn.close_on_drop();
+        }
+        out
+    }
+}
+
+/// The body of [`Store::relay_batch`], on the writer connection, in a transaction it begins and
+/// ends itself (the caller rolls back what an error left open); `used[i]` counts what went to
+/// `offers[i]`.
+async fn relay_pass_on(
+    conn: &mut SqliteConnection,
+    limit: i64,
+    from_seq: i64,
+    now: DateTime<Utc>,
+    offers: &[PushOffer],
+    used: &mut [usize],
+) -> Result<RelayOutcome> {
+    begin_immediate(conn).await?;
+    let mut claimed = sqlx::query(
+        "UPDATE outbox_messages SET relayed_at = ?2
+              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?3
+                             ORDER BY seq LIMIT ?1)
+             RETURNING message_id, seq, topic, type, payload, headers, ordering_key, enqueued_at,
+                       coalesce(available_at, enqueued_at) AS available_at, relayed_at",
+    )
+    .bind(limit)
+    .bind(us(now))
+    .bind(from_seq)
+    .fetch_all(&mut *conn)
+    .await?;
+    if claimed.is_empty() {
+        sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+        return Ok(RelayOutcome::default());
+    }
+    claimed.sort_by_key(|r| r.try_get::<i64, _>("seq").unwrap_or_default());
+    let consumers = consumers_on(conn).await?;
+    let mut rows = Vec::new();
+    let mut traced = Vec::new();
+    let mut messages = Vec::with_capacity(claimed.len());
+    // Where each consumer's next push goes: the first of its offers with room left.
+    let mut next_offer: std::collections::HashMap<&str, usize> = Default::default();
+    for row in &claimed {
+        let m = message_from_row(row)?;
+        let pushable = m.ordering_key.is_none() && m.available_at <= now;
+        for c in consumers.iter().filter(|c| m.seq > c.start_seq && c.spec.matches(&m.topic)) {
+            let name = c.spec.name.as_str();
+            let mut target = None;
+            if pushable && !c.paused {
+                let mut i = next_offer.get(name).copied().unwrap_or(0);
+                while i < offers.len() && (offers[i].consumer != name || used[i] >= offers[i].room) {
+                    i += 1;
+                }
+                next_offer.insert(name, i);
+                if i < offers.len() {
+                    used[i] += 1;
+                    target = Some(i);
+                }
+            }
+            let mut d = new_delivery(row, name)?;
+            if let Some(i) = target {
+                d["l"] = json!(offers[i].session);
+                d["u"] = json!(us(offers[i].lease_until));
+            }
+            rows.push(d);
+        }
+        if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
+            traced.push((m.message_id.to_string(), tp.clone()));
+        }
+        messages.push(m);
+    }
+    let created = delivery_insert_many_returning(conn, &rows, now).await?;
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+
+    let mut out = RelayOutcome {
+        messages: messages.len() as u64,
+        last_seq: messages.iter().map(|m| m.seq).max(),
+        deliveries: created.len() as u64,
+        traced,
+        ..RelayOutcome::default()
+    };
+    // What the pass planned but found already there (a backfill got there first) was not
+    // leased: its room goes back.
+    for d in rows.iter().filter(|d| d.get("l").is_some()) {
+        let key = (d["m"].as_str().unwrap_or_default(), d["c"].as_str().unwrap_or_default());
+        if !created.iter().any(|(m, c, _)| (m.as_str(), c.as_str()) == key)
+            && let Some(i) =
+                offers.iter().position(|o| o.consumer == key.1 && Some(o.session.as_str()) == d["l"].as_str())
+        {
+            used[i] = used[i].saturating_sub(1);
+        }
+    }
+    let by_id: std::collections::HashMap<String, &StoredMessage> =
+        messages.iter().map(|m| (m.message_id.to_string(), m)).collect();
+    for (message_id, consumer, session) in created {
+        match session {
+            Some((session, until)) => {
+                if let Some(m) = by_id.get(&message_id) {
+                    let d = LeasedDelivery { message: (*m).clone(), delivery_count: 1, lease_expires_at: until };
+                    out.pushed.push((consumer, session, d));
+                }
+            }
+            None => out.consumers.push(consumer),
+        }
+    }
+    out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
+    out.consumers.sort_unstable();
+    out.consumers.dedup();
+    Ok(out)
+}
+
+/// `BEGIN IMMEDIATE` on `conn`, trying again as [`retry_busy`] does.
+async fn begin_immediate(conn: &mut SqliteConnection) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        match sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => wait_for_lock(start).await,
+            other => return other.map(|_| ()).map_err(Into::into),
+        }
+    }
+}
+
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5))
+}
+
+async fn wait_for_lock(start: std::time::Instant) {
+    if start.elapsed() < WRITE_SPIN {
+        tokio::task::yield_now().await;
+    } else {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Runs a write, trying again while another process holds the write lock (`SQLITE_BUSY`), up
+/// to `WRITE_LOCK_WAIT`.
+async fn retry_busy<T, F, Fut>(mut write: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        match write().await {
+            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => wait_for_lock(start).await,
+            other => return Ok(other?),
+        }
     }
 }
 
@@ -323,12 +557,15 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
+        // On a reader connection, which waits in SQLite's busy handler: a migration may meet a
+        // producer's commit, and nothing of this process writes yet.
         MIGRATOR.run(&self.pool).await?;
         sqlx::query("PRAGMA optimize").execute(&self.pool).await?;
         Ok(())
     }
 
     async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -350,19 +587,22 @@ impl Store for SqliteStore {
             }
         };
         let mut last: Option<i64> = None;
+        let mut last_change = std::time::Instant::now();
         loop {
             match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&mut conn).await {
                 Ok(v) => {
                     if last.is_some_and(|l| l != v) {
                         hub.enqueued().notify();
+                        last_change = std::time::Instant::now();
                     }
                     last = Some(v);
                 }
                 Err(e) => tracing::warn!(error = %e, "PRAGMA data_version failed"),
             }
+            let wait = if last_change.elapsed() < WATCH_HOT_FOR { WATCH_HOT } else { WATCH_IDLE };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(WATCH_INTERVAL) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -386,59 +626,25 @@ impl Store for SqliteStore {
 
     /// Never pushes: every delivery is created pending (SQLite's single writer makes the lease
     /// that follows cheap next to PostgreSQL's).
+    /// One pass, one write transaction: claims unrelayed messages in seq order and fans them
+    /// out. A delivery that can go at once (due, no ordering key, consumer not paused) is
+    /// created leased to a stream of this process that offered room, and handed back in
+    /// `pushed`; the rest are pending, and their consumers are named for a wake-up.
     async fn relay_batch(
         &self,
         limit: i64,
         from_seq: i64,
         now: DateTime<Utc>,
         _notify: bool,
-        _push: &dyn PushTargets,
+        push: &dyn PushTargets,
     ) -> Result<RelayOutcome> {
-        let mut tx = self.begin().await?;
-        let claimed = sqlx::query(
-            "UPDATE outbox_messages SET relayed_at = ?2
-              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?3
-                             ORDER BY seq LIMIT ?1)
-             RETURNING message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at,
-                       json_extract(headers, '$.traceparent') AS traceparent",
-        )
-        .bind(limit)
-        .bind(us(now))
-        .bind(from_seq)
-        .fetch_all(&mut *tx)
-        .await?;
-        if claimed.is_empty() {
-            tx.rollback().await?;
-            return Ok(RelayOutcome::default());
+        let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
+        let mut used = vec![0usize; offers.len()];
+        let out = self.relay_pass(limit, from_seq, now, &offers, &mut used).await;
+        for (o, n) in offers.iter().zip(&used) {
+            push.give_back(&o.consumer, &o.session, o.room.saturating_sub(*n));
         }
-        let consumers = consumers_on(&mut tx).await?;
-        let mut rows = Vec::new();
-        let mut woken = Vec::new();
-        let mut traced = Vec::new();
-        for row in &claimed {
-            let seq: i64 = row.try_get("seq")?;
-            let topic: &str = row.try_get("topic")?;
-            for c in consumers.iter().filter(|c| seq > c.start_seq && c.spec.matches(topic)) {
-                rows.push(new_delivery(row, c.spec.name.as_str())?);
-                woken.push(c.spec.name.as_str().to_owned());
-            }
-            if let Some(tp) = row.try_get::<Option<String>, _>("traceparent")? {
-                traced.push((row.try_get::<String, _>("message_id")?, tp));
-            }
-        }
-        let deliveries = delivery_insert_many(&mut tx, &rows, now).await?;
-        tx.commit().await?;
-        woken.sort_unstable();
-        woken.dedup();
-        let last_seq = claimed.iter().filter_map(|r| r.try_get::<i64, _>("seq").ok()).max();
-        Ok(RelayOutcome {
-            messages: claimed.len() as u64,
-            last_seq,
-            deliveries,
-            consumers: woken,
-            traced,
-            pushed: Vec::new(),
-        })
+        out
     }
 
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
@@ -513,8 +719,10 @@ impl Store for SqliteStore {
     }
 
     async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
-        let done =
-            sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.pool).await?;
+        let done = retry_busy(|| {
+            sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.writer)
+        })
+        .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::ConsumerNotFound(name.to_string()));
         }
@@ -522,12 +730,14 @@ impl Store for SqliteStore {
     }
 
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
-        let row = sqlx::query("UPDATE outbox_consumers SET paused = ?2 WHERE name = ?1 RETURNING *")
-            .bind(name.as_str())
-            .bind(i64::from(paused))
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        let row = retry_busy(|| {
+            sqlx::query("UPDATE outbox_consumers SET paused = ?2 WHERE name = ?1 RETURNING *")
+                .bind(name.as_str())
+                .bind(i64::from(paused))
+                .fetch_optional(&self.writer)
+        })
+        .await?
+        .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
         consumer_from_row(&row)
     }
 
@@ -601,7 +811,7 @@ impl Store for SqliteStore {
     }
 
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let done = sqlx::query(
+        let done = retry_busy(|| sqlx::query(
             "UPDATE outbox_deliveries
                 SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
               WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2)) AND state IN ('leased', 'pending')",
@@ -609,8 +819,8 @@ impl Store for SqliteStore {
         .bind(consumer.as_str())
         .bind(ids_json(ids))
         .bind(us(now))
-        .execute(&self.pool)
-        .await?;
+        .execute(&self.writer)
+        ).await?;
         Ok(done.rows_affected())
     }
 
@@ -639,8 +849,10 @@ impl Store for SqliteStore {
             ReleaseGuard::Session(s) => (Some(s), None),
             ReleaseGuard::ExpiredAt(t) => (None, Some(us(t))),
         };
-        let done = sqlx::query(
-            "UPDATE outbox_deliveries
+        let batch_json = serde_json::Value::Array(batch).to_string();
+        let done = retry_busy(|| {
+            sqlx::query(
+                "UPDATE outbox_deliveries
                 SET state = r.state, available_at = r.available_at,
                     last_error = coalesce(r.last_error, outbox_deliveries.last_error),
                     lease_expires_at = NULL, leased_by = NULL, updated_at = ?2,
@@ -653,12 +865,13 @@ impl Store for SqliteStore {
                 AND outbox_deliveries.state = 'leased'
                 AND (?3 IS NULL OR outbox_deliveries.leased_by = ?3)
                 AND (?4 IS NULL OR outbox_deliveries.lease_expires_at <= ?4)",
-        )
-        .bind(serde_json::Value::Array(batch).to_string())
-        .bind(us(now))
-        .bind(session)
-        .bind(expired_at)
-        .execute(&self.pool)
+            )
+            .bind(batch_json.clone())
+            .bind(us(now))
+            .bind(session)
+            .bind(expired_at)
+            .execute(&self.writer)
+        })
         .await?;
         Ok(done.rows_affected())
     }
@@ -698,17 +911,19 @@ impl Store for SqliteStore {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE outbox_deliveries SET lease_expires_at = ?4, updated_at = ?5
+        let done = retry_busy(|| {
+            sqlx::query(
+                "UPDATE outbox_deliveries SET lease_expires_at = ?4, updated_at = ?5
               WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))
                 AND state = 'leased' AND leased_by = ?3",
-        )
-        .bind(consumer.as_str())
-        .bind(ids_json(ids))
-        .bind(session)
-        .bind(us(until))
-        .bind(us(now))
-        .execute(&self.pool)
+            )
+            .bind(consumer.as_str())
+            .bind(ids_json(ids))
+            .bind(session)
+            .bind(us(until))
+            .bind(us(now))
+            .execute(&self.writer)
+        })
         .await?;
         Ok(done.rows_affected())
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
+use sqlx::Connection as _;
 
 use super::*;
 use crate::clock::{Clock, ManualClock, SharedClock};
@@ -66,6 +67,7 @@ on_every_store!(
     a_release_never_undoes_an_ack_or_another_sessions_lease,
     the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
     leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
+    a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
 );
 
 fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
@@ -285,10 +287,8 @@ async fn sql_topic_matching_agrees_with_the_servers() {
 
 /// A relay pass leases what streams have room for (due, unkeyed, not paused) straight to them,
 /// in seq order, and leaves the rest pending; room it does not use goes back.
-#[tokio::test]
-async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending() {
+async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending(store: SharedStore) {
     use crate::hub::{Credits, PushSlot};
-    let (_db, store) = postgres().await;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
@@ -446,10 +446,6 @@ async fn lease_buffers(pool: &sqlx::PgPool, consumer: &str, generic: bool) -> (i
     .unwrap();
     sqlx::raw_sql("DEALLOCATE lease").execute(&mut *tx).await.unwrap();
     tx.rollback().await.unwrap();
-    if std::env::var("LEASE_PLAN_DUMP").is_ok() {
-        std::fs::write(format!("/tmp/plan-{consumer}-{generic}.json"), serde_json::to_string_pretty(&plan).unwrap())
-            .unwrap();
-    }
     let top = &plan[0]["Plan"];
     let buffers = top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
     (buffers, top["Actual Rows"].as_i64().unwrap())
@@ -591,4 +587,41 @@ with conn:
         .unwrap();
     let leased: Vec<i64> = leased.iter().map(|d| d.message.seq).collect();
     assert_eq!(leased, [2, 4, 5]);
+}
+
+/// outboxd's writes wait for the write lock that another process (a producer) holds, instead
+/// of failing or sleeping in SQLite's escalating busy handler: an ack and a relay pass issued
+/// while another connection holds `BEGIN IMMEDIATE` both complete once it commits, and the
+/// producer's row is relayed.
+#[tokio::test]
+async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
+    let db = TestSqlite::create().unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let now = Utc::now();
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    store.message_insert(&msg("t"), now).await.unwrap();
+    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
+    assert_eq!(leased.len(), 1);
+
+    let mut producer = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE; INSERT INTO outbox_messages (topic, type, payload) VALUES ('t', 'T', x'00')")
+        .execute(&mut producer)
+        .await
+        .unwrap();
+    let holder = tokio::spawn(async move {
+        // Longer than a write that does not wait would take to fail.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut producer).await.unwrap();
+    });
+    let acked = store.delivery_ack_many(&c.name, &[leased[0].message.message_id], now).await.unwrap();
+    assert_eq!(acked, 1, "the ack waited for the lock and applied");
+    // The lock was free only once the producer had committed: its row is there.
+    assert_eq!(store.message_list_after(0, 10).await.unwrap().len(), 2, "the ack went after the producer's commit");
+    let relayed = store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    assert_eq!(relayed.messages, 1, "the producer's row");
+    holder.await.unwrap();
 }

@@ -17,9 +17,12 @@
 //! 7. **idle**: transactions per second outboxd runs while nothing happens.
 //!
 //! The database named by `--database-url` is dropped and recreated at start, so its name must
-//! contain "bench". Results go to stdout (a table, or one JSON object with `--json`); progress
+//! contain "bench". With a `sqlite://PATH` URL the embedded store is measured instead (see
+//! `sqlite.rs`: ceiling, end to end, fixed-rate latency, drain). Results go to stdout (a table, or one JSON object with `--json`); progress
 //! and outboxd's own log go to stderr.
 #![forbid(unsafe_code)]
+
+mod sqlite;
 
 use std::collections::HashMap;
 use std::io::IsTerminal as _;
@@ -44,6 +47,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_bench";
+/// Producers on PostgreSQL when `--producers` is not given.
+const DEFAULT_PRODUCERS: u32 = 16;
 
 /// Flags for the outboxd under test: the defaults, but for a short drain timeout that keeps the
 /// final shutdown quick (every stream is closed by then).
@@ -81,9 +86,14 @@ struct Args {
     /// Print exactly one JSON object on stdout instead of the table.
     #[arg(long)]
     json: bool,
-    /// Concurrent producers, each on its own database connection.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
-    producers: u32,
+    /// Concurrent producers, each on its own database connection [default: 16 on PostgreSQL,
+    /// 4 on SQLite].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    producers: Option<u32>,
+    /// The offered rate of the fixed-rate latency phase, messages per second [default: 500 on
+    /// SQLite].
+    #[arg(long)]
+    latency_rate: Option<f64>,
     /// Length of each timed phase in seconds [default: 10, with --quick 3].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
     seconds: Option<u64>,
@@ -123,7 +133,7 @@ impl Params {
     fn new(args: &Args, postgres: String) -> Self {
         let quick = args.quick;
         Self {
-            producers: args.producers,
+            producers: args.producers.unwrap_or(DEFAULT_PRODUCERS),
             seconds: args.seconds.unwrap_or(if quick { 3 } else { 10 }),
             quick,
             drain_messages: if quick { 100_000 } else { 1_000_000 },
@@ -1190,6 +1200,16 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let json = args.json;
+    if args.database_url.starts_with("sqlite:") {
+        ensure!(args.soak.is_none(), "--soak measures PostgreSQL; give a postgres:// --database-url");
+        let report = sqlite::run(&args).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            sqlite::print_table(&report);
+        }
+        return Ok(());
+    }
     if let Some(seconds) = args.soak {
         let r = soak(&args, seconds).await?;
         if json {
