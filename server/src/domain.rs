@@ -171,9 +171,26 @@ impl StartFrom {
             StartFrom::Earliest => "earliest",
         }
     }
+}
 
-    pub fn from_db(s: &str) -> Self {
-        if s == "earliest" { StartFrom::Earliest } else { StartFrom::New }
+/// A stored value that no variant of its enum spells: a database written by a newer outboxd,
+/// or changed by hand. Decoding fails rather than guess.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?} in the database")]
+pub struct UnknownValue {
+    pub what: &'static str,
+    pub value: String,
+}
+
+impl TryFrom<&str> for StartFrom {
+    type Error = UnknownValue;
+
+    fn try_from(s: &str) -> Result<Self, UnknownValue> {
+        match s {
+            "new" => Ok(StartFrom::New),
+            "earliest" => Ok(StartFrom::Earliest),
+            _ => Err(UnknownValue { what: "start_from", value: s.to_owned() }),
+        }
     }
 }
 
@@ -250,13 +267,18 @@ impl DeliveryState {
             DeliveryState::Dead => "dead",
         }
     }
+}
 
-    pub fn from_db(s: &str) -> Self {
+impl TryFrom<&str> for DeliveryState {
+    type Error = UnknownValue;
+
+    fn try_from(s: &str) -> Result<Self, UnknownValue> {
         match s {
-            "leased" => DeliveryState::Leased,
-            "acked" => DeliveryState::Acked,
-            "dead" => DeliveryState::Dead,
-            _ => DeliveryState::Pending,
+            "pending" => Ok(DeliveryState::Pending),
+            "leased" => Ok(DeliveryState::Leased),
+            "acked" => Ok(DeliveryState::Acked),
+            "dead" => Ok(DeliveryState::Dead),
+            _ => Err(UnknownValue { what: "delivery state", value: s.to_owned() }),
         }
     }
 }
@@ -264,6 +286,20 @@ impl DeliveryState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_enums_round_trip_and_reject_what_they_do_not_know() {
+        for st in [DeliveryState::Pending, DeliveryState::Leased, DeliveryState::Acked, DeliveryState::Dead] {
+            assert_eq!(DeliveryState::try_from(st.as_str()), Ok(st));
+        }
+        for sf in [StartFrom::New, StartFrom::Earliest] {
+            assert_eq!(StartFrom::try_from(sf.as_str()), Ok(sf));
+        }
+        let e = DeliveryState::try_from("retrying").unwrap_err();
+        assert_eq!(e.to_string(), "unknown delivery state \"retrying\" in the database");
+        assert!(DeliveryState::try_from("").is_err());
+        assert!(StartFrom::try_from("latest").is_err());
+    }
 
     fn pat(s: &str) -> TopicPattern {
         TopicPattern::parse("p", s).expect("valid pattern")

@@ -178,6 +178,12 @@ pub enum StoreError {
     Io { path: String, source: std::io::Error },
 }
 
+impl From<crate::domain::UnknownValue> for StoreError {
+    fn from(e: crate::domain::UnknownValue) -> Self {
+        StoreError::InvalidValue(e.to_string())
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {

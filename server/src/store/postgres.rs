@@ -225,7 +225,7 @@ fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
                 max: from_ms(row.try_get("backoff_max_ms")?),
             },
             ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
-            start_from: StartFrom::from_db(row.try_get::<&str, _>("start_from")?),
+            start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
         },
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
@@ -236,7 +236,7 @@ fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
 fn delivery_from_row(row: &PgRow) -> Result<DeliveryRow> {
     Ok(DeliveryRow {
         consumer: row.try_get("consumer")?,
-        state: DeliveryState::from_db(row.try_get::<&str, _>("state")?),
+        state: DeliveryState::try_from(row.try_get::<&str, _>("state")?)?,
         delivery_count: count(row.try_get("delivery_count")?),
         available_at: row.try_get("available_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
@@ -497,9 +497,16 @@ impl Store for PgStore {
                     };
                     out.pushed.push((consumer, session, d));
                 }
-                _ => {
+                "d" => {
                     out.deliveries += 1;
                     out.consumers.push(row.try_get("consumer")?);
+                }
+                other => {
+                    // The SQL function and this decoder disagree: a schema newer than the server.
+                    // (The relay gives the offered room back; leases it made expire.)
+                    return Err(StoreError::InvalidValue(format!(
+                        "outbox.relay_pass returned a row of unknown kind {other:?}"
+                    )));
                 }
             }
         }

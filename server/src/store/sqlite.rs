@@ -144,7 +144,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
                 max: from_ms(row.try_get("backoff_max_ms")?),
             },
             ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
-            start_from: StartFrom::from_db(row.try_get::<&str, _>("start_from")?),
+            start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
         },
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
@@ -155,7 +155,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
 fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRow> {
     Ok(DeliveryRow {
         consumer: row.try_get("consumer")?,
-        state: DeliveryState::from_db(row.try_get::<&str, _>("state")?),
+        state: DeliveryState::try_from(row.try_get::<&str, _>("state")?)?,
         delivery_count: count(row.try_get("delivery_count")?),
         available_at: time(row.try_get("available_at")?),
         lease_expires_at: opt_time(row.try_get("lease_expires_at")?),

@@ -26,8 +26,6 @@ conformance!(
     a_clean_close_does_not_count_against_what_the_stream_held,
 );
 
-const QUIET: Duration = Duration::from_millis(300);
-
 async fn fan_out_reaches_every_matching_consumer_and_only_those(backend: Backend) -> Result<()> {
     let (_store, srv, db) = setup(backend, &[]).await?;
     let mut admin = srv.admin().await?;
@@ -60,10 +58,20 @@ async fn deliveries_come_in_seq_order_within_max_in_flight(backend: Backend) -> 
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
     db.enqueue_all(&(0..12u8).map(|i| Message::new("t", "T", vec![i])).collect::<Vec<_>>()).await?;
     let mut s = RawStream::open(&srv.endpoint, "c", 4).await?;
-    let mut all = Vec::new();
-    for _ in 0..3 {
-        let batch = s.take(4, WAIT).await?;
-        assert!(s.next(QUIET).await?.is_none(), "no more than max_in_flight unacked");
+    let first = s.take(4, WAIT).await?;
+    // A second stream gets the lowest message that is left: the fifth, had the first stream
+    // taken more than its four it would get a later one (leases are exclusive).
+    let mut control = RawStream::open(&srv.endpoint, "c", 1).await?;
+    let fifth = control.take(1, WAIT).await?.remove(0);
+    assert_eq!(fifth.payload, [4], "the first stream held no more than max_in_flight");
+    assert!(s.next(Duration::ZERO).await?.is_none(), "nothing beyond max_in_flight was sent");
+    control.ack(&[&fifth.message_id]).await;
+    control.close();
+    assert!(control.end_status(WAIT).await?.is_none_or(|st| st.code() == Code::Ok), "a clean close");
+    s.ack(&first.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>()).await;
+    let mut all = first;
+    for n in [4, 3] {
+        let batch = s.take(n, WAIT).await?;
         s.ack(&batch.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>()).await;
         all.extend(batch);
     }
@@ -71,7 +79,8 @@ async fn deliveries_come_in_seq_order_within_max_in_flight(backend: Backend) -> 
     let mut sorted = seqs.clone();
     sorted.sort();
     assert_eq!(seqs, sorted, "seq order");
-    assert_eq!(all.iter().map(|d| d.payload[0]).collect::<Vec<_>>(), (0..12).collect::<Vec<u8>>());
+    let expected: Vec<u8> = (0..12).filter(|i| *i != 4).collect();
+    assert_eq!(all.iter().map(|d| d.payload[0]).collect::<Vec<_>>(), expected);
     Ok(())
 }
 
@@ -81,11 +90,21 @@ async fn an_ordering_key_is_delivered_one_at_a_time_through_retries(backend: Bac
     let msgs = [("k1", "a"), ("k1", "b"), ("k2", "x"), ("k1", "c")]
         .map(|(key, name)| Message::new("t", name, b"".to_vec()).ordering_key(key));
     db.enqueue_all(&msgs).await?;
-    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    // Room for two: a and x fill it.
+    let mut s = RawStream::open(&srv.endpoint, "c", 2).await?;
     let first = s.take(2, WAIT).await?;
     let names: Vec<&str> = first.iter().map(|d| d.r#type.as_str()).collect();
     assert_eq!(names, ["a", "x"]);
-    assert!(s.next(QUIET).await?.is_none(), "b waits for a");
+    // b waits for a, across streams too: a second stream with room gets y, a later message of
+    // another key, and not b, which a lease would return first (lower seq) if it were ready.
+    let mut other = RawStream::open(&srv.endpoint, "c", 10).await?;
+    db.enqueue(&Message::new("t", "y", b"".to_vec()).ordering_key("k3")).await?;
+    let y = other.take(1, WAIT).await?.remove(0);
+    assert_eq!(y.r#type, "y", "b waits for a");
+    assert!(other.next(Duration::ZERO).await?.is_none(), "b waits for a");
+    other.ack(&[&y.message_id]).await;
+    other.close();
+    assert!(other.end_status(WAIT).await?.is_none_or(|st| st.code() == Code::Ok), "a clean close");
     s.ack(&[&first[0].message_id]).await;
     let b = s.take(1, WAIT).await?.remove(0);
     assert_eq!(b.r#type, "b");
@@ -141,13 +160,23 @@ async fn a_delay_postpones_delivery(backend: Backend) -> Result<()> {
 async fn acks_for_ids_the_stream_does_not_hold_are_ignored(backend: Backend) -> Result<()> {
     let (_store, srv, db) = setup(backend, &[]).await?;
     create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
-    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
-    s.ack(&["not-a-uuid", &uuid::Uuid::new_v4().to_string()]).await;
-    s.nack(&uuid::Uuid::new_v4().to_string(), "nothing").await;
+    let mut holder = RawStream::open(&srv.endpoint, "c", 10).await?;
     db.sql_enqueue("t", "T", b"").await?;
-    let d = s.take(1, WAIT).await?.remove(0);
-    s.ack(&[&d.message_id]).await;
+    let d = holder.take(1, WAIT).await?.remove(0);
+    // Another stream of the same consumer acks and nacks the id the first one holds (and some
+    // that nobody holds), then closes; the server handles a stream's requests in order, so
+    // once that stream has ended they have all been seen.
+    let mut other = RawStream::open(&srv.endpoint, "c", 10).await?;
+    other.ack(&["not-a-uuid", &uuid::Uuid::new_v4().to_string(), &d.message_id]).await;
+    other.nack(&d.message_id, "not mine").await;
+    other.nack(&uuid::Uuid::new_v4().to_string(), "nothing").await;
+    other.close();
+    assert!(other.end_status(WAIT).await?.is_none_or(|st| st.code() == Code::Ok), "a clean close");
+    let st = stats(&srv, "c").await?;
+    assert_eq!((st.acked, st.in_flight, st.retrying), (0, 1, 0), "the lease is still the first stream's: {st:?}");
+    holder.ack(&[&d.message_id]).await;
     eventually("acked", WAIT, || async { Ok((stats(&srv, "c").await?.acked == 1).then_some(())) }).await?;
+    assert_eq!(stats(&srv, "c").await?.in_flight, 0);
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use outbox_client::{Inbox, Message, Subscriber, SubscriberConfig};
@@ -263,33 +263,59 @@ async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
         }
         tx.commit().await?;
     }
-    // Both replicas relay and serve: a stream per consumer on each.
+    // Both replicas relay and serve: a stream per consumer on each, reading until that
+    // consumer has seen every message (bounded), acking each.
+    let seen: std::collections::HashMap<&str, Arc<std::sync::Mutex<Vec<String>>>> =
+        ["c1", "c2"].into_iter().map(|n| (n, Arc::default())).collect();
     let mut handles = Vec::new();
     for name in ["c1", "c2"] {
         for srv in [&a, &b] {
             let endpoint = srv.endpoint.clone();
+            let seen = seen[name].clone();
             handles.push(tokio::spawn(async move {
                 let mut s = RawStream::open(&endpoint, name, 50).await?;
-                let mut got = Vec::new();
-                while let Some(d) = s.next(Duration::from_secs(2)).await? {
-                    s.ack(&[&d.message_id]).await;
-                    got.push(d.message_id);
+                let deadline = Instant::now() + WAIT;
+                loop {
+                    let got = {
+                        let all = seen.lock().unwrap();
+                        all.iter().collect::<HashSet<_>>().len()
+                    };
+                    if got >= N {
+                        break;
+                    }
+                    anyhow::ensure!(Instant::now() < deadline, "{name}: {got} of {N} delivered within {WAIT:?}");
+                    if let Some(d) = s.next(Duration::from_millis(50)).await? {
+                        s.ack(&[&d.message_id]).await;
+                        seen.lock().unwrap().push(d.message_id);
+                    }
                 }
-                anyhow::Ok((name, got))
+                s.close();
+                s.end_status(WAIT).await?;
+                anyhow::Ok(())
             }));
         }
     }
-    let mut per_consumer: std::collections::HashMap<&str, Vec<String>> = Default::default();
     for h in handles {
-        let (name, got) = h.await??;
-        per_consumer.entry(name).or_default().extend(got);
+        h.await??;
     }
     for name in ["c1", "c2"] {
-        let got = &per_consumer[name];
+        let got = seen[name].lock().unwrap().clone();
         let unique: HashSet<&String> = got.iter().collect();
         assert_eq!(unique.len(), N, "{name}: every message delivered");
-        assert_eq!(got.len(), N, "{name}: none delivered twice");
+        assert_eq!(got.len(), N, "{name}: none delivered twice so far");
     }
+    // And none ever will be: every delivery is acked after exactly one lease. A second
+    // delivery, now or later, would have needed a second lease (a count of 2) or a second row.
+    eventually("every ack applied", WAIT, || async {
+        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries WHERE state <> 'acked'")
+            .fetch_one(&pool)
+            .await?;
+        Ok((open == 0).then_some(()))
+    })
+    .await?;
+    let recounted: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries WHERE delivery_count <> 1").fetch_one(&pool).await?;
+    assert_eq!(recounted, 0, "no delivery was leased twice");
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(&pool).await?;
     assert_eq!(rows, 2 * N as i64, "one inbox row per (message, consumer)");
     Ok(())
