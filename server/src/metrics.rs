@@ -61,6 +61,9 @@ fn describe() {
     describe_gauge!("outboxd_consumer_oldest_unacked_age_seconds", Unit::Seconds, "Age of the oldest unacked message.");
     describe_gauge!("outboxd_consumer_paused", "1 while the consumer is paused.");
     describe_gauge!("outboxd_consumer_streams", "Streams attached to this process.");
+    describe_gauge!("outboxd_table_dead_rows", "Dead rows of an outboxd table not yet vacuumed (SQLite: free pages).");
+    describe_gauge!("outboxd_table_live_rows", "Estimated live rows of an outboxd table.");
+    describe_gauge!("outboxd_table_bytes", Unit::Bytes, "On-disk size of an outboxd table with its indexes.");
     describe_gauge!("outboxd_db_pool_connections", "Open database connections.");
     describe_gauge!("outboxd_db_pool_idle_connections", "Idle database connections.");
 }
@@ -132,6 +135,11 @@ impl GaugeCollector {
             gauge!("outboxd_consumer_streams", "consumer" => label.clone()).set(f64::from(self.hub.streams(&label)));
         }
         let (size, idle) = self.store.pool_status();
+        for t in self.store.table_health().await? {
+            gauge!("outboxd_table_dead_rows", "table" => t.table.clone()).set(t.dead_rows as f64);
+            gauge!("outboxd_table_live_rows", "table" => t.table.clone()).set(t.live_rows as f64);
+            gauge!("outboxd_table_bytes", "table" => t.table).set(t.bytes as f64);
+        }
         gauge!("outboxd_db_pool_connections").set(f64::from(size));
         gauge!("outboxd_db_pool_idle_connections").set(idle as f64);
         Ok(())

@@ -441,6 +441,13 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
                 "unrelayed": s.unrelayed,
                 "oldest_unrelayed_age_s": secs(s.oldest_unrelayed_age.as_ref()),
                 "consumers": consumers,
+                "tables": s.tables.iter().map(|t| json!({
+                    "table": t.table,
+                    "live_rows": t.live_rows,
+                    "dead_rows": t.dead_rows,
+                    "bytes": t.bytes,
+                    "last_vacuum": time_json(t.last_vacuum.as_ref()),
+                })).collect::<Vec<_>>(),
             })
         );
         return;
@@ -473,6 +480,22 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
         ]);
     }
     println!("{t}");
+    if !s.tables.is_empty() {
+        let mut t = Table::new();
+        t.load_style(comfy_table::presets::NOTHING);
+        t.set_header(["TABLE", "LIVE ROWS", "DEAD ROWS", "SIZE", "LAST VACUUM"]);
+        for x in &s.tables {
+            t.add_row([
+                x.table.clone(),
+                x.live_rows.to_string(),
+                x.dead_rows.to_string(),
+                format!("{:.1} MiB", x.bytes as f64 / (1024.0 * 1024.0)),
+                fmt_time(x.last_vacuum.as_ref()),
+            ]);
+        }
+        println!();
+        println!("{t}");
+    }
 }
 
 fn message_json(m: &pb::Message) -> Value {

@@ -141,8 +141,19 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let req = request.into_inner();
         let only = if req.consumer.is_empty() { None } else { Some(name("consumer", &req.consumer)?) };
         let stats = self.ctx.store.stats(only.as_ref(), true).await.map_err(store_status)?;
+        let tables = self.ctx.store.table_health().await.map_err(store_status)?;
         let now = self.ctx.clock.now();
         Ok(Response::new(pb::GetStatsResponse {
+            tables: tables
+                .into_iter()
+                .map(|t| pb::TableStats {
+                    table: t.table,
+                    live_rows: t.live_rows,
+                    dead_rows: t.dead_rows,
+                    bytes: t.bytes,
+                    last_vacuum: t.last_vacuum.map(convert::timestamp),
+                })
+                .collect(),
             unrelayed: stats.unrelayed,
             oldest_unrelayed_age: age(now, stats.oldest_unrelayed_at),
             consumers: stats

@@ -112,6 +112,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Counts per consumer; `acked` reads history, so it is 0 unless `include_acked`
     /// (the PostgreSQL store; the SQLite store always counts it).
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
+    /// Size and dead rows of outboxd's own tables, from the database's catalog (no table scan).
+    async fn table_health(&self) -> Result<Vec<TableHealth>>;
     /// A page of dead letters in `seq` order after `after_seq`.
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
@@ -347,6 +349,15 @@ pub struct ConsumerStats {
     pub dead: i64,
     pub acked: i64,
     pub oldest_unacked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TableHealth {
+    pub table: String,
+    pub live_rows: i64,
+    pub dead_rows: i64,
+    pub bytes: i64,
+    pub last_vacuum: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::{
     ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTargets,
     RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage,
+    StoredMessage, TableHealth,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
 use crate::hub::Hub;
@@ -789,6 +789,30 @@ impl Store for PgStore {
             return Err(StoreError::ConsumerNotFound(consumer.to_string()));
         }
         Ok(row.try_get("due")?)
+    }
+
+    /// From `pg_stat_user_tables` (the statistics collector's counts, no scan) and the
+    /// relations' sizes with their indexes and TOAST.
+    async fn table_health(&self) -> Result<Vec<TableHealth>> {
+        let rows = sqlx::query(
+            "SELECT relname AS table_name, n_live_tup AS live, n_dead_tup AS dead,
+                    pg_total_relation_size(relid) AS bytes,
+                    greatest(last_vacuum, last_autovacuum) AS last_vacuum
+               FROM pg_stat_user_tables WHERE schemaname = 'outbox' ORDER BY relname",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TableHealth {
+                    table: r.try_get("table_name")?,
+                    live_rows: r.try_get("live")?,
+                    dead_rows: r.try_get("dead")?,
+                    bytes: r.try_get("bytes")?,
+                    last_vacuum: r.try_get("last_vacuum")?,
+                })
+            })
+            .collect()
     }
 
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {

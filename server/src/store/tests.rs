@@ -68,6 +68,7 @@ on_every_store!(
     the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
     leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
     a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
+    table_health_shows_the_size_and_dead_rows_of_outboxds_tables,
 );
 
 fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
@@ -624,4 +625,40 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     let relayed = store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
     assert_eq!(relayed.messages, 1, "the producer's row");
     holder.await.unwrap();
+}
+
+/// Stats show what vacuum has still to reclaim: PostgreSQL's dead rows per outboxd table (each
+/// lease and ack leaves one), SQLite's file size and free pages.
+async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: SharedStore) {
+    let now = Utc::now();
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    store.message_insert_batch(&(0..20).map(|_| msg("t")).collect::<Vec<_>>(), now).await.unwrap();
+    store.relay_batch(100, 0, now, false, &NoPush).await.unwrap();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    let leased = store.delivery_lease_batch(&c.name, "s", 100, "", later, now).await.unwrap();
+    let ids: Vec<MessageId> = leased.iter().map(|d| d.message.message_id).collect();
+    assert_eq!(store.delivery_ack_many(&c.name, &ids, now).await.unwrap(), 20);
+    if store.backend() == "sqlite" {
+        let t = store.table_health().await.unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].table, "(file)");
+        assert!(t[0].bytes >= 4096, "{t:?}");
+        return;
+    }
+    // PostgreSQL's statistics arrive asynchronously (within about a second): poll, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = store.table_health().await.unwrap();
+        let names: Vec<&str> = t.iter().map(|t| t.table.as_str()).collect();
+        assert!(["consumers", "deliveries", "messages"].iter().all(|n| names.contains(n)), "{names:?}");
+        assert!(t.iter().all(|t| t.bytes > 0), "{t:?}");
+        let deliveries = t.iter().find(|t| t.table == "deliveries").unwrap();
+        // 20 leased and 20 acked: two dead versions per delivery row.
+        if deliveries.dead_rows >= 20 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "dead rows never showed: {t:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
