@@ -16,6 +16,11 @@
 //! 6. **fanout**: the same with 1, 4 and 16 consumers on one topic.
 //! 7. **idle**: transactions per second outboxd runs while nothing happens.
 //!
+//! And the figures of the storage targets: `outbox.enqueue` against a plain INSERT into the
+//! same table (before outboxd starts), commit → delivery at a fixed rate (`--latency-rate`,
+//! default 1,000/s), end to end with producers calling the SQL function, fan-out as a time
+//! ratio, and a backlog under 20 ordering keys drained at two depths per key.
+//!
 //! The database named by `--database-url` is dropped and recreated at start, so its name must
 //! contain "bench". With a `sqlite://PATH` URL the embedded store is measured instead (see
 //! `sqlite.rs`: ceiling, end to end, fixed-rate latency, drain). Results go to stdout (a table, or one JSON object with `--json`); progress
@@ -47,6 +52,14 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_bench";
+/// The fixed rate of the latency phase on PostgreSQL when `--latency-rate` is not given.
+const DEFAULT_LATENCY_RATE: f64 = 1000.0;
+/// Ordering keys of the keyed backlog phase, and its depths (messages per key).
+const KEYED_KEYS: u64 = 20;
+const KEYED_DEPTHS: [u64; 2] = [100, 5_000];
+const KEYED_DEPTHS_QUICK: [u64; 2] = [100, 1_000];
+const KEYED_STREAMS: u32 = 6;
+const KEYED_MAX_IN_FLIGHT: u32 = 64;
 /// Producers on PostgreSQL when `--producers` is not given.
 const DEFAULT_PRODUCERS: u32 = 16;
 
@@ -205,19 +218,23 @@ async fn pool(url: &str, size: u32) -> Result<PgPool> {
 /// there, with planner statistics that know the backlog (a claim planned for an empty table is
 /// slow on a large one): the whole fan-out then happens after the streams attach, inside the
 /// timed drain.
-async fn insert_committed(db: &PgPool, topic: &str, n: u64, payload: &[u8]) -> Result<()> {
+///
+/// The messages are spread round-robin over `keys` ordering keys (0: none).
+async fn insert_committed(db: &PgPool, topic: &str, n: u64, keys: u64, payload: &[u8]) -> Result<()> {
     let mut tx = db.begin().await?;
     let mut left = n;
     while left > 0 {
         let chunk = left.min(INSERT_CHUNK);
         sqlx::query(
-            "INSERT INTO outbox.messages (message_id, topic, type, payload)
-             SELECT outbox.uuid_v7(), $1, $2, $3 FROM generate_series(1, $4::bigint)",
+            "INSERT INTO outbox.messages (message_id, topic, type, payload, ordering_key)
+             SELECT outbox.uuid_v7(), $1, $2, $3, CASE WHEN $5 > 0 THEN 'key-' || (g % $5) END
+               FROM generate_series(1, $4::bigint) g",
         )
         .bind(topic)
         .bind(EVENT_TYPE)
         .bind(payload)
         .bind(i64::try_from(chunk)?)
+        .bind(i64::try_from(keys)?)
         .execute(&mut *tx)
         .await
         .with_context(|| format!("inserting the {topic} backlog"))?;
@@ -266,6 +283,11 @@ enum Work {
     /// transaction, the same shape as the ceiling. (Inside an explicit BEGIN … COMMIT both the
     /// ceiling and the enqueue pay two more round trips per commit, about half the rate.)
     Enqueue { topic: &'static str },
+    /// `SELECT outbox.enqueue(...)`, autocommit: what a producer in any language calls.
+    SqlFunction { topic: &'static str },
+    /// A plain `INSERT INTO outbox.messages`, autocommit: the table's own cost, the yardstick
+    /// for the SQL function.
+    OutboxInsert { topic: &'static str },
 }
 
 impl Work {
@@ -285,6 +307,24 @@ impl Work {
             Work::Enqueue { topic } => {
                 let msg = outbox_client::Message::new(topic, EVENT_TYPE, payload).message_id(id);
                 outbox_client::enqueue(&mut *conn, &msg).await?;
+            }
+            Work::SqlFunction { topic } => {
+                sqlx::query("SELECT outbox.enqueue($1, $2, $3, '{}', $4)")
+                    .bind(topic)
+                    .bind(EVENT_TYPE)
+                    .bind(payload)
+                    .bind(id)
+                    .execute(conn)
+                    .await?;
+            }
+            Work::OutboxInsert { topic } => {
+                sqlx::query("INSERT INTO outbox.messages (message_id, topic, type, payload) VALUES ($1, $2, $3, $4)")
+                    .bind(id)
+                    .bind(topic)
+                    .bind(EVENT_TYPE)
+                    .bind(payload)
+                    .execute(conn)
+                    .await?;
             }
         }
         Ok(())
@@ -416,6 +456,10 @@ struct Progress {
     again: AtomicU64,
     /// When the latest ack was sent, in nanoseconds after `origin`.
     last_ack_ns: AtomicU64,
+    /// While set, each first delivery's enqueue → receipt time (wall clock, milliseconds) is
+    /// kept in `latencies` (the soak samples them).
+    sample_latency: std::sync::atomic::AtomicBool,
+    latencies: std::sync::Mutex<Vec<f32>>,
 }
 
 impl Progress {
@@ -425,11 +469,24 @@ impl Progress {
             first: AtomicU64::new(0),
             again: AtomicU64::new(0),
             last_ack_ns: AtomicU64::new(0),
+            sample_latency: std::sync::atomic::AtomicBool::new(false),
+            latencies: std::sync::Mutex::new(Vec::new()),
         }
     }
 
     fn record(&self, batch: &[(pb::Delivery, Instant)], acked: Instant) {
         let first = batch.iter().filter(|(d, _)| d.delivery_count <= 1).count() as u64;
+        if self.sample_latency.load(Ordering::Relaxed) {
+            let now = chrono::Utc::now();
+            let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+            for (d, _) in batch.iter().filter(|(d, _)| d.delivery_count <= 1) {
+                if let Some(t) = d.enqueued_at.as_ref()
+                    && let Some(at) = chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0))
+                {
+                    l.push((now - at).num_microseconds().unwrap_or(0) as f32 / 1000.0);
+                }
+            }
+        }
         let ns = u64::try_from(acked.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX);
         // The instant first, so that whoever sees the count sees an instant at least this late.
         self.last_ack_ns.fetch_max(ns, Ordering::SeqCst);
@@ -645,13 +702,24 @@ async fn flow(
     rate: Option<f64>,
     record: bool,
 ) -> Result<Flow> {
+    flow_of(b, admin, endpoint, Work::Enqueue { topic }, topic, rate, record).await
+}
+
+/// [`flow`] with producers doing `work` (which must write to `topic`).
+async fn flow_of(
+    b: &Bench,
+    admin: &mut AdminClient,
+    endpoint: &str,
+    work: Work,
+    topic: &'static str,
+    rate: Option<f64>,
+    record: bool,
+) -> Result<Flow> {
     let name = topic.replace('.', "-");
     create_consumer(admin, consumer(&name, &[topic])).await?;
     let mut streams = Streams::attach(endpoint, &[name], STREAMS, FLOW_MAX_IN_FLIGHT, record).await?;
     let p = &b.params;
-    let run =
-        Producers::start(&b.producers, p.producers, Work::Enqueue { topic }, p.window(), rate, record, &b.payload)
-            .await?;
+    let run = Producers::start(&b.producers, p.producers, work, p.window(), rate, record, &b.payload).await?;
     tokio::time::sleep_until(run.window.end).await;
     let acked_in_window = streams.progress.acked();
     let produced = run.finish().await?;
@@ -723,8 +791,14 @@ struct Latency {
 
 /// Phase 4: producers paced to `rate`; every message's commit, delivery and ack instants, all
 /// on this process's monotonic clock.
-async fn latency(b: &Bench, admin: &mut AdminClient, endpoint: &str, rate: f64) -> Result<Latency> {
-    let f = flow(b, admin, endpoint, "bench.latency", Some(rate), true).await?;
+async fn latency(
+    b: &Bench,
+    admin: &mut AdminClient,
+    endpoint: &str,
+    topic: &'static str,
+    rate: f64,
+) -> Result<Latency> {
+    let f = flow(b, admin, endpoint, topic, Some(rate), true).await?;
     let committed: HashMap<Uuid, Instant> = f.produced.commits.into_iter().collect();
     let mut to_delivery = Vec::with_capacity(f.receipts.len());
     let mut to_ack = Vec::with_capacity(f.receipts.len());
@@ -767,15 +841,30 @@ async fn drain_backlog(
     n: u64,
     per_consumer: u32,
 ) -> Result<Drained> {
+    drain_backlog_of(b, admin, endpoint, topic, consumers, (n, 0), per_consumer, DRAIN_MAX_IN_FLIGHT).await
+}
+
+/// [`drain_backlog`] of `(messages, ordering keys)` with streams of `max_in_flight`.
+#[allow(clippy::too_many_arguments)]
+async fn drain_backlog_of(
+    b: &Bench,
+    admin: &mut AdminClient,
+    endpoint: &str,
+    topic: &str,
+    consumers: &[String],
+    (n, keys): (u64, u64),
+    per_consumer: u32,
+    max_in_flight: u32,
+) -> Result<Drained> {
     for name in consumers {
         create_consumer(admin, consumer(name, &[topic])).await?;
     }
-    tracing::info!(topic, messages = n, "loading the backlog");
-    insert_committed(&b.db, topic, n, &b.payload).await?;
+    tracing::info!(topic, messages = n, keys, "loading the backlog");
+    insert_committed(&b.db, topic, n, keys, &b.payload).await?;
     let deliveries = n * consumers.len() as u64;
     let within = budget(deliveries);
     let start = Instant::now();
-    let mut streams = Streams::attach(endpoint, consumers, per_consumer, DRAIN_MAX_IN_FLIGHT, false).await?;
+    let mut streams = Streams::attach(endpoint, consumers, per_consumer, max_in_flight, false).await?;
     let what = format!("{deliveries} deliveries of {topic}");
     let (relayed, acked) =
         tokio::join!(time_until_relayed(&b.db, start, within), streams.wait_acked(deliveries, within, &what));
@@ -806,6 +895,54 @@ async fn fanout(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Ve
         out.push((k, d));
     }
     Ok(out)
+}
+
+/// Phase 8: a backlog under `KEYED_KEYS` ordering keys, drained by `KEYED_STREAMS` streams, at
+/// each depth per key: the rate must not depend on the depth.
+async fn keyed_drain(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Vec<(u64, f64)>> {
+    let depths = if b.params.quick { KEYED_DEPTHS_QUICK } else { KEYED_DEPTHS };
+    let mut out = Vec::new();
+    for depth in depths {
+        let topic = format!("bench.keyed.d{depth}");
+        let name = format!("bench-keyed-d{depth}");
+        let n = depth * KEYED_KEYS;
+        let d = drain_backlog_of(
+            b,
+            admin,
+            endpoint,
+            &topic,
+            std::slice::from_ref(&name),
+            (n, KEYED_KEYS),
+            KEYED_STREAMS,
+            KEYED_MAX_IN_FLIGHT,
+        )
+        .await?;
+        let rate = per_second(d.messages, d.elapsed);
+        tracing::info!(depth, rate, "keyed drain done");
+        out.push((depth, round(rate, 1)));
+    }
+    Ok(out)
+}
+
+/// Phase 1b, before outboxd starts: producers calling `outbox.enqueue` against producers
+/// inserting the same row into `outbox.messages` directly; the ratio of their rates. The rows
+/// are removed afterwards, so that outboxd starts on an empty outbox.
+async fn enqueue_function_vs_insert(b: &Bench, bin: &std::path::Path, url: &str) -> Result<(f64, f64)> {
+    let status = tokio::process::Command::new(bin)
+        .args(["migrate", "--database-url", url])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .context("running outboxd migrate")?;
+    ensure!(status.success(), "outboxd migrate failed: {status}");
+    let p = &b.params;
+    let mut rates = Vec::new();
+    for work in [Work::OutboxInsert { topic: "bench.insert" }, Work::SqlFunction { topic: "bench.function" }] {
+        let run = Producers::start(&b.producers, p.producers, work, p.window(), None, false, &b.payload).await?;
+        rates.push(per_second(run.finish().await?.in_window, p.window()));
+    }
+    sqlx::query("TRUNCATE outbox.messages CASCADE").execute(&b.db).await?;
+    Ok((rates[0], rates[1]))
 }
 
 /// `xact_commit + xact_rollback` of the current database. PostgreSQL counts every autocommit
@@ -941,6 +1078,28 @@ struct Report {
     idle_queries_per_s: f64,
     outboxd_rss_kib: Rss,
     details: Details,
+    /// Commit → delivery with producers paced to `--latency-rate`.
+    latency_fixed_ms: Latency,
+    sql_function_end_to_end_per_s: f64,
+    sql_function_ratio_to_ceiling: f64,
+    /// `outbox.enqueue` over a plain INSERT into the same table, no outboxd running.
+    enqueue_function_vs_insert: f64,
+    enqueue_function_per_s: f64,
+    outbox_insert_per_s: f64,
+    /// Drain time with k consumers over the time with one.
+    fanout_time_ratio: ByConsumers,
+    /// Keyed backlog drain rate by depth per key.
+    keyed_drain_per_s: ByDepth,
+}
+
+/// Figures keyed by depth per key.
+#[derive(Debug, Clone, Default)]
+struct ByDepth(Vec<(u64, f64)>);
+
+impl Serialize for ByDepth {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.to_string(), v)))
+    }
 }
 
 /// `12345.6` → `12,346`.
@@ -1033,6 +1192,48 @@ fn print_table(r: &Report) {
         ]);
     }
     rows.push([
+        "latency fixed".into(),
+        format!("commit->delivery {}", quantiles_text(&r.latency_fixed_ms.delivery)),
+        format!(
+            "offered {} msg/s (--latency-rate), achieved {}; {} samples",
+            grouped(r.latency_fixed_ms.offered_per_s),
+            grouped(r.latency_fixed_ms.achieved_per_s),
+            r.latency_fixed_ms.samples
+        ),
+    ]);
+    rows.push([
+        "sql function".into(),
+        format!("{} msg/s acked", grouped(r.sql_function_end_to_end_per_s)),
+        format!(
+            "producers calling SELECT outbox.enqueue(...); {:.2} of ceiling; {} streams",
+            r.sql_function_ratio_to_ceiling, p.streams
+        ),
+    ]);
+    rows.push([
+        "enqueue fn".into(),
+        format!("{:.2} x plain INSERT", r.enqueue_function_vs_insert),
+        format!(
+            "outbox.enqueue {} vs INSERT INTO outbox.messages {} per s, no outboxd",
+            grouped(r.enqueue_function_per_s),
+            grouped(r.outbox_insert_per_s)
+        ),
+    ]);
+    rows.push([
+        "fanout time".into(),
+        r.fanout_time_ratio.0.iter().map(|(k, v)| format!("x{k}: {v:.2}")).collect::<Vec<_>>().join(", "),
+        "drain time with k consumers over the time with one".into(),
+    ]);
+    rows.push([
+        "keyed drain".into(),
+        r.keyed_drain_per_s
+            .0
+            .iter()
+            .map(|(k, v)| format!("{k} deep: {} msg/s", grouped(*v)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        format!("{KEYED_KEYS} ordering keys, {KEYED_STREAMS} streams x max_in_flight {KEYED_MAX_IN_FLIGHT}"),
+    ]);
+    rows.push([
         "idle".into(),
         format!("{:.1} queries/s", r.idle_queries_per_s),
         format!("1 idle stream, {} s, xact_commit + xact_rollback", p.idle_seconds),
@@ -1079,6 +1280,8 @@ async fn run(args: Args) -> Result<Report> {
 
     tracing::info!("phase 1: ceiling");
     let ceiling_per_s = ceiling(&b).await?;
+    tracing::info!(ceiling_per_s, "phase 1b: outbox.enqueue against a plain INSERT into the outbox table");
+    let (insert_per_s, function_per_s) = enqueue_function_vs_insert(&b, &bin, &url).await?;
 
     let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
     let rss_start = rss_kib(outboxd.pid())?;
@@ -1095,11 +1298,21 @@ async fn run(args: Args) -> Result<Report> {
     let e2e = end_to_end(&b, &mut admin, &endpoint).await?;
     ensure!(e2e.per_s > 0.0, "nothing was delivered end to end: no rate to pace the latency phase at");
     tracing::info!(end_to_end_per_s = e2e.per_s, "phase 4: latency");
-    let lat = latency(&b, &mut admin, &endpoint, e2e.per_s / 2.0).await?;
+    let lat = latency(&b, &mut admin, &endpoint, "bench.latency", e2e.per_s / 2.0).await?;
+    let fixed_rate = args.latency_rate.unwrap_or(DEFAULT_LATENCY_RATE);
+    tracing::info!(p99_ms = lat.delivery.p99, rate = fixed_rate, "phase 4b: latency at a fixed rate");
+    let fixed = latency(&b, &mut admin, &endpoint, "bench.latency-fixed", fixed_rate).await?;
+    tracing::info!(p99_ms = fixed.delivery.p99, "phase 3b: end_to_end through the SQL function");
+    let sqlf =
+        flow_of(&b, &mut admin, &endpoint, Work::SqlFunction { topic: "bench.sqlfn" }, "bench.sqlfn", None, false)
+            .await?;
+    let sql_function_per_s = per_second(sqlf.acked_in_window, b.params.window());
     tracing::info!(p99_ms = lat.delivery.p99, "phase 5: drain");
     let dr = drain(&b, &mut admin, &endpoint).await?;
     tracing::info!(drain_per_s = per_second(dr.messages, dr.elapsed), "phase 6: fanout");
     let fan = fanout(&b, &mut admin, &endpoint).await?;
+    tracing::info!("phase 8: keyed backlog");
+    let keyed = keyed_drain(&b, &mut admin, &endpoint).await?;
 
     let Bench { params, db, producers, .. } = b;
     producers.close().await;
@@ -1110,8 +1323,17 @@ async fn run(args: Args) -> Result<Report> {
     }
 
     let fan_by = |f: &dyn Fn(&Drained) -> f64| ByConsumers(fan.iter().map(|(k, d)| (*k, f(d))).collect());
+    let one = fan.iter().find(|(k, _)| *k == 1).map_or(1.0, |(_, d)| d.elapsed.as_secs_f64().max(1e-9));
     let redeliveries = e2e.redelivered + dr.redelivered + fan.iter().map(|(_, d)| d.redelivered).sum::<u64>();
     Ok(Report {
+        latency_fixed_ms: fixed,
+        sql_function_end_to_end_per_s: round(sql_function_per_s, 1),
+        sql_function_ratio_to_ceiling: round(sql_function_per_s / ceiling_per_s.max(1e-9), 3),
+        enqueue_function_vs_insert: round(function_per_s / insert_per_s.max(1e-9), 3),
+        enqueue_function_per_s: round(function_per_s, 1),
+        outbox_insert_per_s: round(insert_per_s, 1),
+        fanout_time_ratio: fan_by(&|d| round(d.elapsed.as_secs_f64() / one, 2)),
+        keyed_drain_per_s: ByDepth(keyed),
         ceiling_per_s: round(ceiling_per_s, 1),
         enqueue_per_s: round(enq.per_s, 1),
         end_to_end_per_s: round(e2e.per_s, 1),
@@ -1136,6 +1358,18 @@ async fn run(args: Args) -> Result<Report> {
     })
 }
 
+/// One soak sample: the interval since the previous one.
+#[derive(Debug, Serialize)]
+struct SoakSample {
+    at_s: u64,
+    rss_mib: f64,
+    /// Unrelayed messages plus the consumer's pending and in-flight deliveries.
+    backlog: i64,
+    acked_per_s: f64,
+    /// Commit → delivery (enqueue time to receipt), 99th percentile over the interval.
+    p99_ms: f64,
+}
+
 /// What a soak run saw.
 #[derive(Debug, Serialize)]
 struct Soak {
@@ -1143,18 +1377,27 @@ struct Soak {
     offered_per_s: f64,
     producers: u32,
     acked: u64,
-    /// `(seconds since start, RSS KiB)`, ten samples over the run.
+    autovacuum: String,
+    synchronous_commit: String,
+    samples: Vec<SoakSample>,
+    /// The backlog did not grow: at the end it is at most twice the median sample's, or one
+    /// second of the offered rate.
+    kept_up: bool,
+    /// `(seconds since start, RSS KiB)`, as before.
     outboxd_rss_kib: Vec<(u64, u64)>,
 }
 
-/// `--soak`: one consumer, four streams, producers paced to `rate` for `seconds`; outboxd's
-/// RSS sampled every tenth of the run.
+/// `--soak`: one consumer, four streams, producers paced to `rate` for `seconds`; sampled every
+/// tenth of the run, and at least once a minute.
 async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
+    const TOPIC: &str = "bench.soak";
     let bin = find_outboxd(args.outboxd.clone())?;
     let url = args.database_url.clone();
     recreate_database(&url).await?;
     let db = pool(&url, 4).await?;
     let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&db).await?;
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum").fetch_one(&db).await?;
+    let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&db).await?;
     let mut params = Params::new(args, postgres);
     params.seconds = seconds;
     let producers = pool(&url, params.producers).await?;
@@ -1163,27 +1406,76 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();
     let pid = outboxd.pid();
+    let name = TOPIC.replace('.', "-");
+    create_consumer(&mut admin, consumer(&name, &[TOPIC])).await?;
+    let mut streams =
+        Streams::attach(&endpoint, std::slice::from_ref(&name), STREAMS, FLOW_MAX_IN_FLIGHT, false).await?;
+    streams.progress.sample_latency.store(true, Ordering::Relaxed);
+    let run = Producers::start(
+        &b.producers,
+        b.params.producers,
+        Work::Enqueue { topic: TOPIC },
+        b.params.window(),
+        Some(args.soak_rate),
+        false,
+        &b.payload,
+    )
+    .await?;
     let started = Instant::now();
-    let sample = async {
-        let mut out = vec![(0, rss_kib(pid)?)];
-        for i in 1..=10 {
-            tokio::time::sleep_until(started + Duration::from_secs(seconds * i / 10)).await;
-            let rss = rss_kib(pid)?;
-            tracing::info!(at_s = seconds * i / 10, rss_kib = rss, "soak");
-            out.push((seconds * i / 10, rss));
-        }
-        anyhow::Ok(out)
-    };
-    let (f, rss) = tokio::join!(flow(&b, &mut admin, &endpoint, "bench.soak", Some(args.soak_rate), false), sample);
-    let (f, rss) = (f?, rss?);
+    let n = (seconds / 60).max(10);
+    let mut samples = Vec::new();
+    let mut rss = vec![(0, rss_kib(pid)?)];
+    let (mut last_acked, mut last_at) = (0u64, started);
+    for i in 1..=n {
+        tokio::time::sleep_until(started + Duration::from_secs(seconds * i / n)).await;
+        let at = Instant::now();
+        let acked = streams.progress.acked();
+        let lat = std::mem::take(&mut *streams.progress.latencies.lock().unwrap_or_else(|e| e.into_inner()));
+        let p99_ms =
+            Quantiles::of(lat.iter().map(|ms| Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1000.0)).collect())
+                .map_or(0.0, |q| q.p99);
+        let st = admin.get_stats(pb::GetStatsRequest { consumer: name.clone() }).await?.into_inner();
+        let c = st.consumers.first().cloned().unwrap_or_default();
+        let rss_now = rss_kib(pid)?;
+        let sample = SoakSample {
+            at_s: seconds * i / n,
+            rss_mib: round(rss_now as f64 / 1024.0, 2),
+            backlog: st.unrelayed + c.backlog + c.in_flight,
+            acked_per_s: round(per_second(acked - last_acked, at - last_at), 1),
+            p99_ms,
+        };
+        tracing::info!(
+            at_s = sample.at_s,
+            rss_mib = sample.rss_mib,
+            backlog = sample.backlog,
+            acked_per_s = sample.acked_per_s,
+            p99_ms = sample.p99_ms,
+            "soak"
+        );
+        rss.push((sample.at_s, rss_now));
+        samples.push(sample);
+        (last_acked, last_at) = (acked, at);
+    }
+    let produced = run.finish().await?;
+    streams.wait_acked(produced.total, budget(produced.total), "the soak's messages").await?;
+    streams.stop().await?;
     if !outboxd.terminate(Duration::from_secs(20)).await? {
         tracing::warn!("outboxd exited with an error status");
     }
+    let mut backlogs: Vec<i64> = samples.iter().map(|s| s.backlog).collect();
+    backlogs.sort_unstable();
+    let median = backlogs.get(backlogs.len() / 2).copied().unwrap_or(0);
+    let last = samples.last().map_or(0, |s| s.backlog);
+    let kept_up = last <= (2 * median).max(args.soak_rate as i64);
     Ok(Soak {
         seconds,
         offered_per_s: args.soak_rate,
         producers: b.params.producers,
-        acked: f.produced.total,
+        acked: produced.total,
+        autovacuum,
+        synchronous_commit,
+        samples,
+        kept_up,
         outboxd_rss_kib: rss,
     })
 }
@@ -1219,8 +1511,19 @@ async fn main() -> Result<()> {
                 "soak: {} s at {} msg/s offered ({} producers), {} messages acked",
                 r.seconds, r.offered_per_s, r.producers, r.acked
             );
-            for (at, rss) in &r.outboxd_rss_kib {
-                println!("  t = {at:>5} s   outboxd RSS {} KiB", grouped(*rss as f64));
+            println!(
+                "autovacuum {}, synchronous_commit {}; kept up: {}",
+                r.autovacuum, r.synchronous_commit, r.kept_up
+            );
+            for s in &r.samples {
+                println!(
+                    "  t = {:>5} s   RSS {:>6.1} MiB   backlog {:>8}   acked {:>8} msg/s   p99 {:>7.1} ms",
+                    s.at_s,
+                    s.rss_mib,
+                    s.backlog,
+                    grouped(s.acked_per_s),
+                    s.p99_ms
+                );
             }
         }
         return Ok(());
