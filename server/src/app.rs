@@ -151,6 +151,9 @@ impl App {
         }
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
+        if !config.vacuum_interval.is_zero() {
+            tasks.spawn(crate::vacuum::Vacuumer::new(store.clone(), config.vacuum_interval).run(loops.clone()));
+        }
         if config.listen_notify {
             let (store, hub, cancel) = (store.clone(), hub.clone(), loops.clone());
             tasks.spawn(async move { store.watch(hub, cancel).await });

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// How often the per-consumer gauges are refreshed from the database.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
+    /// How often outboxd checks its own tables' dead rows and vacuums those that have many
+    /// (PostgreSQL; "0s" turns it off and leaves the tables to autovacuum).
+    #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub vacuum_interval: Duration,
 }
 
 /// A validated server configuration.
@@ -103,6 +107,8 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     pub retention: Duration,
     pub prune_interval: Duration,
+    /// Zero: no vacuum of outboxd's own.
+    pub vacuum_interval: Duration,
     pub replay_rate: u32,
     pub relay_poll_min: Duration,
     pub relay_poll_max: Duration,
@@ -133,6 +139,7 @@ impl ServeConfig {
             drain_timeout: Duration::from_secs(10),
             retention: Duration::from_secs(7 * 24 * 3600),
             prune_interval: Duration::from_secs(600),
+            vacuum_interval: Duration::from_secs(5),
             replay_rate: 1000,
             relay_poll_min: Duration::from_millis(1),
             relay_poll_max: Duration::from_millis(500),
@@ -193,6 +200,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.relay = !a.no_relay;
         c.metrics_listen = a.metrics_listen;
         c.metrics_interval = a.metrics_interval;
+        c.vacuum_interval = a.vacuum_interval;
         c.validate()?;
         Ok(c)
     }

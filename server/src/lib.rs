@@ -17,6 +17,7 @@
 //! - [`session`]: one `Subscribe` stream: leases, sends, applies acks, nacks and extends.
 //! - [`sweeper`]: returns expired leases to pending (with backoff) or to dead.
 //! - [`pruner`]: deletes old, fully acked messages; its retention is the dedup horizon.
+//! - [`vacuum`]: vacuums outboxd's own tables once their dead rows pile up.
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
 //! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
@@ -40,6 +41,7 @@ pub mod session;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;
+pub mod vacuum;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -38,6 +38,10 @@ pub const WORK_CHANNEL: &str = "outbox_work";
 
 /// Connections of the relay's own pool (a relay loop and its helper).
 const RELAY_CONNECTIONS: u32 = 2;
+/// The session advisory lock of the vacuum round (one replica at a time).
+const VACUUM_LOCK: i64 = 0x6f75_7462_6f78_0003;
+/// Connections of the lease pool (see `PgStore::lease_pool`).
+const LEASE_CONNECTIONS: u32 = 4;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -104,10 +108,13 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
          LIMIT $3
     ),
     unkeyed AS (
+        -- Locked as it is read, skipping rows other sessions hold, so that streams leasing at
+        -- the same moment take the next rows instead of all reading, then missing, the same.
         SELECT d.message_id FROM outbox.deliveries d
          WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL AND d.available_at <= $2
          ORDER BY d.available_at, d.seq
          LIMIT $3
+         FOR UPDATE SKIP LOCKED
     ),
     cand AS (
         -- An array of at most 2 x $3 ids, looked up by primary key: never a join or a state
@@ -157,6 +164,11 @@ pub struct PgStore {
     pool: PgPool,
     /// For relay passes only: commits without waiting for the WAL flush (see `relay_batch`).
     relay_pool: PgPool,
+    /// For leases and next-due reads only: `plan_cache_mode = force_generic_plan`, so that each
+    /// connection plans these statements once instead of at every call (their plans do not
+    /// depend on the values, by construction and by test: ADR 0016; planning them costs more
+    /// than running them, and streams lease many times a second under load).
+    lease_pool: PgPool,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -378,12 +390,16 @@ impl PgStore {
         let relay_pool = PgPoolOptions::new()
             .max_connections(RELAY_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.options([("synchronous_commit", "off")]));
-        Ok(Self { pool, relay_pool })
+            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+        let lease_pool = PgPoolOptions::new()
+            .max_connections(LEASE_CONNECTIONS.min(max_connections.max(1)))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options.options([("plan_cache_mode", "force_generic_plan")]));
+        Ok(Self { pool, relay_pool, lease_pool })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { relay_pool: pool.clone(), pool }
+        Self { relay_pool: pool.clone(), lease_pool: pool.clone(), pool }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -405,6 +421,7 @@ impl Store for PgStore {
     }
 
     async fn close(&self) {
+        self.lease_pool.close().await;
         self.relay_pool.close().await;
         self.pool.close().await;
     }
@@ -643,7 +660,7 @@ impl Store for PgStore {
             .bind(lease_until)
             .bind(session)
             .bind(keys_after)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.lease_pool)
             .await?;
         let mut out = rows
             .iter()
@@ -784,7 +801,7 @@ impl Store for PgStore {
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then;
     /// `ConsumerNotFound` once the consumer has been deleted.
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
-        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer.as_str()).fetch_one(&self.pool).await?;
+        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer.as_str()).fetch_one(&self.lease_pool).await?;
         if !row.try_get::<bool, _>("present")? {
             return Err(StoreError::ConsumerNotFound(consumer.to_string()));
         }
@@ -813,6 +830,51 @@ impl Store for PgStore {
                 })
             })
             .collect()
+    }
+
+    /// `VACUUM` (not FULL: it takes no lock that blocks reads or writes) of each outbox table
+    /// past the thresholds, on one connection holding a session advisory lock, so that of
+    /// several replicas one vacuums at a time and the others skip the round.
+    async fn vacuum_if_needed(&self, min_dead: i64, ratio: f64) -> Result<Vec<String>> {
+        let due: Vec<String> = sqlx::query_scalar(
+            "SELECT relname::text FROM pg_stat_user_tables
+              WHERE schemaname = 'outbox' AND n_dead_tup > $1 AND n_dead_tup > $2 * n_live_tup
+              ORDER BY n_dead_tup DESC",
+        )
+        .bind(min_dead)
+        .bind(ratio)
+        .fetch_all(&self.pool)
+        .await?;
+        if due.is_empty() {
+            return Ok(due);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
+        if !locked {
+            return Ok(Vec::new());
+        }
+        let mut done = Vec::new();
+        let mut failed = None;
+        for table in due {
+            // Names from the catalog of our own schema, quoted.
+            let sql = format!("VACUUM outbox.\"{}\"", table.replace('"', "\"\""));
+            match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *conn).await {
+                Ok(_) => done.push(table),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)").bind(VACUUM_LOCK).execute(&mut *conn).await;
+        if unlocked.is_err() {
+            conn.close_on_drop();
+        }
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(done),
+        }
     }
 
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {

@@ -963,6 +963,11 @@ impl Store for SqliteStore {
         }])
     }
 
+    /// SQLite reuses the pages that deletes free; nothing to do.
+    async fn vacuum_if_needed(&self, _min_dead: i64, _ratio: f64) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     async fn stats(&self, only: Option<&ConsumerName>, _include_acked: bool) -> Result<Stats> {
         let head = sqlx::query(
             "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",

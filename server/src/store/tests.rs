@@ -661,4 +661,21 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
         assert!(std::time::Instant::now() < deadline, "dead rows never showed: {t:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Below the thresholds nothing is vacuumed; above them the table is, and says so.
+    let vacuumer = crate::vacuum::Vacuumer::new(store.clone(), Duration::from_secs(10));
+    assert!(vacuumer.run_once().await.unwrap().is_empty(), "20 dead rows are below the default threshold");
+    let mut eager = vacuumer.clone();
+    (eager.min_dead_rows, eager.dead_ratio) = (10, 0.0);
+    let done = eager.run_once().await.unwrap();
+    assert!(done.contains(&"deliveries".to_owned()), "{done:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = store.table_health().await.unwrap();
+        let deliveries = t.iter().find(|t| t.table == "deliveries").unwrap();
+        if deliveries.last_vacuum.is_some() && deliveries.dead_rows < 20 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the vacuum never showed: {t:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
