@@ -25,10 +25,18 @@ impl Vacuumer {
         Self { store, interval, min_dead_rows: MIN_DEAD_ROWS, dead_ratio: DEAD_RATIO }
     }
 
-    /// One round: the tables vacuumed.
+    /// One round: the tables past both thresholds, vacuumed; returns them.
     pub async fn run_once(&self) -> Result<Vec<String>, StoreError> {
         let started = std::time::Instant::now();
-        let done = self.store.vacuum_if_needed(self.min_dead_rows, self.dead_ratio).await?;
+        let due: Vec<String> = self
+            .store
+            .table_health()
+            .await?
+            .into_iter()
+            .filter(|t| t.dead_rows > self.min_dead_rows && t.dead_rows as f64 > self.dead_ratio * t.live_rows as f64)
+            .map(|t| t.table)
+            .collect();
+        let done = self.store.vacuum_tables(&due).await?;
         if !done.is_empty() {
             tracing::info!(tables = ?done, took = ?started.elapsed(), "vacuumed");
         }

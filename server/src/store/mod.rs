@@ -114,10 +114,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
     /// Size and dead rows of outboxd's own tables, from the database's catalog (no table scan).
     async fn table_health(&self) -> Result<Vec<TableHealth>>;
-    /// Vacuums each of outboxd's tables whose dead rows exceed `min_dead` and `ratio` × its
-    /// live rows, unless another process is doing it; returns the tables vacuumed. A no-op on
-    /// stores that need none.
-    async fn vacuum_if_needed(&self, min_dead: i64, ratio: f64) -> Result<Vec<String>>;
+    /// Vacuums these of outboxd's tables (as [`Store::table_health`] names them), unless another
+    /// process is doing it; returns the tables vacuumed. A no-op on stores that need none.
+    async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>>;
     /// A page of dead letters in `seq` order after `after_seq`.
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;

@@ -391,10 +391,14 @@ impl PgStore {
             .max_connections(RELAY_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+        // Connected now, not at the first lease: a stream's first lease must not wait for a
+        // connection to open while the relay pushes later messages to it.
         let lease_pool = PgPoolOptions::new()
             .max_connections(LEASE_CONNECTIONS.min(max_connections.max(1)))
+            .min_connections(1)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.options([("plan_cache_mode", "force_generic_plan")]));
+            .connect_with(options.options([("plan_cache_mode", "force_generic_plan")]))
+            .await?;
         Ok(Self { pool, relay_pool, lease_pool })
     }
 
@@ -832,21 +836,12 @@ impl Store for PgStore {
             .collect()
     }
 
-    /// `VACUUM` (not FULL: it takes no lock that blocks reads or writes) of each outbox table
-    /// past the thresholds, on one connection holding a session advisory lock, so that of
-    /// several replicas one vacuums at a time and the others skip the round.
-    async fn vacuum_if_needed(&self, min_dead: i64, ratio: f64) -> Result<Vec<String>> {
-        let due: Vec<String> = sqlx::query_scalar(
-            "SELECT relname::text FROM pg_stat_user_tables
-              WHERE schemaname = 'outbox' AND n_dead_tup > $1 AND n_dead_tup > $2 * n_live_tup
-              ORDER BY n_dead_tup DESC",
-        )
-        .bind(min_dead)
-        .bind(ratio)
-        .fetch_all(&self.pool)
-        .await?;
-        if due.is_empty() {
-            return Ok(due);
+    /// `VACUUM` (not FULL: it takes no lock that blocks reads or writes) of each table, on one
+    /// connection holding a session advisory lock, so that of several replicas one vacuums at a
+    /// time and the others skip the round.
+    async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
+        if tables.is_empty() {
+            return Ok(Vec::new());
         }
         let mut conn = self.pool.acquire().await?;
         let locked: bool =
@@ -856,11 +851,11 @@ impl Store for PgStore {
         }
         let mut done = Vec::new();
         let mut failed = None;
-        for table in due {
+        for table in tables {
             // Names from the catalog of our own schema, quoted.
             let sql = format!("VACUUM outbox.\"{}\"", table.replace('"', "\"\""));
             match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *conn).await {
-                Ok(_) => done.push(table),
+                Ok(_) => done.push(table.clone()),
                 Err(e) => {
                     failed = Some(e);
                     break;

@@ -40,12 +40,11 @@ const WATCH_HOT: Duration = Duration::from_millis(1);
 const WATCH_HOT_FOR: Duration = Duration::from_secs(1);
 const WATCH_IDLE: Duration = Duration::from_millis(5);
 /// How long a write of this process keeps trying for the write lock while other processes
-/// (producers) hold it, and how it tries: at once a few times, for `WRITE_SPIN`, then every
-/// millisecond. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 … ms between tries,
+/// (producers) hold it, trying every millisecond. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 … ms between tries,
 /// so that a write which met two or three producer commits in a row waited tens of
 /// milliseconds for a lock held a fraction of one.
 const WRITE_LOCK_WAIT: Duration = Duration::from_secs(5);
-const WRITE_SPIN: Duration = Duration::ZERO;
+const WRITE_LOCK_RETRY: Duration = Duration::from_millis(1);
 
 /// Rows read per round trip when walking the messages table.
 const SCAN_BATCH: i64 = 5_000;
@@ -464,9 +463,11 @@ async fn relay_pass_on(
     };
     // What the pass planned but found already there (a backfill got there first) was not
     // leased: its room goes back.
+    let created_keys: std::collections::HashSet<(&str, &str)> =
+        created.iter().map(|(m, c, _)| (m.as_str(), c.as_str())).collect();
     for d in rows.iter().filter(|d| d.get("l").is_some()) {
         let key = (d["m"].as_str().unwrap_or_default(), d["c"].as_str().unwrap_or_default());
-        if !created.iter().any(|(m, c, _)| (m.as_str(), c.as_str()) == key)
+        if !created_keys.contains(&key)
             && let Some(i) =
                 offers.iter().position(|o| o.consumer == key.1 && Some(o.session.as_str()) == d["l"].as_str())
         {
@@ -497,7 +498,7 @@ async fn begin_immediate(conn: &mut SqliteConnection) -> Result<()> {
     let start = std::time::Instant::now();
     loop {
         match sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => wait_for_lock(start).await,
+            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => tokio::time::sleep(WRITE_LOCK_RETRY).await,
             other => return other.map(|_| ()).map_err(Into::into),
         }
     }
@@ -505,14 +506,6 @@ async fn begin_immediate(conn: &mut SqliteConnection) -> Result<()> {
 
 fn is_busy(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5))
-}
-
-async fn wait_for_lock(start: std::time::Instant) {
-    if start.elapsed() < WRITE_SPIN {
-        tokio::task::yield_now().await;
-    } else {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// Runs a write, trying again while another process holds the write lock (`SQLITE_BUSY`), up
@@ -525,7 +518,7 @@ where
     let start = std::time::Instant::now();
     loop {
         match write().await {
-            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => wait_for_lock(start).await,
+            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => tokio::time::sleep(WRITE_LOCK_RETRY).await,
             other => return Ok(other?),
         }
     }
@@ -964,7 +957,7 @@ impl Store for SqliteStore {
     }
 
     /// SQLite reuses the pages that deletes free; nothing to do.
-    async fn vacuum_if_needed(&self, _min_dead: i64, _ratio: f64) -> Result<Vec<String>> {
+    async fn vacuum_tables(&self, _tables: &[String]) -> Result<Vec<String>> {
         Ok(Vec::new())
     }
 

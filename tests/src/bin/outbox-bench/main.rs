@@ -57,7 +57,6 @@ const DEFAULT_LATENCY_RATE: f64 = 1000.0;
 /// Ordering keys of the keyed backlog phase, and its depths (messages per key).
 const KEYED_KEYS: u64 = 20;
 const KEYED_DEPTHS: [u64; 2] = [100, 5_000];
-const KEYED_DEPTHS_QUICK: [u64; 2] = [100, 1_000];
 const KEYED_STREAMS: u32 = 6;
 const KEYED_MAX_IN_FLIGHT: u32 = 64;
 /// Producers on PostgreSQL when `--producers` is not given.
@@ -139,11 +138,13 @@ struct Params {
     payload_bytes: usize,
     outboxd_flags: String,
     postgres: String,
+    autovacuum: String,
+    synchronous_commit: String,
     cores: usize,
 }
 
 impl Params {
-    fn new(args: &Args, postgres: String) -> Self {
+    fn new(args: &Args, (postgres, autovacuum, synchronous_commit): (String, String, String)) -> Self {
         let quick = args.quick;
         Self {
             producers: args.producers.unwrap_or(DEFAULT_PRODUCERS),
@@ -160,6 +161,8 @@ impl Params {
             payload_bytes: PAYLOAD_BYTES,
             outboxd_flags: OUTBOXD_FLAGS.join(" "),
             postgres,
+            autovacuum,
+            synchronous_commit,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
@@ -193,6 +196,14 @@ async fn recreate_database(url: &str) -> Result<()> {
     }
     conn.close().await?;
     Ok(())
+}
+
+/// The server's version, `autovacuum` and `synchronous_commit`: the figures depend on them.
+async fn server_settings(db: &PgPool) -> Result<(String, String, String)> {
+    let show = |name: &'static str| async move {
+        anyhow::Ok(sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!("SHOW {name}"))).fetch_one(db).await?)
+    };
+    Ok((show("server_version").await?, show("autovacuum").await?, show("synchronous_commit").await?))
 }
 
 async fn connect(url: &str) -> Result<PgConnection> {
@@ -900,9 +911,8 @@ async fn fanout(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Ve
 /// Phase 8: a backlog under `KEYED_KEYS` ordering keys, drained by `KEYED_STREAMS` streams, at
 /// each depth per key: the rate must not depend on the depth.
 async fn keyed_drain(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Vec<(u64, f64)>> {
-    let depths = if b.params.quick { KEYED_DEPTHS_QUICK } else { KEYED_DEPTHS };
     let mut out = Vec::new();
-    for depth in depths {
+    for depth in KEYED_DEPTHS {
         let topic = format!("bench.keyed.d{depth}");
         let name = format!("bench-keyed-d{depth}");
         let n = depth * KEYED_KEYS;
@@ -1271,8 +1281,7 @@ async fn run(args: Args) -> Result<Report> {
     let url = args.database_url.clone();
     recreate_database(&url).await?;
     let db = pool(&url, 4).await?;
-    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&db).await?;
-    let params = Params::new(&args, postgres);
+    let params = Params::new(&args, server_settings(&db).await?);
     let producers = pool(&url, params.producers).await?;
     let b = Bench { params, db, producers, payload: payload() };
     let p = &b.params;
@@ -1395,10 +1404,9 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
     let url = args.database_url.clone();
     recreate_database(&url).await?;
     let db = pool(&url, 4).await?;
-    let postgres: String = sqlx::query_scalar("SHOW server_version").fetch_one(&db).await?;
-    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum").fetch_one(&db).await?;
-    let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&db).await?;
-    let mut params = Params::new(args, postgres);
+    let settings = server_settings(&db).await?;
+    let (autovacuum, synchronous_commit) = (settings.1.clone(), settings.2.clone());
+    let mut params = Params::new(args, settings);
     params.seconds = seconds;
     let producers = pool(&url, params.producers).await?;
     let b = Bench { params, db, producers, payload: payload() };
@@ -1505,7 +1513,12 @@ async fn main() -> Result<()> {
     if let Some(seconds) = args.soak {
         let r = soak(&args, seconds).await?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&r)?);
+            // The run's figures at the top level, as before, and the same under "soak".
+            let mut out = serde_json::to_value(&r)?;
+            if let serde_json::Value::Object(map) = &mut out {
+                map.insert("soak".to_owned(), serde_json::to_value(&r)?);
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
             println!(
                 "soak: {} s at {} msg/s offered ({} producers), {} messages acked",
