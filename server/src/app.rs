@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -17,16 +18,16 @@ const SQLITE_RELAY_GATHER: Duration = Duration::from_millis(1);
 
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
+use crate::delivery::session::SessionContext;
 use crate::grpc::admin::AdminService;
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
-use crate::pruner::Pruner;
+use crate::maintenance::pruner::Pruner;
+use crate::maintenance::replay::Replayer;
+use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
-use crate::replay::Replayer;
-use crate::session::SessionContext;
-use crate::store::{self, SharedStore, StoreError};
-use crate::sweeper::LeaseSweeper;
+use crate::store::{self, SharedStore, StoreError, WorkHint};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -51,10 +52,16 @@ pub struct App {
     store: SharedStore,
     shutdown: CancellationToken,
     loops: CancellationToken,
+    /// Sessions, tails and replays: drained before the loops stop.
+    streams: TaskTracker,
+    drain_timeout: Duration,
     health: HealthReporter,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     tasks: JoinSet<()>,
 }
+
+/// How long after the drain timeout shutdown still waits for stream tasks to finish.
+const STREAM_TASK_GRACE: Duration = Duration::from_secs(5);
 
 const SERVICES: [&str; 3] = ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"];
 
@@ -74,11 +81,13 @@ impl App {
         let shutdown = CancellationToken::new();
         let loops = CancellationToken::new();
         let hub = Hub::default();
+        let streams = TaskTracker::new();
         let ctx = SessionContext {
             store: store.clone(),
             clock: clock.clone(),
             hub: hub.clone(),
             shutdown: shutdown.clone(),
+            tasks: streams.clone(),
             drain_timeout: config.drain_timeout,
             poll_interval: config.stream_poll,
         };
@@ -111,7 +120,8 @@ impl App {
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
         let outbox =
             OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
-        let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate);
+        let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
+            .with_shutdown(shutdown.clone());
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer });
 
         let stop_accepting = shutdown.clone();
@@ -152,14 +162,38 @@ impl App {
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
         if !config.vacuum_interval.is_zero() {
-            tasks.spawn(crate::vacuum::Vacuumer::new(store.clone(), config.vacuum_interval).run(loops.clone()));
+            tasks.spawn(
+                crate::maintenance::vacuum::Vacuumer::new(store.clone(), config.vacuum_interval).run(loops.clone()),
+            );
         }
         if config.listen_notify {
-            let (store, hub, cancel) = (store.clone(), hub.clone(), loops.clone());
-            tasks.spawn(async move { store.watch(hub, cancel).await });
+            // The store reports work from other processes; waking is wired here.
+            let (hints, mut hinted) = tokio::sync::mpsc::unbounded_channel();
+            let (store, cancel) = (store.clone(), loops.clone());
+            tasks.spawn(async move { store.watch(hints, cancel).await });
+            let hub = hub.clone();
+            tasks.spawn(async move {
+                while let Some(hint) = hinted.recv().await {
+                    match hint {
+                        WorkHint::Enqueued => hub.enqueued().notify(),
+                        WorkHint::Consumers(names) => names.iter().for_each(|c| hub.notify_consumer(c)),
+                        WorkHint::All => hub.notify_all(),
+                    }
+                }
+            });
         }
         tracing::info!(%local_addr, "outboxd serving");
-        Ok(Self { local_addr, store, shutdown, loops, health, server, tasks })
+        Ok(Self {
+            local_addr,
+            store,
+            shutdown,
+            loops,
+            streams,
+            drain_timeout: config.drain_timeout,
+            health,
+            server,
+            tasks,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -196,6 +230,13 @@ impl App {
                 Err(e) => tracing::warn!(error = %e, "gRPC server task failed"),
                 Ok(Ok(())) => {}
             }
+        }
+        // Every stream task has seen the shutdown: sessions release what they hold, tails end,
+        // a replay stops after its current batch. One that still runs after the drain timeout
+        // (a replay batch stuck on the database) is left behind, not waited for.
+        self.streams.close();
+        if tokio::time::timeout(self.drain_timeout + STREAM_TASK_GRACE, self.streams.wait()).await.is_err() {
+            tracing::warn!(running = self.streams.len(), "stream tasks still running after the drain timeout");
         }
         self.loops.cancel();
         let mut tasks = self.tasks;

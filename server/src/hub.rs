@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, mpsc, watch};
 
-use crate::store::{LeasedDelivery, PushOffer, PushTargets};
+use crate::store::{LeasedDelivery, PushOffer};
 
 #[derive(Debug, Clone, Default)]
 pub struct Hub(Arc<Inner>);
@@ -95,41 +95,29 @@ pub struct PushSlot {
     pub tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
 }
 
-/// The push slots of every consumer at one instant: what one relay pass hands out. Counts
-/// what it has taken, so that a failed pass gives it all back.
+/// The push slots of every consumer at one instant: what one relay pass hands out.
 #[derive(Debug, Default)]
 pub struct PushSlots {
     slots: HashMap<String, Vec<PushSlot>>,
-    taken: Mutex<HashMap<(String, String), usize>>,
 }
 
 impl PushSlots {
-    /// Gives back everything taken and not given back: the pass that took it failed.
-    pub fn give_back_all(&self) {
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        for ((consumer, session), n) in taken.drain() {
-            if let Some(slot) = self.slot(&consumer, &session) {
-                slot.credits.give_back(n);
-            }
-        }
-    }
-
     /// The slot of `session`, to send it what was leased to it.
     pub fn slot(&self, consumer: &str, session: &str) -> Option<&PushSlot> {
         self.slots.get(consumer)?.iter().find(|s| s.session == session)
     }
-}
 
-impl PushTargets for PushSlots {
-    fn offer(&self, max: usize, now: DateTime<Utc>) -> Vec<PushOffer> {
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
+    /// Takes the room of every stream that has some, at most `max` each, for one relay pass:
+    /// the offers are data for the store. The room comes back when the returned guard is
+    /// dropped, less what [`Offered::used`] says the pass leased; so a failed pass gives back
+    /// everything without anyone having to remember to.
+    pub fn offer(&self, max: usize, now: DateTime<Utc>) -> Offered<'_> {
+        let mut offers = Vec::new();
         for (consumer, slots) in &self.slots {
             for slot in slots.iter().filter(|s| !s.credits.wants_pending.load(Ordering::Acquire)) {
                 let room = slot.credits.take(max);
                 if room > 0 {
-                    *taken.entry((consumer.clone(), slot.session.clone())).or_default() += room;
-                    out.push(PushOffer {
+                    offers.push(PushOffer {
                         consumer: consumer.clone(),
                         session: slot.session.clone(),
                         room,
@@ -138,16 +126,40 @@ impl PushTargets for PushSlots {
                 }
             }
         }
-        out
+        let used = vec![0; offers.len()];
+        Offered { slots: self, offers, used }
+    }
+}
+
+/// Room taken from streams for one relay pass; what the pass did not lease goes back on drop.
+#[derive(Debug)]
+pub struct Offered<'a> {
+    slots: &'a PushSlots,
+    offers: Vec<PushOffer>,
+    used: Vec<usize>,
+}
+
+impl Offered<'_> {
+    pub fn offers(&self) -> &[PushOffer] {
+        &self.offers
     }
 
-    fn give_back(&self, consumer: &str, session: &str, n: usize) {
-        let Some(slot) = self.slot(consumer, session) else { return };
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = taken.get_mut(&(consumer.to_owned(), session.to_owned())) {
-            let n = n.min(*t);
-            *t -= n;
-            slot.credits.give_back(n);
+    /// Records what the pass leased to the offering streams: that room stays taken.
+    pub fn used(&mut self, pushed: &[(String, String, LeasedDelivery)]) {
+        for (consumer, session, _) in pushed {
+            if let Some(i) = self.offers.iter().position(|o| &o.consumer == consumer && &o.session == session) {
+                self.used[i] = (self.used[i] + 1).min(self.offers[i].room);
+            }
+        }
+    }
+}
+
+impl Drop for Offered<'_> {
+    fn drop(&mut self) {
+        for (o, used) in self.offers.iter().zip(&self.used) {
+            if let Some(slot) = self.slots.slot(&o.consumer, &o.session) {
+                slot.credits.give_back(o.room - used);
+            }
         }
     }
 }
@@ -226,7 +238,6 @@ impl Hub {
         let map = self.0.consumers.lock().unwrap_or_else(|e| e.into_inner());
         PushSlots {
             slots: map.iter().filter(|(_, e)| !e.slots.is_empty()).map(|(c, e)| (c.clone(), e.slots.clone())).collect(),
-            taken: Mutex::default(),
         }
     }
 
@@ -285,8 +296,28 @@ mod tests {
         assert_eq!(c.available(), 2);
     }
 
+    fn leased(id: u128) -> LeasedDelivery {
+        let now = Utc::now();
+        LeasedDelivery {
+            message: crate::store::StoredMessage {
+                message_id: crate::domain::MessageId(uuid::Uuid::from_u128(id)),
+                seq: 1,
+                topic: "t".into(),
+                type_: "x".into(),
+                payload: vec![],
+                headers: Default::default(),
+                ordering_key: None,
+                enqueued_at: now,
+                available_at: now,
+                relayed_at: None,
+            },
+            delivery_count: 1,
+            lease_expires_at: now,
+        }
+    }
+
     #[test]
-    fn an_offer_takes_the_room_of_streams_that_have_some_and_gives_back_only_what_it_took() {
+    fn an_offer_takes_the_room_of_streams_that_have_some_and_gives_back_what_the_pass_did_not_use() {
         let hub = Hub::default();
         let (tx, _rx) = mpsc::unbounded_channel();
         let full = Arc::new(Credits::new(0));
@@ -301,9 +332,9 @@ mod tests {
         let b = hub.offer("c", slot("open", &open));
         let slots = hub.push_slots();
         let now = Utc::now();
-        let offers = slots.offer(3, now);
+        let mut offered = slots.offer(3, now);
         assert_eq!(
-            offers,
+            offered.offers(),
             [PushOffer {
                 consumer: "c".into(),
                 session: "open".into(),
@@ -312,18 +343,27 @@ mod tests {
             }]
         );
         assert_eq!(open.available(), 2);
-        slots.give_back("c", "open", 1);
-        assert_eq!(open.available(), 3);
-        slots.give_back("c", "open", 10);
-        assert_eq!(open.available(), 5, "only what was taken is given back");
-        slots.offer(3, now);
-        slots.give_back_all();
-        assert_eq!(open.available(), 5, "a failed pass gives back what it took");
+        // The pass leased two to "open" (and names a stream that offered nothing, ignored).
+        let pushed = |session: &str, id| ("c".to_owned(), session.to_owned(), leased(id));
+        offered.used(&[pushed("open", 1), pushed("open", 2), pushed("gone", 3)]);
+        drop(offered);
+        assert_eq!(open.available(), 3, "the one slot not used comes back");
+        assert_eq!(full.available(), 0);
+        // More recorded than offered cannot give back less than nothing.
+        let mut offered = slots.offer(1, now);
+        offered.used(&[pushed("open", 1), pushed("open", 2)]);
+        drop(offered);
+        assert_eq!(open.available(), 2);
+        drop(slots.offer(3, now));
+        assert_eq!(open.available(), 2, "a failed pass (nothing used) gives back all it took");
         open.set_wants_pending(true);
-        assert!(hub.push_slots().offer(3, now).is_empty(), "a stream with pending work to lease is left alone");
+        assert!(
+            hub.push_slots().offer(3, now).offers().is_empty(),
+            "a stream with pending work to lease is left alone"
+        );
         open.set_wants_pending(false);
         drop(b);
-        assert!(hub.push_slots().offer(3, now).is_empty(), "a withdrawn slot gets nothing");
+        assert!(hub.push_slots().offer(3, now).offers().is_empty(), "a withdrawn slot gets nothing");
     }
 
     #[tokio::test]
@@ -335,9 +375,10 @@ mod tests {
             PushSlot { session: "s".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx };
         let _g = hub.offer("c", slot);
         let slots = hub.push_slots();
-        assert_eq!(slots.offer(10, Utc::now()).len(), 1, "the relay takes the room");
+        let offered = slots.offer(10, Utc::now());
+        assert_eq!(offered.offers().len(), 1, "the relay takes the room");
         credits.set_wants_pending(true);
-        slots.give_back("c", "s", 4);
+        drop(offered);
         tokio::time::timeout(Duration::from_secs(5), credits.returned()).await.expect("woken by the give-back");
         assert_eq!(credits.available(), 4);
     }

@@ -7,21 +7,25 @@
 //!
 //! # Layout
 //!
+//! Data flows edge → domain → store: the gRPC edge turns requests into domain values, the
+//! delivery core and the background loops work on those, and only the store writes SQL.
+//!
 //! - [`config`]: command line and environment, validated before anything binds.
-//! - [`app`]: builds the server ([`app::App::build`]) and shuts it down gracefully.
+//! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
+//! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
+//!   status, and [`grpc::stream`], which turns each `SubscribeRequest` into a validated command
+//!   and each delivery into its wire form.
 //! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states.
-//! - [`store`]: every SQL statement: the [`store::Store`] seam, the PostgreSQL store and the
-//!   embedded SQLite store, each with its migrations.
+//! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop and its in-flight
+//!   [`delivery::window`] (held leases, room, expiry, late acks).
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
-//! - [`replay`]: managed replay: filters, count first, retention check, rate-limited batches.
-//! - [`session`]: one `Subscribe` stream: leases, sends, applies acks, nacks and extends.
-//! - [`sweeper`]: returns expired leases to pending (with backoff) or to dead.
-//! - [`pruner`]: deletes old, fully acked messages; its retention is the dedup horizon.
-//! - [`vacuum`]: vacuums outboxd's own tables once their dead rows pile up.
-//! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
-//! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
+//! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
+//!   managed replay, and the vacuum of outboxd's own tables.
+//! - [`hub`]: in-process wake-ups and push slots between the relay, the sweeper and the sessions.
+//! - [`store`]: every SQL statement: the [`store::Store`] seam, `store::postgres` (with its
+//!   LISTEN for other replicas' work) and the embedded `store::sqlite`, each with its
+//!   migrations. The store returns data and [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
-//! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 #![forbid(unsafe_code)]
@@ -29,19 +33,15 @@
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod delivery;
 pub mod domain;
 pub mod grpc;
 pub mod hub;
-pub mod listener;
+pub mod maintenance;
 pub mod metrics;
-pub mod pruner;
 pub mod relay;
-pub mod replay;
-pub mod session;
 pub mod store;
-pub mod sweeper;
 pub mod telemetry;
-pub mod vacuum;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -4,10 +4,10 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
+use crate::delivery::session::SessionContext;
 use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
-use crate::pruner::Pruner;
-use crate::replay::{ReplayPlan, ReplayProgress, Replayer};
-use crate::session::SessionContext;
+use crate::maintenance::pruner::Pruner;
+use crate::maintenance::replay::{ReplayPlan, ReplayProgress, Replayer};
 use crate::store::ReplayFilter;
 
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
-        tokio::spawn(async move {
+        ctx.tasks.clone().spawn(async move {
             let mut enqueued = ctx.hub.enqueued().subscribe();
             loop {
                 match ctx.store.message_list_after(cursor, 500).await {
@@ -232,7 +232,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         // between two batches, and the audit line is written.
         let replayer = self.replayer.clone();
         let task_plan = plan.clone();
-        let out = tokio::spawn(async move { replayer.run(&task_plan, peer, None).await })
+        let out = self
+            .ctx
+            .tasks
+            .spawn(async move { replayer.run(&task_plan, peer, None).await })
             .await
             .map_err(|e| Status::internal(format!("replay task: {e}")))?
             .map_err(store_status)?;
@@ -273,7 +276,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 }
             }
         };
-        tokio::spawn(async move {
+        self.ctx.tasks.spawn(async move {
             let (result, ()) = tokio::join!(replayer.run(&plan, peer, Some(progress_tx)), forward);
             if let Err(e) = result {
                 let _ = tx.send(Err(store_status(e))).await;

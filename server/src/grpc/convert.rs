@@ -11,8 +11,6 @@ use crate::domain::{
 };
 use crate::store::{DeliveryRow, NewMessage, StoredMessage};
 
-pub use crate::session::timestamp;
-
 /// Limits applied to producer input.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -25,6 +23,10 @@ pub fn duration(field: &str, d: &prost_types::Duration) -> Result<Duration, Inva
         return Err(InvalidField::new(field, "must be a non-negative duration"));
     }
     Ok(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+pub fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: t.timestamp(), nanos: t.timestamp_subsec_nanos() as i32 }
 }
 
 pub fn pb_duration(d: Duration) -> prost_types::Duration {
@@ -106,7 +108,7 @@ pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
         return Err(InvalidField::new("consumer.backoff_max", "must not be less than backoff_base"));
     }
     let ack_deadline = opt("consumer.ack_deadline", &c.ack_deadline, ConsumerSpec::DEFAULT_ACK_DEADLINE)?;
-    if ack_deadline > crate::session::MAX_ACK_DEADLINE {
+    if ack_deadline > super::stream::MAX_ACK_DEADLINE {
         return Err(InvalidField::new("consumer.ack_deadline", "at most 12 hours"));
     }
     if ack_deadline < crate::grpc::outbox::MIN_ACK_DEADLINE {

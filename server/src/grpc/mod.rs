@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod convert;
 pub mod outbox;
+pub mod stream;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};

@@ -7,9 +7,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, Limits};
+use super::stream::{self, MAX_ACK_DEADLINE};
 use super::{invalid, store_status};
+use crate::delivery::session::{Rejected, Session, SessionContext, SessionStart};
 use crate::domain::{ConsumerName, InvalidField};
-use crate::session::{MAX_ACK_DEADLINE, Session, SessionContext, SessionStart};
 
 /// A stream must send `start` this soon.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -123,7 +124,12 @@ impl pb::outbox_server::Outbox for OutboxService {
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
-        tokio::spawn(session.run(inbound, tx));
+        // The session sees commands, never the wire.
+        let commands = inbound.map(|r| match r {
+            Ok(req) => stream::parse(req).map_err(Rejected::Invalid),
+            Err(status) => Err(Rejected::Broken(status)),
+        });
+        self.ctx.tasks.spawn(session.run(commands, tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

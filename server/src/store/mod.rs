@@ -19,7 +19,6 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Consumer, ConsumerSpec};
-use crate::hub::Hub;
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -37,20 +36,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn close(&self);
     /// Open and idle connections of the pool.
     fn pool_status(&self) -> (u32, usize);
-    /// Runs until cancelled, waking `hub` when work appears that this process did not cause:
-    /// another replica's relay (PostgreSQL: LISTEN), or a producer in another process
-    /// committing to the same file (SQLite: `PRAGMA data_version`).
-    async fn watch(&self, hub: Hub, cancel: CancellationToken);
+    /// Runs until cancelled, sending a [`WorkHint`] whenever work appears that this process did
+    /// not cause: another replica's relay (PostgreSQL: LISTEN), or a producer in another process
+    /// committing to the same file (SQLite: `PRAGMA data_version`). Whom to wake is the
+    /// caller's business.
+    async fn watch(&self, hints: HintSender, cancel: CancellationToken);
 
     async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued>;
     /// All or nothing: one transaction for the whole batch.
     async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>>;
     /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
     /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
-    /// deliveries to other replicas where the store supports that. A delivery that a stream of
-    /// `push` can take at once (due now, no ordering key, consumer not paused) is created leased
-    /// to that stream instead of pending, and returned in [`RelayOutcome::pushed`]; room offered
-    /// and not used is given back, except after an error (the caller's to give back).
+    /// deliveries to other replicas where the store supports that. A delivery that one of the
+    /// `offers` can take at once (due now, no ordering key, consumer not paused) is created
+    /// leased to that stream instead of pending, never more than an offer's room, and returned
+    /// in [`RelayOutcome::pushed`]. Room is the caller's: the store only reads the offers.
     /// Only messages with `seq >= from_seq` are claimed (see [`crate::relay`]).
     async fn relay_batch(
         &self,
@@ -58,7 +58,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
-        push: &dyn PushTargets,
+        offers: &[PushOffer],
     ) -> Result<RelayOutcome>;
 
     /// Creates a consumer; the same definition again returns the existing one, a different
@@ -142,6 +142,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
 }
+
+/// Work that appeared outside this process, as [`Store::watch`] notices it. Hints only: one
+/// that is lost is covered by the streams' and the relay's fallback polls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkHint {
+    /// Another process committed messages: the relay has work.
+    Enqueued,
+    /// Another replica fanned out deliveries to these consumers.
+    Consumers(Vec<String>),
+    /// Announcements may have been missed (a reconnect): anyone may have work.
+    All,
+}
+
+/// Where [`Store::watch`] sends its hints.
+pub type HintSender = tokio::sync::mpsc::UnboundedSender<WorkHint>;
 
 /// The store the server runs on.
 pub type SharedStore = Arc<dyn Store>;
@@ -313,14 +328,6 @@ pub struct RelayOutcome {
     pub pushed: Vec<(String, String, LeasedDelivery)>,
 }
 
-/// Streams of this process that can take new deliveries at once.
-pub trait PushTargets: Send + Sync {
-    /// Takes the room of every stream that has some, at most `max` each.
-    fn offer(&self, max: usize, now: DateTime<Utc>) -> Vec<PushOffer>;
-    /// Gives back `n` of the room taken from `session`: deliveries not leased to it after all.
-    fn give_back(&self, consumer: &str, session: &str, n: usize);
-}
-
 /// Room on one stream for deliveries leased to it at fan-out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushOffer {
@@ -328,18 +335,6 @@ pub struct PushOffer {
     pub session: String,
     pub room: usize,
     pub lease_until: DateTime<Utc>,
-}
-
-/// No stream takes pushes (a relay in a process without streams, and tests).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoPush;
-
-impl PushTargets for NoPush {
-    fn offer(&self, _max: usize, _now: DateTime<Utc>) -> Vec<PushOffer> {
-        Vec::new()
-    }
-
-    fn give_back(&self, _consumer: &str, _session: &str, _n: usize) {}
 }
 
 #[derive(Debug, Clone, Default)]
@@ -380,7 +375,7 @@ pub struct DeadLetter {
 }
 
 /// The criteria of a replay that the store applies; every one given must hold. Topic patterns
-/// are matched by the caller ([`crate::replay`]), on the candidates' topics.
+/// are matched by the caller ([`crate::maintenance::replay`]), on the candidates' topics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplayFilter {
     /// Only these messages (none: any).

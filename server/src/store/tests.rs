@@ -14,9 +14,9 @@ use crate::clock::{Clock, ManualClock, SharedClock};
 use crate::domain::DeliveryState;
 use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
 use crate::hub::Hub;
-use crate::pruner::Pruner;
+use crate::maintenance::pruner::Pruner;
+use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
-use crate::sweeper::LeaseSweeper;
 use crate::testing::{TestDb, TestSqlite};
 
 /// Keeps a test database alive.
@@ -173,7 +173,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
     store.consumer_create(&c, now).await.unwrap();
     let a = store.message_insert(&msg("t"), now).await.unwrap().message_id;
     let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
-    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, "", later, now).await.unwrap().len(), 1);
     assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, "", later, now).await.unwrap().len(), 1);
@@ -206,7 +206,7 @@ async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retent
     store.consumer_create(&c, clock.now()).await.unwrap();
     let done = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
     let open = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    store.relay_batch(10, 0, clock.now(), false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, clock.now(), false, &[]).await.unwrap();
     store.delivery_ack_many(&c.name, &[done], clock.now()).await.unwrap();
     let pruner = Pruner::new(store.clone(), shared, Duration::from_secs(7 * 86400), Duration::from_secs(600));
     assert_eq!(pruner.run_once().await.unwrap(), Pruned::default(), "within retention");
@@ -248,16 +248,12 @@ async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_h
         .execute(&mut *other)
         .await
         .unwrap();
-    assert_eq!(
-        store.relay_batch(10, 0, now, false, &NoPush).await.unwrap().messages,
-        1,
-        "only the second is claimable"
-    );
+    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 1, "only the second is claimable");
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().is_empty(), "second waits");
 
     other.rollback().await.unwrap();
-    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
     let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [first]);
     store.delivery_ack_many(&c.name, &[first], now).await.unwrap();
@@ -286,46 +282,43 @@ async fn sql_topic_matching_agrees_with_the_servers() {
     }
 }
 
-/// A relay pass leases what streams have room for (due, unkeyed, not paused) straight to them,
-/// in seq order, and leaves the rest pending; room it does not use goes back.
+/// A relay pass leases what streams offer room for (due, unkeyed, not paused) straight to them,
+/// in seq order and never beyond an offer's room, and leaves the rest pending.
 async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending(store: SharedStore) {
-    use crate::hub::{Credits, PushSlot};
+    use crate::store::PushOffer;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     store.consumer_create(&spec("paused", &["t"], 5), now).await.unwrap();
     store.consumer_set_paused(&ConsumerName::parse("n", "paused").unwrap(), true).await.unwrap();
     let mut ids = Vec::new();
-    for i in 0..4 {
+    for i in 0..5 {
         let m = if i == 1 { NewMessage { ordering_key: Some("k".into()), ..msg("t") } } else { msg("t") };
         ids.push(store.message_insert(&m, now).await.unwrap().message_id);
     }
-    let hub = Hub::default();
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let credits = Arc::new(Credits::new(2));
-    let paused_credits = Arc::new(Credits::new(10));
-    let slot = |session: &str, credits: &Arc<Credits>| PushSlot {
+    let offer = |consumer: &str, session: &str, room| PushOffer {
+        consumer: consumer.into(),
         session: session.into(),
-        ack_deadline: Duration::from_secs(30),
-        credits: credits.clone(),
-        tx: tx.clone(),
+        room,
+        lease_until: now + chrono::Duration::seconds(30),
     };
-    let _a = hub.offer("c", slot("s1", &credits));
-    let _b = hub.offer("paused", slot("s2", &paused_credits));
-    let slots = hub.push_slots();
-    let out = store.relay_batch(10, 0, now, false, &slots).await.unwrap();
+    let offers = [offer("c", "s1", 2), offer("paused", "s2", 10)];
+    let out = store.relay_batch(10, 0, now, false, &offers).await.unwrap();
 
-    assert_eq!((out.messages, out.deliveries), (4, 8));
+    assert_eq!((out.messages, out.deliveries), (5, 10));
     let pushed: Vec<_> = out.pushed.iter().map(|(c, s, d)| (c.as_str(), s.as_str(), d.message.message_id)).collect();
-    assert_eq!(pushed, [("c", "s1", ids[0]), ("c", "s1", ids[2])], "the keyed message is not pushed");
+    assert_eq!(
+        pushed,
+        [("c", "s1", ids[0]), ("c", "s1", ids[2])],
+        "the keyed message is not pushed, nor beyond the room"
+    );
     assert!(out.pushed.iter().all(|(_, _, d)| d.delivery_count == 1 && d.message.payload == b"{}"));
+    assert!(out.pushed.iter().all(|(_, _, d)| d.lease_expires_at == now + chrono::Duration::seconds(30)));
     assert_eq!(out.consumers, ["c", "paused"], "both have pending deliveries to wake for");
-    assert_eq!(credits.available(), 0, "the room used stays taken");
-    assert_eq!(paused_credits.available(), 10, "unused room goes back");
     let s = store.stats(None, true).await.unwrap();
     let of = |n: &str| s.consumers.iter().find(|c| c.consumer == n).unwrap().clone();
-    assert_eq!((of("c").in_flight, of("c").backlog), (2, 2));
-    assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 4));
+    assert_eq!((of("c").in_flight, of("c").backlog), (2, 3));
+    assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 5));
 }
 
 /// Keys late in byte order are not starved by keys before them: with the key cursor, ten
@@ -345,7 +338,7 @@ async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_ti
             seqs_of.entry(key).or_default().push(e.seq);
         }
     }
-    store.relay_batch(100, 0, now, false, &NoPush).await.unwrap();
+    store.relay_batch(100, 0, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
 
     let mut cursor = String::new();
@@ -603,7 +596,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     store.message_insert(&msg("t"), now).await.unwrap();
-    store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
     assert_eq!(leased.len(), 1);
@@ -622,7 +615,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     assert_eq!(acked, 1, "the ack waited for the lock and applied");
     // The lock was free only once the producer had committed: its row is there.
     assert_eq!(store.message_list_after(0, 10).await.unwrap().len(), 2, "the ack went after the producer's commit");
-    let relayed = store.relay_batch(10, 0, now, false, &NoPush).await.unwrap();
+    let relayed = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
     assert_eq!(relayed.messages, 1, "the producer's row");
     holder.await.unwrap();
 }
@@ -634,7 +627,7 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     store.message_insert_batch(&(0..20).map(|_| msg("t")).collect::<Vec<_>>(), now).await.unwrap();
-    store.relay_batch(100, 0, now, false, &NoPush).await.unwrap();
+    store.relay_batch(100, 0, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store.delivery_lease_batch(&c.name, "s", 100, "", later, now).await.unwrap();
     let ids: Vec<MessageId> = leased.iter().map(|d| d.message.message_id).collect();
@@ -662,7 +655,7 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Below the thresholds nothing is vacuumed; above them the table is, and says so.
-    let vacuumer = crate::vacuum::Vacuumer::new(store.clone(), Duration::from_secs(10));
+    let vacuumer = crate::maintenance::vacuum::Vacuumer::new(store.clone(), Duration::from_secs(10));
     assert!(vacuumer.run_once().await.unwrap().is_empty(), "20 dead rows are below the default threshold");
     let mut eager = vacuumer.clone();
     (eager.min_dead_rows, eager.dead_ratio) = (10, 0.0);

@@ -24,6 +24,7 @@ conformance!(
     health_and_reflection_are_served,
     a_late_ack_after_the_deadline_still_counts,
     a_clean_close_does_not_count_against_what_the_stream_held,
+    a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before,
 );
 
 async fn fan_out_reaches_every_matching_consumer_and_only_those(backend: Backend) -> Result<()> {
@@ -336,5 +337,41 @@ async fn a_clean_close_does_not_count_against_what_the_stream_held(backend: Back
     let again = s.take(1, WAIT).await?.remove(0);
     assert_eq!(again.message_id, d.message_id, "released, not dead-lettered, at max_deliveries 1");
     assert_eq!(stats(&srv, "c").await?.dead, 0);
+    Ok(())
+}
+
+/// A second `start`, or an ack of more ids than one request may carry, ends the stream with
+/// INVALID_ARGUMENT naming the field; what the client sent before it still counts, and the
+/// leases the stream held are released at once for the next stream.
+async fn a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before(
+    backend: Backend,
+) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    create_consumer(&mut srv.admin().await?, consumer("c", &["t"])).await?;
+    db.sql_enqueue("t", "T", b"1").await?;
+    db.sql_enqueue("t", "T", b"2").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let got = s.take(2, WAIT).await?;
+    s.ack(&[&got[0].message_id]).await;
+    s.send(pb::subscribe_request::Request::Start(pb::Start { consumer: "c".into(), ..Default::default() })).await;
+    let st = s.end_status(WAIT).await?.expect("the stream ends with a status");
+    assert_eq!(st.code(), Code::InvalidArgument, "{st:?}");
+    assert!(st.message().starts_with("start:"), "{}", st.message());
+    let after = eventually("the ack applied and the other lease released", WAIT, || async {
+        let st = stats(&srv, "c").await?;
+        Ok((st.acked == 1 && st.in_flight == 0).then_some(st))
+    })
+    .await?;
+    assert_eq!(after.backlog, 1, "{after:?}");
+
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let again = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(again.message_id, got[1].message_id);
+    assert_eq!(again.delivery_count, 2, "redelivered as the second delivery");
+    let too_many: Vec<String> = (0..10_001).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    s.send(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: too_many })).await;
+    let st = s.end_status(WAIT).await?.expect("the stream ends with a status");
+    assert_eq!(st.code(), Code::InvalidArgument, "{st:?}");
+    assert!(st.message().contains("ack.message_ids") && st.message().contains("10000"), "{}", st.message());
     Ok(())
 }

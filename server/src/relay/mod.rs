@@ -125,13 +125,12 @@ impl Relay {
         let slots = self.hub.push_slots();
         let from = self.hint().start();
         let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
-        let mut out = match self.store.relay_batch(batch, from, now, notify, &slots).await {
-            Ok(out) => out,
-            Err(e) => {
-                slots.give_back_all();
-                return Err(e);
-            }
-        };
+        // Room offered by this process's streams; the guard gives back what the pass did not
+        // lease, whatever happens to the pass.
+        let mut offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
+        let mut out = self.store.relay_batch(batch, from, now, notify, offered.offers()).await?;
+        offered.used(&out.pushed);
+        drop(offered);
         self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
         self.hand_over(&slots, std::mem::take(&mut out.pushed)).await;
         if out.messages > 0 {

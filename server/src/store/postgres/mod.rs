@@ -1,5 +1,5 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -13,13 +13,14 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushTargets,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned,
+    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage, TableHealth,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
-use crate::hub::Hub;
-use crate::listener::WorkListener;
+use listener::WorkListener;
+
+mod listener;
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
@@ -434,8 +435,8 @@ impl Store for PgStore {
         (self.pool.size(), self.pool.num_idle())
     }
 
-    async fn watch(&self, hub: Hub, cancel: CancellationToken) {
-        WorkListener::new(self.clone(), hub).run(cancel).await;
+    async fn watch(&self, hints: HintSender, cancel: CancellationToken) {
+        WorkListener::new(self.clone(), hints).run(cancel).await;
     }
 
     /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
@@ -474,9 +475,8 @@ impl Store for PgStore {
         from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
-        push: &dyn PushTargets,
+        offers: &[PushOffer],
     ) -> Result<RelayOutcome> {
-        let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
         // On the relay's pool, which commits without waiting for the WAL flush: a pass lost in
         // a database crash is derived state that the next pass redoes (its messages are
         // unrelayed again, as the claim is lost with it), and any later durable commit, such
@@ -495,7 +495,6 @@ impl Store for PgStore {
             .fetch_all(&self.relay_pool)
             .await?;
         let mut out = RelayOutcome::default();
-        let mut used: HashMap<(String, String), usize> = HashMap::new();
         for row in &rows {
             match row.try_get::<&str, _>("kind")? {
                 "m" => {
@@ -510,7 +509,6 @@ impl Store for PgStore {
                     out.deliveries += 1;
                     let consumer: String = row.try_get("consumer")?;
                     let session: String = row.try_get("session")?;
-                    *used.entry((consumer.clone(), session.clone())).or_default() += 1;
                     let d = LeasedDelivery {
                         message: message_from_row(row)?,
                         delivery_count: 1,
@@ -524,16 +522,12 @@ impl Store for PgStore {
                 }
                 other => {
                     // The SQL function and this decoder disagree: a schema newer than the server.
-                    // (The relay gives the offered room back; leases it made expire.)
+                    // (The relay's guard gives the offered room back; leases it made expire.)
                     return Err(StoreError::InvalidValue(format!(
                         "outbox.relay_pass returned a row of unknown kind {other:?}"
                     )));
                 }
             }
-        }
-        for o in &offers {
-            let n = used.get(&(o.consumer.clone(), o.session.clone())).copied().unwrap_or(0);
-            push.give_back(&o.consumer, &o.session, o.room.saturating_sub(n));
         }
         out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
         out.consumers.sort_unstable();

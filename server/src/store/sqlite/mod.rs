@@ -24,12 +24,11 @@ use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, LeasedDelivery, NewMessage, Pruned, PushOffer,
-    PushTargets, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage, TableHealth,
+    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned,
+    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    StoredMessage, TableHealth, WorkHint,
 };
 use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
-use crate::hub::Hub;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
@@ -566,7 +565,7 @@ impl Store for SqliteStore {
         (self.pool.size(), self.pool.num_idle())
     }
 
-    async fn watch(&self, hub: Hub, cancel: CancellationToken) {
+    async fn watch(&self, hints: HintSender, cancel: CancellationToken) {
         let mut conn = loop {
             match SqliteConnection::connect_with(&self.options).await {
                 Ok(c) => break c,
@@ -585,7 +584,8 @@ impl Store for SqliteStore {
             match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&mut conn).await {
                 Ok(v) => {
                     if last.is_some_and(|l| l != v) {
-                        hub.enqueued().notify();
+                        // The receiver is gone only at shutdown.
+                        let _ = hints.send(WorkHint::Enqueued);
                         last_change = std::time::Instant::now();
                     }
                     last = Some(v);
@@ -629,15 +629,10 @@ impl Store for SqliteStore {
         from_seq: i64,
         now: DateTime<Utc>,
         _notify: bool,
-        push: &dyn PushTargets,
+        offers: &[PushOffer],
     ) -> Result<RelayOutcome> {
-        let offers = push.offer(usize::try_from(limit).unwrap_or(0), now);
         let mut used = vec![0usize; offers.len()];
-        let out = self.relay_pass(limit, from_seq, now, &offers, &mut used).await;
-        for (o, n) in offers.iter().zip(&used) {
-            push.give_back(&o.consumer, &o.session, o.room.saturating_sub(*n));
-        }
-        out
+        self.relay_pass(limit, from_seq, now, offers, &mut used).await
     }
 
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {

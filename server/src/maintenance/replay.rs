@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId, TopicPattern};
@@ -52,11 +53,20 @@ pub struct Replayer {
     hub: Hub,
     retention: Duration,
     default_rate: u32,
+    /// Cancelled at server shutdown: a running replay stops after its current batch.
+    shutdown: CancellationToken,
 }
 
 impl Replayer {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, retention: Duration, default_rate: u32) -> Self {
-        Self { store, clock, hub, retention, default_rate: default_rate.max(1) }
+        Self { store, clock, hub, retention, default_rate: default_rate.max(1), shutdown: CancellationToken::new() }
+    }
+
+    /// Stops running replays after their current batch once `shutdown` is cancelled (what is
+    /// done stays done; the audit line says it did not complete).
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// Runs `plan` to its end, sending progress after the count and after every batch; stops
@@ -129,7 +139,7 @@ impl Replayer {
             }
             let Some(next) = page.next else { break };
             after = next;
-            if !report(&progress, state).await {
+            if self.shutdown.is_cancelled() || !report(&progress, state).await {
                 return Ok(state);
             }
         }

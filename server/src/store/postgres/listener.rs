@@ -1,33 +1,36 @@
-//! Wake-ups across replicas: listens on `outbox_work`, where every relay announces the
-//! consumers it just fanned out to, and wakes this process's streams of those consumers.
-//! Notifications are hints: one lost while the connection was down is covered by waking every
-//! stream after a reconnect, and by the streams' fallback poll.
+//! Work announced by other replicas: listens on `outbox_work`, where every relay announces the
+//! consumers it just fanned out to, and passes each announcement on as a [`WorkHint`].
+//! Notifications are hints: one lost while the connection was down is covered by a
+//! [`WorkHint::All`] after a reconnect, and by the streams' fallback poll.
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::hub::Hub;
-use crate::store::PgStore;
+use super::PgStore;
+use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
 pub struct WorkListener {
     store: PgStore,
-    hub: Hub,
+    hints: HintSender,
 }
 
 impl WorkListener {
-    pub fn new(store: PgStore, hub: Hub) -> Self {
-        Self { store, hub }
+    pub fn new(store: PgStore, hints: HintSender) -> Self {
+        Self { store, hints }
     }
 
     fn dispatch(&self, payload: &str) {
         if payload.is_empty() {
-            self.hub.notify_all();
+            self.hint(WorkHint::All);
         } else {
-            for consumer in payload.split(',') {
-                self.hub.notify_consumer(consumer);
-            }
+            self.hint(WorkHint::Consumers(payload.split(',').map(str::to_owned).collect()));
         }
+    }
+
+    fn hint(&self, hint: WorkHint) {
+        // The receiver is gone only at shutdown.
+        let _ = self.hints.send(hint);
     }
 
     pub async fn run(self, cancel: CancellationToken) {
@@ -50,7 +53,7 @@ impl WorkListener {
             };
             backoff = Duration::from_millis(100);
             // Anything announced while we were not listening: wake everyone once.
-            self.hub.notify_all();
+            self.hint(WorkHint::All);
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -59,7 +62,7 @@ impl WorkListener {
                 match next {
                     Ok(Some(n)) => self.dispatch(n.payload()),
                     // The connection dropped; the next try_recv reconnects.
-                    Ok(None) => self.hub.notify_all(),
+                    Ok(None) => self.hint(WorkHint::All),
                     Err(e) => {
                         tracing::warn!(error = %e, "relay notification listener failed; reconnecting");
                         break;

@@ -1,0 +1,566 @@
+//! A delivery session: one `Subscribe` stream of one consumer.
+//!
+//! The session leases due deliveries up to its `max_in_flight`, sends them, and applies the
+//! stream's commands (acks, nacks, extends; parsed at the edge by [`crate::grpc::stream`]).
+//! What it holds and how much room it has is its [`Window`]. It sleeps until something can
+//! change: a command from the stream, a wake-up for its consumer (the relay fanned out, a lease
+//! was released), deliveries the relay pushed to it, the next retry falling due, or a slow
+//! fallback poll (work fanned out by another replica).
+//!
+//! Ending: when the stream ends, what it still holds is released at once. If the connection
+//! broke (reset, transport error), a delivery at its last attempt is dead, so a message that
+//! crashes its consumer still dies; a clean half-close (a consumer stopping on purpose) counts
+//! against nothing. A late ack of a lease that expired while this stream held it is still
+//! applied; an ack for an id the stream never held is ignored. When the server shuts down, the
+//! session stops leasing, waits up to the drain timeout for outstanding acks, releases the rest
+//! as pending, and ends the stream with `UNAVAILABLE`.
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::{FutureExt, Stream, StreamExt};
+use outbox_proto::v1 as pb;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::Status;
+
+use super::window::{Held, Window};
+use crate::clock::{self, SharedClock};
+use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
+use crate::grpc::stream::{self, Command};
+use crate::hub::{Hub, PushGuard, PushSlot};
+use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
+use crate::{metrics, telemetry};
+
+/// How long a busy stream may wait for a batch of free slots before it leases anyway.
+const FILL_DELAY: Duration = Duration::from_millis(2);
+
+/// Commands taken from a stream in one pass before they are applied.
+const MAX_COMMANDS_PER_PASS: usize = 512;
+
+/// What every session of this process shares.
+#[derive(Debug, Clone)]
+pub struct SessionContext {
+    pub store: SharedStore,
+    pub clock: SharedClock,
+    pub hub: Hub,
+    /// Cancelled when the server shuts down.
+    pub shutdown: CancellationToken,
+    /// Every task that serves a stream (sessions, tails, replays): shutdown waits for them.
+    pub tasks: TaskTracker,
+    pub drain_timeout: Duration,
+    /// Fallback poll for work fanned out by other replicas.
+    pub poll_interval: Duration,
+}
+
+/// The validated `start` of a stream.
+#[derive(Debug, Clone)]
+pub struct SessionStart {
+    pub consumer: Consumer,
+    pub max_in_flight: u32,
+    pub ack_deadline: Duration,
+}
+
+/// What the client sent: a command, or why the stream cannot go on.
+pub type Incoming = Result<Command, Rejected>;
+
+/// Why a client's stream stopped making sense.
+#[derive(Debug)]
+pub enum Rejected {
+    /// A request that means nothing (a second start, a bad deadline): the stream ends with it.
+    Invalid(Status),
+    /// The transport failed (reset, the client vanished).
+    Broken(Status),
+}
+
+pub type Outbound = mpsc::Sender<Result<pb::SubscribeResponse, Status>>;
+
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    ctx: SessionContext,
+    start: SessionStart,
+    window: Window,
+    /// This stream's slot in the hub while it takes pushes.
+    push: Option<PushGuard>,
+    pushed: mpsc::UnboundedReceiver<Vec<LeasedDelivery>>,
+    push_tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
+    /// The ordering key the next lease starts after, so that every key gets its turn.
+    key_cursor: String,
+    /// Acks whose write failed; retried on the next pass.
+    unwritten_acks: Vec<(MessageId, Held)>,
+    /// Whether pending deliveries may wait for this stream: set by a wake-up or a timer,
+    /// cleared by a lease that found less than it asked for. Acks alone do not make work
+    /// pending (except with an ordering key, whose ack wakes the consumer), so handling them
+    /// costs no lease query.
+    maybe_pending: bool,
+    /// When the consumer's next pending delivery falls due, as last read from the store.
+    store_due: Option<DateTime<Utc>>,
+    /// When a retry this session scheduled falls due.
+    retry_due: Option<DateTime<Utc>>,
+    /// Set once the server shuts down: no more leases, acks until then.
+    drain_until: Option<Instant>,
+    last_fill: Instant,
+    error_backoff: Duration,
+}
+
+enum End {
+    /// The client half-closed the stream cleanly: a consumer stopping on purpose.
+    Closed,
+    /// The connection broke (reset, transport error, the client vanished): maybe a consumer
+    /// crashing on what it held.
+    Broken,
+    /// The server is shutting down.
+    Shutdown,
+    /// The session cannot go on; the stream ends with this status.
+    Failed(Status),
+}
+
+/// What a lease attempt leaves the loop to do.
+enum Leased {
+    /// It got all it asked for: there may be more, lease again.
+    Again,
+    /// Nothing more to lease before this long (or a wake-up).
+    Wait(Duration),
+    End(End),
+}
+
+/// What woke the loop.
+enum Event {
+    Shutdown,
+    DrainOver,
+    Commands(Vec<Command>, Option<End>),
+    Pushed(Vec<LeasedDelivery>),
+    Woken,
+    Ended(End),
+}
+
+/// The span of one delivery of a traced message: a child of the producer's span, and the
+/// parent the consumer's handler continues (its context replaces the delivery's `traceparent`).
+/// Messages without a trace context get a disabled span, which costs nothing.
+fn deliver_span(consumer: &str, d: &mut LeasedDelivery) -> tracing::Span {
+    let Some(traceparent) = d.message.headers.get(telemetry::TRACEPARENT) else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(
+        "outboxd.deliver", otel.kind = "producer", consumer, message_id = %d.message.message_id,
+        delivery_count = d.delivery_count,
+    );
+    telemetry::continue_trace(&span, traceparent, d.message.headers.get("tracestate").map(String::as_str));
+    telemetry::inject(&span, &mut d.message.headers);
+    span
+}
+
+/// The time left until `t`, zero if it has passed.
+fn until(t: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (t - now).to_std().unwrap_or(Duration::ZERO)
+}
+
+impl Session {
+    pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
+        let (push_tx, pushed) = mpsc::unbounded_channel();
+        Self {
+            id: uuid::Uuid::new_v4().to_string(),
+            window: Window::new(start.max_in_flight as usize),
+            push: None,
+            pushed,
+            push_tx,
+            ctx,
+            start,
+            key_cursor: String::new(),
+            unwritten_acks: Vec::new(),
+            maybe_pending: true,
+            store_due: None,
+            retry_due: None,
+            drain_until: None,
+            last_fill: Instant::now(),
+            error_backoff: Duration::ZERO,
+        }
+    }
+
+    fn consumer(&self) -> &ConsumerName {
+        &self.start.consumer.spec.name
+    }
+
+    /// Runs the session until the stream ends; everything still held is released.
+    pub async fn run<S>(mut self, mut inbound: S, out: Outbound)
+    where
+        S: Stream<Item = Incoming> + Unpin,
+    {
+        let (mut wake, _guard) = self.ctx.hub.attach(self.consumer().as_str());
+        let slot = PushSlot {
+            session: self.id.clone(),
+            ack_deadline: self.start.ack_deadline,
+            credits: self.window.credits().clone(),
+            tx: self.push_tx.clone(),
+        };
+        self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
+        tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
+        let end = self.serve(&mut inbound, &out, &mut wake).await;
+        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
+        let counts_as_failure = matches!(end, End::Broken);
+        if let Err(e) = self.release_all(counts_as_failure).await {
+            tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
+        }
+        // No more pushes. What arrived and was never sent is released uncounted: the consumer
+        // never saw it.
+        self.push = None;
+        self.pushed.close();
+        while let Ok(batch) = self.pushed.try_recv() {
+            for d in &batch {
+                self.window.hold(d);
+            }
+        }
+        if let Err(e) = self.release_all(false).await {
+            tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
+        }
+        match end {
+            End::Closed | End::Broken => {}
+            End::Shutdown => {
+                let _ = out.send(Err(Status::unavailable("outboxd is shutting down; reconnect"))).await;
+            }
+            End::Failed(status) => {
+                let _ = out.send(Err(status)).await;
+            }
+        }
+        tracing::info!(consumer = %self.consumer(), session = %self.id, "stream detached");
+    }
+
+    async fn serve<S>(&mut self, inbound: &mut S, out: &Outbound, wake: &mut watch::Receiver<u64>) -> End
+    where
+        S: Stream<Item = Incoming> + Unpin,
+    {
+        loop {
+            let now = self.ctx.clock.now();
+            self.window.expire(now);
+            if !self.unwritten_acks.is_empty() {
+                let retry = std::mem::take(&mut self.unwritten_acks);
+                self.write_acks(retry).await;
+            }
+            let mut sleep_for = self.ctx.poll_interval.min(self.store_due_in(now));
+            match self.lease(now, out).await {
+                Leased::Again => continue,
+                Leased::Wait(d) => sleep_for = sleep_for.min(d),
+                Leased::End(end) => return end,
+            }
+            if let Some(due) = self.retry_due {
+                if due <= now {
+                    self.retry_due = None;
+                    self.maybe_pending = true;
+                    continue;
+                }
+                sleep_for = sleep_for.min(until(due, now));
+            }
+            if let Some(deadline) = self.window.next_deadline() {
+                sleep_for = sleep_for.min(until(deadline, now));
+            }
+            if self.drain_until.is_some() && self.window.is_empty() {
+                return End::Shutdown;
+            }
+            let drain_deadline = self.drain_until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            // With pending work to lease, the relay leaves this stream's room alone, and says so
+            // when it gives back room it had taken.
+            let waits_for_room = self.maybe_pending && self.drain_until.is_none();
+            let credits = self.window.credits().clone();
+            credits.set_wants_pending(waits_for_room);
+
+            let event = tokio::select! {
+                biased;
+                _ = self.ctx.shutdown.cancelled(), if self.drain_until.is_none() => Event::Shutdown,
+                _ = tokio::time::sleep_until(drain_deadline), if self.drain_until.is_some() => Event::DrainOver,
+                first = inbound.next() => take_ready(first, inbound),
+                Some(batch) = self.pushed.recv() => Event::Pushed(batch),
+                _ = wake.changed() => Event::Woken,
+                _ = credits.returned(), if waits_for_room => Event::Woken,
+                _ = out.closed() => Event::Ended(End::Broken),
+                _ = tokio::time::sleep(sleep_for) => Event::Woken,
+            };
+            if let Some(end) = self.on(event, now, out).await {
+                return end;
+            }
+        }
+    }
+
+    /// Applies what woke the loop; `Some` when the stream ends.
+    async fn on(&mut self, event: Event, now: DateTime<Utc>, out: &Outbound) -> Option<End> {
+        match event {
+            Event::Shutdown => {
+                self.drain_until = Some(Instant::now() + self.ctx.drain_timeout);
+                // Draining: the relay sends nothing new here.
+                self.push = None;
+                None
+            }
+            Event::DrainOver => Some(End::Shutdown),
+            Event::Commands(commands, end) => {
+                self.apply(commands).await;
+                end
+            }
+            Event::Pushed(batch) => {
+                for d in &batch {
+                    self.window.hold(d);
+                }
+                (!self.send_all(batch, now, out).await).then_some(End::Broken)
+            }
+            Event::Woken => {
+                self.maybe_pending = true;
+                None
+            }
+            Event::Ended(end) => Some(end),
+        }
+    }
+
+    /// How long until the store's next due delivery; once it is due, pending work may wait.
+    fn store_due_in(&mut self, now: DateTime<Utc>) -> Duration {
+        match self.store_due {
+            Some(due) if due > now => until(due, now),
+            Some(_) => {
+                self.store_due = None;
+                self.maybe_pending = true;
+                Duration::MAX
+            }
+            None => Duration::MAX,
+        }
+    }
+
+    /// Leases what the window has room for, when pending work may wait for it.
+    async fn lease(&mut self, now: DateTime<Utc>, out: &Outbound) -> Leased {
+        if self.drain_until.is_some() || self.ctx.shutdown.is_cancelled() {
+            return Leased::Wait(Duration::MAX);
+        }
+        let room = self.window.room();
+        // While the stream is busy, lease in batches (a quarter of the window, at most 64)
+        // rather than one row per ack, waiting at most FILL_DELAY for the batch to fill up; an
+        // idle stream leases at once.
+        let batch = (self.window.max() / 4).clamp(1, 64);
+        let waited = self.last_fill.elapsed();
+        if !self.maybe_pending || room == 0 {
+            // Nothing to lease, or no room: a wake-up, a timer or a freed slot comes first.
+            return Leased::Wait(Duration::MAX);
+        }
+        if room < batch && !self.window.is_empty() && waited < FILL_DELAY {
+            return Leased::Wait(FILL_DELAY - waited);
+        }
+        self.last_fill = Instant::now();
+        match self.fill(room, now, out).await {
+            // The relay took the room meanwhile: try again once it is back.
+            Ok(Some((0, _))) => Leased::Wait(Duration::MAX),
+            // As much as asked: there may be more.
+            Ok(Some((taken, sent))) if sent == taken => Leased::Again,
+            // Less than asked: nothing more is due now. Find out when the next is (a retry's
+            // backoff, a delay); new work comes with a wake-up.
+            Ok(Some(_)) => {
+                self.error_backoff = Duration::ZERO;
+                self.maybe_pending = false;
+                match self.ctx.store.delivery_next_due(self.consumer()).await {
+                    // Due already but not leasable: blocked by an ordering key (its ack wakes
+                    // us) or a paused consumer (resume does).
+                    Ok(Some(due)) if due > now => {
+                        self.store_due = Some(due);
+                        Leased::Wait(until(due, now))
+                    }
+                    Ok(_) => Leased::Wait(Duration::MAX),
+                    Err(StoreError::ConsumerNotFound(name)) => {
+                        Leased::End(End::Failed(Status::not_found(format!("consumer {name:?} was deleted"))))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read next due time");
+                        Leased::Wait(Duration::MAX)
+                    }
+                }
+            }
+            Ok(None) => Leased::End(End::Broken),
+            Err(e) => {
+                self.error_backoff = (self.error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+                tracing::warn!(consumer = %self.consumer(), error = %e, retry_in = ?self.error_backoff, "lease failed");
+                Leased::Wait(self.error_backoff)
+            }
+        }
+    }
+
+    /// Leases up to `room` deliveries (as much of it as is still free) and sends them: `(room
+    /// taken, deliveries leased)`, or `None` when the client is gone.
+    async fn fill(
+        &mut self,
+        room: usize,
+        now: DateTime<Utc>,
+        out: &Outbound,
+    ) -> Result<Option<(usize, usize)>, StoreError> {
+        let lease_until = clock::add(now, self.start.ack_deadline);
+        let room = self.window.reserve(room);
+        if room == 0 {
+            return Ok(Some((0, 0)));
+        }
+        let leased = self
+            .ctx
+            .store
+            .delivery_lease_batch(self.consumer(), &self.id, room as i64, &self.key_cursor, lease_until, now)
+            .await;
+        let n = leased.as_ref().map_or(0, Vec::len);
+        self.window.unreserve(room - n);
+        let leased = leased?;
+        self.key_cursor = next_key_cursor(&self.key_cursor, &leased);
+        // Held before anything is sent, so that whatever happens next releases all of them.
+        for d in &leased {
+            self.window.hold(d);
+        }
+        Ok(self.send_all(leased, now, out).await.then_some((room, n)))
+    }
+
+    /// Sends held deliveries; false when the client is gone.
+    async fn send_all(&self, leased: Vec<LeasedDelivery>, now: DateTime<Utc>, out: &Outbound) -> bool {
+        for mut d in leased {
+            metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+            // Open until the delivery is handed to the stream.
+            let _span = deliver_span(self.consumer().as_str(), &mut d);
+            tokio::select! {
+                sent = out.send(Ok(stream::delivery(d))) => if sent.is_err() { return false },
+                // A client that stopped reading must not hold up a shutdown.
+                _ = self.ctx.shutdown.cancelled() => return true,
+            }
+        }
+        true
+    }
+
+    /// Applies commands in order; the acks among them are written in one statement at the end
+    /// (an ack removes the id from the window at once, so a later nack or extend of it is
+    /// ignored, as it would be after a written ack).
+    async fn apply(&mut self, commands: Vec<Command>) {
+        let mut acks = Vec::new();
+        for command in commands {
+            match command {
+                Command::Ack(ids) => acks.extend(self.window.ack(&ids)),
+                Command::Nack { id, error, retry_after } => self.nack(id, error, retry_after).await,
+                Command::Extend { ids, deadline } => self.extend(&ids, deadline).await,
+                Command::Nothing => {}
+            }
+        }
+        if !acks.is_empty() {
+            self.write_acks(acks).await;
+        }
+    }
+
+    /// Writes acks in one statement; on failure they are kept and retried on the next pass.
+    async fn write_acks(&mut self, acks: Vec<(MessageId, Held)>) {
+        let now = self.ctx.clock.now();
+        let ids: Vec<MessageId> = acks.iter().map(|(id, _)| *id).collect();
+        match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
+            Ok(_) => {
+                metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
+                // The next message with the same ordering key may be due now, for any stream.
+                if acks.iter().any(|(_, h)| h.has_ordering_key) {
+                    self.ctx.hub.notify_consumer(self.consumer().as_str());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(consumer = %self.consumer(), error = %e, acks = ids.len(), "ack write failed; retrying");
+                self.unwritten_acks.extend(acks);
+            }
+        }
+    }
+
+    async fn nack(&mut self, id: MessageId, error: String, retry_after: Option<Duration>) {
+        let Some(held) = self.window.nack(&id) else {
+            tracing::debug!(consumer = %self.consumer(), message_id = %id, "nack for a delivery this stream does not hold; ignored");
+            return;
+        };
+        let now = self.ctx.clock.now();
+        let spec = &self.start.consumer.spec;
+        let dead = held.delivery_count >= spec.max_deliveries;
+        let due = clock::add(now, retry_after.unwrap_or_else(|| spec.backoff.delay(held.delivery_count)));
+        let release = Release {
+            consumer: spec.name.clone(),
+            message_id: id,
+            state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+            available_at: if dead { now } else { due },
+            error: Some(error),
+        };
+        match self.ctx.store.delivery_release_many(&[release], ReleaseGuard::Session(&self.id), now).await {
+            Ok(0) => {}
+            Ok(_) if dead => {
+                metrics::nacked(spec.name.as_str(), true);
+                tracing::warn!(consumer = %spec.name, message_id = %id, deliveries = held.delivery_count, "dead-lettered");
+                self.ctx.hub.notify_consumer(spec.name.as_str());
+            }
+            Ok(_) => {
+                metrics::nacked(spec.name.as_str(), false);
+                self.retry_due = Some(self.retry_due.map_or(due, |d| d.min(due)));
+            }
+            Err(e) => tracing::warn!(consumer = %spec.name, error = %e, "nack failed; the lease will expire instead"),
+        }
+    }
+
+    async fn extend(&mut self, ids: &[MessageId], deadline: Duration) {
+        let now = self.ctx.clock.now();
+        let ids = self.window.holding(ids);
+        if ids.is_empty() {
+            return;
+        }
+        let until = clock::add(now, deadline);
+        match self.ctx.store.delivery_extend_many(self.consumer(), &self.id, &ids, until, now).await {
+            Ok(_) => self.window.extend(&ids, until),
+            Err(e) => tracing::warn!(consumer = %self.consumer(), error = %e, "extend failed"),
+        }
+    }
+
+    async fn release_all(&mut self, counts_as_failure: bool) -> Result<(), StoreError> {
+        if self.window.is_empty() {
+            return Ok(());
+        }
+        let now = self.ctx.clock.now();
+        let max = self.start.consumer.spec.max_deliveries;
+        let error = if counts_as_failure { "stream broke before ack" } else { "stream closed before ack" };
+        let releases: Vec<Release> = self
+            .window
+            .drain()
+            .into_iter()
+            .map(|(id, h)| {
+                // A stream that breaks with a delivery at its last attempt may be a consumer
+                // crashing on it: that counts. A clean close or a server shutdown does not.
+                let dead = counts_as_failure && h.delivery_count >= max;
+                Release {
+                    consumer: self.start.consumer.spec.name.clone(),
+                    message_id: id,
+                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+                    available_at: now,
+                    error: Some(error.to_owned()),
+                }
+            })
+            .collect();
+        let n = self.ctx.store.delivery_release_many(&releases, ReleaseGuard::Session(&self.id), now).await?;
+        self.ctx.hub.notify_consumer(self.consumer().as_str());
+        tracing::debug!(consumer = %self.consumer(), released = n, "released held deliveries");
+        Ok(())
+    }
+}
+
+/// The first command and whatever else the client has already sent, so that a burst of acks
+/// becomes one statement instead of one per message; with how the stream ended, if it did.
+fn take_ready<S>(first: Option<Incoming>, inbound: &mut S) -> Event
+where
+    S: Stream<Item = Incoming> + Unpin,
+{
+    let ended = |r: Rejected| match r {
+        Rejected::Invalid(status) => End::Failed(status),
+        Rejected::Broken(status) => {
+            tracing::debug!(%status, "stream error from client");
+            End::Broken
+        }
+    };
+    let first = match first {
+        None => return Event::Ended(End::Closed),
+        Some(Err(r)) => return Event::Ended(ended(r)),
+        Some(Ok(c)) => c,
+    };
+    let mut commands = vec![first];
+    while commands.len() < MAX_COMMANDS_PER_PASS {
+        match inbound.next().now_or_never() {
+            Some(Some(Ok(c))) => commands.push(c),
+            // The commands before it still apply.
+            Some(Some(Err(r))) => return Event::Commands(commands, Some(ended(r))),
+            Some(None) => return Event::Commands(commands, Some(End::Closed)),
+            None => break,
+        }
+    }
+    Event::Commands(commands, None)
+}

@@ -1,0 +1,218 @@
+//! The `Subscribe` stream at the edge: each `SubscribeRequest` after `start` becomes a
+//! validated [`Command`], and each leased delivery becomes its wire form. The session loop
+//! ([`crate::delivery::session`]) sees only commands, never `pb`.
+use std::time::Duration;
+
+use outbox_proto::v1 as pb;
+use tonic::Status;
+
+use super::convert::{duration, timestamp};
+use super::invalid;
+use crate::domain::{InvalidField, MessageId};
+use crate::store::LeasedDelivery;
+
+/// The most message ids one `ack` or `extend` may carry.
+pub const MAX_IDS_PER_REQUEST: usize = 10_000;
+/// The longest `retry_after` a nack may ask for.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The longest ack deadline or extension a stream may ask for.
+pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
+/// Stored `last_error` texts are cut to this many bytes.
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// What a client asks of its stream once it has started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// The handler finished these: never deliver them to this consumer again.
+    Ack(Vec<MessageId>),
+    /// The handler failed: retry after `retry_after`, or the consumer's backoff when `None`.
+    Nack { id: MessageId, error: String, retry_after: Option<Duration> },
+    /// Still working on these: hold the leases for `deadline` from now.
+    Extend { ids: Vec<MessageId>, deadline: Duration },
+    /// Nothing to do (a request whose ids were all malformed, for example).
+    Nothing,
+}
+
+/// Turns one request into a command. A malformed id in an ack, nack or extend is logged and
+/// skipped (the rest of the request still counts: an ack must not be lost for a neighbour's
+/// typo); a request that cannot mean anything is `INVALID_ARGUMENT` naming the field.
+pub fn parse(req: pb::SubscribeRequest) -> Result<Command, Status> {
+    use pb::subscribe_request::Request;
+    match req.request {
+        Some(Request::Start(_)) => {
+            Err(invalid(InvalidField::new("start", "the stream has already started; send start only once")))
+        }
+        Some(Request::Ack(ack)) => {
+            let ids = ids("ack.message_ids", &ack.message_ids)?;
+            Ok(if ids.is_empty() { Command::Nothing } else { Command::Ack(ids) })
+        }
+        Some(Request::Nack(nack)) => {
+            let Some(id) = ids("nack.message_id", std::slice::from_ref(&nack.message_id))?.pop() else {
+                return Ok(Command::Nothing);
+            };
+            let retry_after = match &nack.retry_after {
+                None => None,
+                Some(d) => Some(duration("nack.retry_after", d).map_err(invalid)?.min(MAX_RETRY_AFTER)),
+            };
+            let error = if nack.error.is_empty() { "nacked".to_owned() } else { truncate(nack.error, MAX_ERROR_BYTES) };
+            Ok(Command::Nack { id, error, retry_after })
+        }
+        Some(Request::Extend(ext)) => {
+            let deadline = match &ext.deadline {
+                Some(d) => duration("extend.deadline", d).map_err(invalid)?,
+                None => Duration::ZERO,
+            };
+            if deadline.is_zero() {
+                return Err(invalid(InvalidField::new("extend.deadline", "a positive duration is required")));
+            }
+            if deadline > MAX_ACK_DEADLINE {
+                return Err(invalid(InvalidField::new(
+                    "extend.deadline",
+                    format!("at most 12 hours ({}s), got {}s", MAX_ACK_DEADLINE.as_secs(), deadline.as_secs()),
+                )));
+            }
+            let ids = ids("extend.message_ids", &ext.message_ids)?;
+            Ok(if ids.is_empty() { Command::Nothing } else { Command::Extend { ids, deadline } })
+        }
+        None => Err(invalid(InvalidField::new("request", "one of start, ack, nack, extend is required"))),
+    }
+}
+
+fn ids(field: &str, raw: &[String]) -> Result<Vec<MessageId>, Status> {
+    if raw.len() > MAX_IDS_PER_REQUEST {
+        return Err(invalid(InvalidField::new(
+            field,
+            format!("at most {MAX_IDS_PER_REQUEST} ids per request, got {}", raw.len()),
+        )));
+    }
+    Ok(raw
+        .iter()
+        .filter_map(|s| match MessageId::parse(field, s) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring malformed message id from stream");
+                None
+            }
+        })
+        .collect())
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// A leased delivery as the stream sends it.
+pub fn delivery(d: LeasedDelivery) -> pb::SubscribeResponse {
+    let m = d.message;
+    let delivery = pb::Delivery {
+        message_id: m.message_id.to_string(),
+        seq: m.seq,
+        topic: m.topic,
+        r#type: m.type_,
+        payload: m.payload,
+        headers: m.headers.into_iter().collect(),
+        ordering_key: m.ordering_key.unwrap_or_default(),
+        enqueued_at: Some(timestamp(m.enqueued_at)),
+        delivery_count: d.delivery_count,
+        ack_deadline: Some(timestamp(d.lease_expires_at)),
+    };
+    pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(delivery)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::subscribe_request::Request;
+
+    fn req(r: Request) -> pb::SubscribeRequest {
+        pb::SubscribeRequest { request: Some(r) }
+    }
+
+    fn message(status: &Status) -> &str {
+        status.message()
+    }
+
+    #[test]
+    fn a_second_start_is_invalid_argument() {
+        let s = parse(req(Request::Start(pb::Start::default()))).unwrap_err();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(message(&s).starts_with("start:"), "{}", message(&s));
+    }
+
+    #[test]
+    fn an_empty_request_names_the_field() {
+        let s = parse(pb::SubscribeRequest { request: None }).unwrap_err();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(message(&s).starts_with("request:"));
+    }
+
+    #[test]
+    fn acks_keep_their_good_ids_and_skip_malformed_ones() {
+        let a = MessageId(uuid::Uuid::new_v4());
+        let cmd = parse(req(Request::Ack(pb::Ack { message_ids: vec!["nope".into(), a.to_string()] })));
+        assert_eq!(cmd.unwrap(), Command::Ack(vec![a]));
+        let cmd = parse(req(Request::Ack(pb::Ack { message_ids: vec!["nope".into()] })));
+        assert_eq!(cmd.unwrap(), Command::Nothing);
+    }
+
+    #[test]
+    fn too_many_ids_name_the_limit_and_the_count() {
+        let ids = vec![MessageId(uuid::Uuid::new_v4()).to_string(); MAX_IDS_PER_REQUEST + 1];
+        let s = parse(req(Request::Ack(pb::Ack { message_ids: ids.clone() }))).unwrap_err();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert!(
+            message(&s).contains("ack.message_ids") && message(&s).contains("10000") && message(&s).contains("10001")
+        );
+        let ext = pb::Extend { message_ids: ids, deadline: Some(prost_types::Duration { seconds: 5, nanos: 0 }) };
+        let s = parse(req(Request::Extend(ext))).unwrap_err();
+        assert!(message(&s).contains("extend.message_ids"), "{}", message(&s));
+        let ok = vec![MessageId(uuid::Uuid::new_v4()).to_string(); MAX_IDS_PER_REQUEST];
+        assert!(
+            matches!(parse(req(Request::Ack(pb::Ack { message_ids: ok }))), Ok(Command::Ack(v)) if v.len() == MAX_IDS_PER_REQUEST)
+        );
+    }
+
+    #[test]
+    fn nacks_cap_retry_after_cut_long_errors_and_reject_negative_waits() {
+        let id = MessageId(uuid::Uuid::new_v4());
+        let nack = |retry_after, error: String| {
+            parse(req(Request::Nack(pb::Nack { message_id: id.to_string(), error, retry_after })))
+        };
+        let day2 = prost_types::Duration { seconds: 2 * 86_400, nanos: 0 };
+        match nack(Some(day2), "é".repeat(3000)).unwrap() {
+            Command::Nack { id: got, error, retry_after } => {
+                assert_eq!(got, id);
+                assert_eq!(retry_after, Some(MAX_RETRY_AFTER));
+                assert!(error.len() <= MAX_ERROR_BYTES && error.len() >= MAX_ERROR_BYTES - 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(nack(None, String::new()).unwrap(), Command::Nack { id, error: "nacked".into(), retry_after: None });
+        let s = nack(Some(prost_types::Duration { seconds: -1, nanos: 0 }), String::new()).unwrap_err();
+        assert!(message(&s).starts_with("nack.retry_after:"), "{}", message(&s));
+    }
+
+    #[test]
+    fn extends_need_a_positive_deadline_of_at_most_12_hours() {
+        let id = MessageId(uuid::Uuid::new_v4());
+        let ext = |seconds| {
+            parse(req(Request::Extend(pb::Extend {
+                message_ids: vec![id.to_string()],
+                deadline: Some(prost_types::Duration { seconds, nanos: 0 }),
+            })))
+        };
+        assert_eq!(ext(30).unwrap(), Command::Extend { ids: vec![id], deadline: Duration::from_secs(30) });
+        for bad in [0, -5, 12 * 3600 + 1] {
+            let s = ext(bad).unwrap_err();
+            assert!(message(&s).starts_with("extend.deadline:"), "{bad}: {}", message(&s));
+        }
+    }
+}
