@@ -24,6 +24,7 @@
 //! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
+//! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod grpc;
+pub mod healthcheck;
 pub mod hub;
 pub mod listener;
 pub mod metrics;
