@@ -328,6 +328,9 @@ def check_compose(known, uid_gid, image_ports):
     if test[:3] != ["CMD", "/usr/local/bin/outboxd", "healthcheck"]:
         error("compose.yaml: outboxd's health check must run `outboxd healthcheck` (the image has no shell)")
     env = srv.get("environment", {})
+    if "--addr" in test and test[test.index("--addr") + 1].rsplit(":", 1)[-1] != \
+            str(env.get("OUTBOXD_LISTEN", "")).rsplit(":", 1)[-1]:
+        error("compose.yaml: the health check asks another port than OUTBOXD_LISTEN")
     auth = env.get("OUTBOXD_AUTH_FILE")
     mounted = {v.split(":")[1]: v.split(":")[0] for v in srv.get("volumes", [])}
     if auth not in mounted:
