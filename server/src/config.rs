@@ -29,6 +29,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Ask a running outboxd whether it is serving (gRPC health); exit 0 only if it is.
+    Healthcheck(crate::healthcheck::HealthcheckArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -28,6 +28,7 @@
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
+//! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -36,6 +37,7 @@ pub mod config;
 pub mod delivery;
 pub mod domain;
 pub mod grpc;
+pub mod healthcheck;
 pub mod hub;
 pub mod maintenance;
 pub mod metrics;

@@ -10,6 +10,18 @@ use outbox_server::{store, telemetry};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Healthcheck(args) = &cli.command {
+        // No telemetry: a container runtime runs this every few seconds, and only the exit code
+        // and one line matter.
+        match outbox_server::healthcheck::check(args).await {
+            Ok(()) => println!("SERVING"),
+            Err(e) => {
+                eprintln!("{}", outbox_server::healthcheck::report(&e));
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     let mut telemetry = telemetry::init(cli.log_format).context("setting up logs and traces")?;
     match cli.command {
         Command::Serve(args) => {
@@ -26,6 +38,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Healthcheck(_) => {} // answered above, before telemetry
         Command::Migrate(args) => {
             let store = store::connect(&args.database_url, 2).await.context("opening the database")?;
             store.migrate().await.context("applying migrations")?;

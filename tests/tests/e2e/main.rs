@@ -8,6 +8,7 @@
 mod admin;
 mod delivery;
 mod failure_matrix;
+mod healthcheck;
 mod metrics;
 mod otlp;
 mod outboxctl;
