@@ -1,0 +1,1 @@
+SELECT v2.enqueue_plpgsql('orders.created', 'T', '\x7b7d');
