@@ -226,10 +226,13 @@ async fn a_second_server_on_one_sqlite_file_is_refused() {
     assert!(err.to_string().contains("only one server"), "{err}");
 }
 
-/// PostgreSQL only (several relays need it): while one relay pass still holds an earlier
-/// message of a key, another pass relays a later one; the later one must wait.
+/// PostgreSQL only (its commits are not serial): the relay cursor delivers what is visible and
+/// remembers the seq values it skipped. A transaction that holds a seq and commits late is still
+/// relayed, and a later message of its ordering key waits for it meanwhile. One that rolls back
+/// leaves a gap that closes once every transaction that was running has ended; a long
+/// transaction elsewhere in the database delays only that closing, never a delivery.
 #[tokio::test]
-async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_holds() {
+async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_late() {
     let db = TestDb::create().await.unwrap();
     let pg = PgStore::connect(&db.url, 8).await.unwrap();
     pg.migrate().await.unwrap();
@@ -238,27 +241,78 @@ async fn a_later_message_of_a_key_waits_for_an_earlier_one_another_relay_still_h
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     let keyed = |t: &str| NewMessage { ordering_key: Some("k".into()), type_: t.into(), ..msg("t") };
-    let first = store.message_insert(&keyed("first"), now).await.unwrap().message_id;
-    let second = store.message_insert(&keyed("second"), now).await.unwrap().message_id;
+    let gaps = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox.relay_gaps").fetch_one(pg.pool()).await.unwrap()
+    };
+    let lease = |c: &ConsumerSpec| {
+        let (store, name) = (store.clone(), c.name.clone());
+        async move {
+            // The database's clock wrote the late messages' times: lease as of now.
+            let now = Utc::now();
+            let later = crate::clock::add(now, Duration::from_secs(30));
+            let leased = store.delivery_lease_batch(&name, "s", 10, "", later, now).await.unwrap();
+            leased.into_iter().map(|d| d.message.message_id).collect::<Vec<_>>()
+        }
+    };
 
-    // Another relay's pass, still open, holds the first message.
-    let mut other = pg.pool().begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM outbox.messages WHERE message_id = $1 FOR UPDATE")
-        .bind(first.0)
-        .execute(&mut *other)
+    // A transaction elsewhere in the database that has a transaction id and stays open.
+    let mut elsewhere = pg.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *elsewhere).await.unwrap();
+
+    // A producer takes a seq for the first message of the key and has not committed yet.
+    let mut late = pg.pool().begin().await.unwrap();
+    let first = postgres::message_insert(&mut *late, &keyed("first"), None).await.unwrap();
+    let second = store.message_insert(&keyed("second"), now).await.unwrap();
+    let third = store.message_insert(&msg("t"), now).await.unwrap();
+    assert!(first.seq < second.seq && second.seq < third.seq);
+
+    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 2, "what is visible goes");
+    assert_eq!(gaps().await, 1, "the first message's seq is remembered");
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0, "nothing visible waits");
+
+    late.commit().await.unwrap();
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 1, "the late commit waits in the gap");
+    assert_eq!(lease(&c).await, [third.message_id], "the second waits for the first of its key, unrelayed in the gap");
+    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.last_seq), (1, Some(first.seq)), "the late commit is relayed");
+    assert_eq!(gaps().await, 0);
+    assert_eq!(lease(&c).await, [first.message_id]);
+    store.delivery_ack_many(&c.name, &[first.message_id, third.message_id], now).await.unwrap();
+    assert_eq!(lease(&c).await, [second.message_id]);
+    let (m, _) = store.message_get(first.message_id).await.unwrap();
+    assert!(m.relayed_at.is_some(), "GetMessage says when it was relayed");
+
+    // A producer that rolls back: its seq is a gap until everything running then has ended.
+    let mut doomed = pg.pool().begin().await.unwrap();
+    let gone = postgres::message_insert(&mut *doomed, &msg("t"), None).await.unwrap();
+    let after = store.message_insert(&msg("t"), now).await.unwrap();
+    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 1);
+    doomed.rollback().await.unwrap();
+    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(gaps().await, 1, "the transaction elsewhere may still be one that writes it");
+    let newer = store.message_insert(&msg("t"), now).await.unwrap();
+    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.last_seq), (1, Some(newer.seq)), "an open gap holds back no delivery");
+    elsewhere.commit().await.unwrap();
+    // Transaction ids are the cluster's: other databases' transactions (other tests) that were
+    // running when the gap was read keep it open too, until they end.
+    let closed = async {
+        loop {
+            store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+            if gaps().await == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), closed)
         .await
-        .unwrap();
-    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 1, "only the second is claimable");
-    let later = crate::clock::add(now, Duration::from_secs(30));
-    assert!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().is_empty(), "second waits");
-
-    other.rollback().await.unwrap();
-    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
-    let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
-    assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [first]);
-    store.delivery_ack_many(&c.name, &[first], now).await.unwrap();
-    let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
-    assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [second]);
+        .expect("closed once everyone who was running has ended");
+    assert!(gone.seq < after.seq);
+    let relayed: Vec<_> = lease(&c).await;
+    assert_eq!(relayed.len(), 2, "{relayed:?}");
+    assert!(relayed.contains(&after.message_id) && relayed.contains(&newer.message_id));
+    assert!(matches!(store.message_get(gone.message_id).await, Err(StoreError::MessageNotFound(_))));
 }
 
 /// The relay's SQL matches topics exactly as the server's `TopicPattern` does.

@@ -101,10 +101,16 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
                  WHERE l.consumer = $1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
                    AND l.ordering_key COLLATE "C" = h.k
                  LIMIT 1) IS NULL
-           AND (SELECT 1 FROM outbox.messages u
-                 WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
-                   AND u.ordering_key = h.k COLLATE "default" AND u.seq < h.seq
-                 ORDER BY u.ordering_key, u.seq
+           -- An earlier message of the key that the relay has not read can only sit in an
+           -- open gap of the relay cursor (the head itself was read): few, short ranges, read by
+           -- primary key.
+           AND (SELECT 1 FROM outbox.relay_gaps g, unnest(g.seqs) r,
+                       -- LIMIT keeps it a probe per gap range (a range scan of the primary
+                       -- key), never a join the planner could answer by scanning messages.
+                       LATERAL (SELECT 1 FROM outbox.messages u
+                                 WHERE u.seq >= lower(r) AND u.seq < least(upper(r), h.seq)
+                                   AND u.ordering_key = h.k COLLATE "default"
+                                 LIMIT 1) u
                  LIMIT 1) IS NULL
          LIMIT $3
     ),
@@ -201,7 +207,7 @@ fn headers_to_json(h: &BTreeMap<String, String>) -> serde_json::Value {
     serde_json::Value::Object(h.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect())
 }
 
-const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, m.enqueued_at, m.available_at, m.relayed_at";
+const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, m.enqueued_at, m.available_at, outbox.message_relayed_at(m.seq, m.relayed_at) AS relayed_at";
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
     Ok(StoredMessage {
@@ -868,7 +874,15 @@ impl Store for PgStore {
 
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {
         let head = sqlx::query(
-            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.messages WHERE relayed_at IS NULL",
+            // What the relay cursor has not read: after its position, and in its open gaps.
+            "WITH waiting AS (
+                SELECT m.enqueued_at FROM outbox.messages m
+                 WHERE m.seq > (SELECT c.position FROM outbox.relay_cursor c)
+                UNION ALL
+                SELECT u.enqueued_at FROM outbox.relay_gaps g, unnest(g.seqs) r,
+                       LATERAL (SELECT m.enqueued_at FROM outbox.messages m
+                                 WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) u)
+             SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM waiting",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -970,13 +984,16 @@ impl Store for PgStore {
     }
 
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.messages WHERE relayed_at IS NULL AND seq >= $1)")
-            // Unprepared: a plan cached on an empty table (a sequential scan) would read every
-            // relayed row once the table is large.
-            .persistent(false)
-            .bind(from_seq)
-            .fetch_one(&self.pool)
-            .await?)
+        // The cursor knows where the relay stands; `from_seq` is the SQLite relay's hint.
+        let _ = from_seq;
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.seq > (SELECT c.position FROM outbox.relay_cursor c))
+                 OR EXISTS (SELECT 1 FROM outbox.relay_gaps g, unnest(g.seqs) r,
+                                   LATERAL (SELECT 1 FROM outbox.messages m
+                                             WHERE m.seq >= lower(r) AND m.seq < upper(r) LIMIT 1) u)",
+        )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
@@ -1050,7 +1067,9 @@ impl Store for PgStore {
             let row = sqlx::query(
                 "WITH doomed AS (
                     SELECT m.message_id FROM outbox.messages m
-                     WHERE m.enqueued_at < $1 AND m.relayed_at IS NOT NULL
+                     WHERE m.enqueued_at < $1
+                       AND m.seq <= (SELECT c.position FROM outbox.relay_cursor c)
+                       AND NOT EXISTS (SELECT 1 FROM outbox.relay_gaps g WHERE g.seqs @> m.seq)
                        AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
                                         WHERE d.message_id = m.message_id AND d.state <> 'acked')
                      ORDER BY m.enqueued_at LIMIT $2
@@ -1065,8 +1084,18 @@ impl Store for PgStore {
             .bind(batch)
             .fetch_one(&mut *tx)
             .await?;
-            tx.commit().await?;
             let messages: i64 = row.try_get("messages")?;
+            if messages > 0 {
+                // The relay log's rows that name only pruned messages.
+                sqlx::query(
+                    "DELETE FROM outbox.relay_log l
+                      WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
+                                                      (SELECT c.position + 1 FROM outbox.relay_cursor c))",
+                )
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
             total.messages += messages;
             total.deliveries += row.try_get::<i64, _>("deliveries")?;
             if messages < batch {
