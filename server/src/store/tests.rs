@@ -315,6 +315,93 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     assert!(matches!(store.message_get(gone.message_id).await, Err(StoreError::MessageNotFound(_))));
 }
 
+/// `outboxd migrate` takes a PostgreSQL database written before the relay cursor, with relayed
+/// and unrelayed messages interleaved (a late commit below the highest relayed seq) and
+/// deliveries in every state, to the cursor: every unrelayed message is relayed once, nothing
+/// relayed before gets a second delivery row, delivery counts and states carry over, and new
+/// seq values continue after the old ones.
+#[tokio::test]
+async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
+    let db = TestDb::create().await.unwrap();
+    {
+        let old = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(
+                super::postgres::MIGRATOR.migrations.iter().filter(|m| m.version < 10).cloned().collect(),
+            ),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        old.run(&pool).await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
+             VALUES ('c', ARRAY['t'], 5, 1000, 10000, 30000, 'earliest');
+             INSERT INTO outbox.messages (message_id, topic, type, payload, relayed_at)
+             SELECT gen_random_uuid(), 't', 'T' || g, '\\x00', CASE WHEN g IN (3, 7) THEN NULL ELSE now() END
+               FROM generate_series(1, 8) g ORDER BY g;
+             -- seq 1 acked, 2 dead, 4 leased, 5 pending after a retry, 6 and 8 pending; 3 and 7 unrelayed.
+             INSERT INTO outbox.deliveries (message_id, consumer, seq, state, delivery_count, available_at,
+                                            lease_expires_at, leased_by, created_at, updated_at)
+             SELECT m.message_id, 'c', m.seq,
+                    CASE m.seq WHEN 1 THEN 'acked' WHEN 2 THEN 'dead' WHEN 4 THEN 'leased' ELSE 'pending' END,
+                    CASE m.seq WHEN 2 THEN 5 WHEN 4 THEN 1 WHEN 5 THEN 2 WHEN 1 THEN 1 ELSE 0 END,
+                    now(), CASE WHEN m.seq = 4 THEN now() + interval '1 hour' END,
+                    CASE WHEN m.seq = 4 THEN 'old-session' END, now(), now()
+               FROM outbox.messages m WHERE m.relayed_at IS NOT NULL;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 2, "the two unrelayed, one below the position");
+    let out = store.relay_batch(100, 0, now, false, &[]).await.unwrap();
+    let mut relayed: Vec<i64> = out.pushed.iter().map(|(_, _, d)| d.message.seq).collect();
+    relayed.extend(
+        sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.deliveries WHERE created_at >= $1 ORDER BY seq")
+            .bind(now)
+            .fetch_all(pg.pool())
+            .await
+            .unwrap(),
+    );
+    assert_eq!((out.messages, out.deliveries), (2, 2));
+    assert_eq!(relayed, [3, 7], "each unrelayed message once, nothing relayed before");
+    assert_eq!(store.relay_batch(100, 0, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
+
+    let rows: Vec<(i64, String, i32)> =
+        sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.deliveries WHERE consumer = 'c' ORDER BY seq")
+            .fetch_all(pg.pool())
+            .await
+            .unwrap();
+    let expect = [
+        (1, "acked", 1),
+        (2, "dead", 5),
+        (3, "pending", 0),
+        (4, "leased", 1),
+        (5, "pending", 2),
+        (6, "pending", 0),
+        (7, "pending", 0),
+        (8, "pending", 0),
+    ];
+    assert_eq!(rows.iter().map(|(s, st, n)| (*s, st.as_str(), *n)).collect::<Vec<_>>(), expect);
+    let next = store.message_insert(&msg("t"), now).await.unwrap();
+    assert_eq!(next.seq, 9, "seq values continue after the old ones");
+    let (m, _) = store
+        .message_get(MessageId(
+            sqlx::query_scalar("SELECT message_id FROM outbox.messages WHERE seq = 1")
+                .fetch_one(pg.pool())
+                .await
+                .unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert!(m.relayed_at.is_some(), "rows relayed before keep their time");
+}
+
 /// The relay's SQL matches topics exactly as the server's `TopicPattern` does.
 #[tokio::test]
 async fn sql_topic_matching_agrees_with_the_servers() {

@@ -44,7 +44,7 @@ const VACUUM_LOCK: i64 = 0x6f75_7462_6f78_0003;
 /// Connections of the lease pool (see `PgStore::lease_pool`).
 const LEASE_CONNECTIONS: u32 = 4;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// The heads of a consumer's ordering keys (the lowest unfinished seq of each key), visited key
 /// by key through `deliveries_key_heads`: one index probe per key, never the messages queued
