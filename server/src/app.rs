@@ -109,10 +109,11 @@ impl App {
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
-        let outbox =
-            OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
+        let streams = crate::limits::StreamLimiter::new(config.limits);
+        let outbox = OutboxServer::new(OutboxService { ctx: ctx.clone(), limits, streams: streams.clone() })
+            .max_decoding_message_size(max_decode);
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate);
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer });
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
 
         let stop_accepting = shutdown.clone();
         let server = tokio::spawn(
@@ -122,6 +123,8 @@ impl App {
                 .http2_keepalive_interval(Some(Duration::from_secs(20)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(20)))
                 .tcp_keepalive(Some(Duration::from_secs(60)))
+                .max_concurrent_streams(config.limits.http2_max_concurrent_streams())
+                .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(outbox)

@@ -21,6 +21,7 @@
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
 //! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
+//! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
 //! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
@@ -32,6 +33,7 @@ pub mod config;
 pub mod domain;
 pub mod grpc;
 pub mod hub;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod pruner;

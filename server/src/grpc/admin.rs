@@ -15,6 +15,7 @@ pub struct AdminService {
     pub ctx: SessionContext,
     pub pruner: Pruner,
     pub replayer: Replayer,
+    pub streams: crate::limits::StreamLimiter,
 }
 
 fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
@@ -41,11 +42,13 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
+        let permit = self.streams.acquire(request.remote_addr())?;
         let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut enqueued = ctx.hub.enqueued().subscribe();
             loop {
                 match ctx.store.message_list_after(cursor, 500).await {
