@@ -299,7 +299,8 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
 }
 
 /// Validates a replay request into a plan; names the field at fault.
-fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
+#[allow(clippy::result_large_err)] // a Status is what the handlers return
+pub fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
     let consumer = name("consumer", &req.consumer)?;
     let by_ids = !req.message_ids.is_empty();
     let by_range = req.enqueued_after.is_some() || req.enqueued_before.is_some();

@@ -181,7 +181,16 @@ pub fn start_request(start: &pb::Start) -> Result<StartRequest, InvalidField> {
 }
 
 fn too_long(what: &str, d: Duration, limit: Duration) -> String {
-    format!("{what} is {}; the limit is {}", humantime::format_duration(d), humantime::format_duration(limit))
+    format!("{what} is {}; the limit is {}", short(d), short(limit))
+}
+
+/// Whole hours as hours, else whole seconds, else milliseconds: "24h", "90s", "1500ms".
+fn short(d: Duration) -> String {
+    match (d.as_secs(), d.subsec_nanos()) {
+        (s, 0) if s % 3600 == 0 && s > 0 => format!("{}h", s / 3600),
+        (s, 0) => format!("{s}s"),
+        _ => format!("{}ms", d.as_millis()),
+    }
 }
 
 pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {

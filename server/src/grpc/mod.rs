@@ -4,6 +4,9 @@ pub mod admin;
 pub mod convert;
 pub mod outbox;
 
+#[cfg(test)]
+mod hostile_tests;
+
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 

@@ -8,6 +8,7 @@
 mod admin;
 mod delivery;
 mod failure_matrix;
+mod limits;
 mod metrics;
 mod otlp;
 mod outboxctl;
