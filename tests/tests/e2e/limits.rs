@@ -322,6 +322,27 @@ async fn a_burst_of_unary_calls_beyond_the_limit_is_refused_at_once_while_stream
     Ok(())
 }
 
+/// The payload limit, and the request size that tonic decodes at most, which follows from it.
+#[tokio::test]
+async fn payloads_beyond_the_flag_and_requests_beyond_the_decoding_limit_are_refused() -> Result<()> {
+    let (_store, srv, _db) = setup(Backend::Sqlite, &["--max-payload-bytes", "1024"]).await?;
+    let mut client = srv.client().await?;
+    client.enqueue(pb::EnqueueRequest { payload: vec![7; 1024], ..message("t") }).await?;
+    assert_invalid(
+        client.enqueue(pb::EnqueueRequest { payload: vec![7; 1025], ..message("t") }).await,
+        "payload",
+        &["1025", "1024"],
+    );
+    // (1024 + 64 KiB) x 16 = 1,064,960 bytes decoded at most.
+    let s = client
+        .enqueue(pb::EnqueueRequest { r#type: "T".repeat(1_100_000), ..message("t") })
+        .await
+        .expect_err("an oversized request was decoded");
+    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+    assert!(s.message().contains("1064960"), "{s:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn limit_flags_that_cannot_work_are_refused_at_start_naming_the_flag() -> Result<()> {
     for (flag, value) in
