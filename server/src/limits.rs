@@ -27,6 +27,13 @@ pub const MAX_HEADER_KEY_BYTES: usize = 256;
 pub const MAX_TYPE_BYTES: usize = 255;
 /// A message's `ordering_key`, in bytes.
 pub const MAX_ORDERING_KEY_BYTES: usize = 255;
+/// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
+pub const REFUSALS: &str = "outboxd_limit_refusals_total";
+
+fn refused(limit: &'static str) {
+    metrics::counter!(REFUSALS, "limit" => limit).increment(1);
+}
+
 /// Topics and patterns per consumer.
 pub const MAX_CONSUMER_TOPICS: usize = 100;
 /// The longest `backoff_base` and `backoff_max` of a consumer.
@@ -114,6 +121,7 @@ impl StreamLimiter {
     pub fn acquire(&self, peer: Option<SocketAddr>) -> Result<StreamPermit, Status> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.total >= self.limits.max_streams {
+            refused("max_streams");
             return Err(Status::resource_exhausted(format!(
                 "too many streams: this outboxd already serves {} streams, the limit is {} (--max-streams)",
                 open.total, self.limits.max_streams
@@ -122,6 +130,7 @@ impl StreamLimiter {
         if let Some(peer) = peer {
             let on_connection = open.per_peer.get(&peer).copied().unwrap_or(0);
             if on_connection >= self.limits.max_streams_per_connection {
+                refused("max_streams_per_connection");
                 return Err(Status::resource_exhausted(format!(
                     "too many streams on this connection: {on_connection} open, the limit is {} \
                      (--max-streams-per-connection); open another connection or close streams",
@@ -230,6 +239,7 @@ where
         Box::pin(async move {
             limited.oneshot(req).await.map_err(|e| {
                 if e.is::<tower::load_shed::error::Overloaded>() {
+                    refused("max_concurrent_requests");
                     Box::new(Status::unavailable(format!(
                         "outboxd is at its limit of {max} requests in progress (--max-concurrent-requests); retry with backoff"
                     ))) as BoxError

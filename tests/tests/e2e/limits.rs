@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
+use crate::metrics::{sample, scrape};
 use crate::{WAIT, conformance, setup, setup_pg};
 
 conformance!(messages_at_their_limits_are_delivered_intact_and_one_byte_more_is_refused_naming_the_limit);
@@ -198,8 +199,13 @@ fn assert_exhausted<T: std::fmt::Debug>(r: Result<T, tonic::Status>, words: &[&s
 #[tokio::test]
 async fn streams_beyond_the_connection_and_process_limits_are_refused_and_a_closed_one_gives_its_place_back()
 -> Result<()> {
-    let (_store, srv, _db) =
-        setup(Backend::Sqlite, &["--max-streams", "3", "--max-streams-per-connection", "2"]).await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics = format!("127.0.0.1:{port}");
+    let (_store, srv, _db) = setup(
+        Backend::Sqlite,
+        &["--max-streams", "3", "--max-streams-per-connection", "2", "--metrics-listen", &metrics],
+    )
+    .await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("c", &["t"])).await?;
 
@@ -216,6 +222,11 @@ async fn streams_beyond_the_connection_and_process_limits_are_refused_and_a_clos
     // Tail streams count too.
     let tail = admin.tail(pb::TailRequest { topics: vec![] }).await;
     assert_exhausted(tail, &["(--max-streams)"]);
+
+    // Each refusal is counted by the limit that refused it.
+    let text = scrape(&metrics).await?;
+    let count = |limit: &str| sample(&text, &format!("outboxd_limit_refusals_total{{limit=\"{limit}\"}}"));
+    assert_eq!((count("max_streams_per_connection"), count("max_streams")), (Some(1.0), Some(2.0)), "{text}");
 
     // A stream that ends gives its place back (once its session has noticed).
     drop(a1);
@@ -256,7 +267,9 @@ async fn by_default_one_connection_holds_100_streams_and_the_101st_is_refused() 
 /// waits on a table lock the test holds, which takes PostgreSQL.
 #[tokio::test]
 async fn a_burst_of_unary_calls_beyond_the_limit_is_refused_at_once_while_streams_and_health_pass() -> Result<()> {
-    let (_db, srv, pool) = setup_pg(&["--max-concurrent-requests", "2"]).await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics = format!("127.0.0.1:{port}");
+    let (_db, srv, pool) = setup_pg(&["--max-concurrent-requests", "2", "--metrics-listen", &metrics]).await?;
     let mut admin = srv.admin().await?;
     create_consumer(&mut admin, consumer("c", &["t"])).await?;
 
@@ -302,6 +315,9 @@ async fn a_burst_of_unary_calls_beyond_the_limit_is_refused_at_once_while_stream
     let mut producer = srv.client().await?;
     let shed = producer.enqueue(message("t")).await.expect_err("enqueue was served");
     assert_eq!(shed.code(), Code::Unavailable);
+    let text = scrape(&metrics).await?;
+    let shed = sample(&text, "outboxd_limit_refusals_total{limit=\"max_concurrent_requests\"}");
+    assert_eq!(shed, Some(21.0), "{text}");
 
     // Health checking and streams are not unary calls of outboxd's: they pass.
     let channel = outbox_client::grpc::connect(&srv.endpoint).await?;
