@@ -64,8 +64,10 @@ impl Message {
         self
     }
 
-    /// Checks what the database would refuse, with a message naming the field: a topic of
-    /// dot-separated segments of `[A-Za-z0-9_-]` (at most 255 characters) and a type.
+    /// Checks what outboxd and the database would refuse, with a message naming the field: a
+    /// topic of dot-separated segments of `[A-Za-z0-9_-]` (at most 255 characters), a type of at
+    /// most 255 bytes, an ordering key of at most 255 bytes, and at most 64 headers with keys of
+    /// 1 to 256 bytes and 16 KiB of keys and values in all.
     pub fn validate(&self) -> Result<(), ClientError> {
         let segment_ok =
             |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
@@ -87,21 +89,27 @@ impl Message {
         {
             return invalid(format!("ordering_key is {} bytes; the limit is {MAX_ORDERING_KEY_BYTES}", k.len()));
         }
-        if self.headers.len() > MAX_HEADERS {
-            return invalid(format!("headers: {} entries; the limit is {MAX_HEADERS}", self.headers.len()));
-        }
-        if self.headers.keys().any(|k| k.is_empty()) {
-            return invalid("headers: a key is empty; keys must not be empty".to_owned());
-        }
-        if let Some(k) = self.headers.keys().find(|k| k.len() > MAX_HEADER_KEY_BYTES) {
-            return invalid(format!("headers: a key is {} bytes; the limit is {MAX_HEADER_KEY_BYTES}", k.len()));
-        }
-        let total: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if total > MAX_HEADERS_BYTES {
-            return invalid(format!("headers: {total} bytes of keys and values; the limit is {MAX_HEADERS_BYTES}"));
-        }
-        Ok(())
+        check_headers(&self.headers)
     }
+}
+
+/// The header limits, on the headers as they are written (the client adds `traceparent`).
+pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ClientError> {
+    let invalid = |m: String| Err(ClientError::InvalidMessage(m));
+    if headers.len() > MAX_HEADERS {
+        return invalid(format!("headers: {} entries; the limit is {MAX_HEADERS}", headers.len()));
+    }
+    if headers.keys().any(|k| k.is_empty()) {
+        return invalid("headers: a key is empty; keys must not be empty".to_owned());
+    }
+    if let Some(k) = headers.keys().find(|k| k.len() > MAX_HEADER_KEY_BYTES) {
+        return invalid(format!("headers: a key is {} bytes; the limit is {MAX_HEADER_KEY_BYTES}", k.len()));
+    }
+    let total: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_HEADERS_BYTES {
+        return invalid(format!("headers: {total} bytes of keys and values; the limit is {MAX_HEADERS_BYTES}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The database's half of least privilege and of the message limits (ADRs 0022, 0023): the
 //! roles `outbox_producer` and `outbox_consumer` on a real PostgreSQL, proved from both sides
-//! by logging in as an application role; and the limits held by the tables of both stores for
-//! writers that bypass gRPC.
+//! by logging in as an application role; and the limits that hold for writers that bypass
+//! gRPC: `outbox.enqueue` and the tables on PostgreSQL, the tables on SQLite.
 #![allow(clippy::unwrap_used)]
 
 use std::str::FromStr;
@@ -161,13 +161,13 @@ async fn a_producer_role_enqueues_in_its_own_transaction_and_can_read_or_change_
             .await
             .unwrap();
     assert_eq!(again, id);
-    // The limits hold for it too (the table's CHECK, evaluated as the function's owner).
-    let e = sqlx::query("SELECT outbox.enqueue('orders.created', repeat('t', 256), '\\x'::bytea)")
+    // The limits hold for it too.
+    let e = sqlx::query("SELECT outbox.enqueue('orders.created', 'T', '\\x'::bytea, jsonb_build_object('', 'v'))")
         .execute(&pool)
         .await
         .unwrap_err();
-    assert_eq!(sqlstate(&e), CHECK, "{e}");
-    assert!(e.to_string().contains("messages_type_length"), "{e}");
+    assert_eq!(sqlstate(&e), "22023", "{e}");
+    assert!(e.to_string().contains("header key"), "{e}");
 
     // Denied: reading anyone's payloads, the other tables, writing them, and every other function.
     for sql in [
@@ -243,13 +243,12 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
 }
 
 #[tokio::test]
-async fn the_owner_keeps_both_enqueue_paths_and_the_table_holds_the_limits_for_every_writer() {
+async fn the_owner_keeps_both_enqueue_paths_and_outbox_enqueue_holds_the_limits_naming_them() {
     let (_db, _store, owner) = migrated_pg().await;
     let headers = |n: usize, value_len: usize| {
         serde_json::Value::Object((0..n).map(|i| (format!("h{i:02}"), "v".repeat(value_len).into())).collect())
     };
-    // The function, and the Rust client's plain INSERT (ADR 0014), as outboxd's own login.
-    let via_function = |type_: String, headers: serde_json::Value, key: Option<String>| {
+    let enqueue = |type_: String, headers: serde_json::Value, key: Option<String>| {
         let owner = owner.clone();
         async move {
             sqlx::query("SELECT outbox.enqueue('orders.created', $1, '\\x'::bytea, $2, NULL, $3)")
@@ -260,47 +259,51 @@ async fn the_owner_keeps_both_enqueue_paths_and_the_table_holds_the_limits_for_e
                 .await
         }
     };
-    let via_insert = |type_: String, headers: serde_json::Value, key: Option<String>| {
+    // The Rust client's statement (ADR 0014), as outboxd's own login.
+    let insert = |type_: String, key: Option<String>| {
         let owner = owner.clone();
         async move {
             sqlx::query(
                 "INSERT INTO outbox.messages (message_id, topic, type, payload, headers, ordering_key)
-                 VALUES (gen_random_uuid(), 'orders.created', $1, '\\x', $2, $3)
+                 VALUES (gen_random_uuid(), 'orders.created', $1, '\\x', '{\"tenant\": \"acme\"}', $2)
                  ON CONFLICT (message_id) DO UPDATE SET type = outbox.messages.type",
             )
             .bind(type_)
-            .bind(sqlx::types::Json(headers))
             .bind(key)
             .execute(&owner)
             .await
         }
     };
-    for path in ["function", "insert"] {
-        let run = |t: String, h: serde_json::Value, k: Option<String>| async {
-            if path == "function" { via_function(t, h, k).await } else { via_insert(t, h, k).await }
-        };
-        let ok = |r: Result<_, sqlx::Error>, what: &str| assert!(r.is_ok(), "{path}: {what}: {r:?}");
-        let refused = |r: Result<_, sqlx::Error>, constraint: &str| {
-            let e = r.expect_err(constraint);
-            assert_eq!(sqlstate(&e), CHECK, "{path}: {e}");
-            assert!(e.to_string().contains(constraint), "{path}: {e}");
-        };
-        ok(run("T".repeat(255), headers(64, 200), Some("k".repeat(255))).await, "everything at its limit");
-        // 255 bytes of two-byte characters is 127 of them: lengths are bytes, not characters.
-        ok(run("é".repeat(127), serde_json::json!({}), None).await, "127 two-byte characters");
-        refused(run("é".repeat(128), serde_json::json!({}), None).await, "messages_type_length");
-        refused(run("T".into(), serde_json::json!({}), Some("k".repeat(256))).await, "messages_ordering_key_length");
-        refused(run("T".into(), headers(65, 1), None).await, "messages_headers_limits");
-        // 64 keys of 3 bytes and values of 253: exactly 16 KiB; one byte more is refused.
-        ok(run("T".into(), headers(64, 253), None).await, "16 KiB of headers");
-        let mut over = headers(64, 253);
-        over["h00"] = "v".repeat(254).into();
-        refused(run("T".into(), over, None).await, "messages_headers_limits");
-        refused(run("T".into(), serde_json::json!({"": "v"}), None).await, "messages_headers_limits");
-        ok(run("T".into(), serde_json::json!({"k".repeat(256): "v"}), None).await, "a 256-byte key");
-        refused(run("T".into(), serde_json::json!({"k".repeat(257): "v"}), None).await, "messages_headers_limits");
-        refused(run("T".into(), serde_json::json!({"n": 1}), None).await, "messages_headers_limits");
-    }
+    let ok = |r: Result<_, sqlx::Error>, what: &str| assert!(r.is_ok(), "{what}: {r:?}");
+    let refused = |r: Result<_, sqlx::Error>, code: &str, words: &[&str]| {
+        let e = r.expect_err(words[0]);
+        assert_eq!(sqlstate(&e), code, "{e}");
+        for w in words {
+            assert!(e.to_string().contains(w), "{e} lacks {w:?}");
+        }
+    };
+    const INVALID: &str = "22023";
+    let none = || serde_json::json!({});
+
+    ok(enqueue("T".repeat(255), headers(64, 253), Some("k".repeat(255))).await, "everything at its limit");
+    // 255 bytes of two-byte characters is 127 of them: lengths are bytes, not characters.
+    ok(enqueue("é".repeat(127), none(), None).await, "127 two-byte characters");
+    refused(enqueue("é".repeat(128), none(), None).await, INVALID, &["type is 256 bytes", "255"]);
+    refused(enqueue("T".into(), none(), Some("k".repeat(256))).await, INVALID, &["ordering_key is 256 bytes"]);
+    refused(enqueue("T".into(), headers(65, 1), None).await, INVALID, &["65 headers", "64 entries"]);
+    // 64 keys of 3 bytes and values of 253: exactly 16 KiB; one byte more is refused.
+    let mut over = headers(64, 253);
+    over["h00"] = "v".repeat(254).into();
+    refused(enqueue("T".into(), over, None).await, INVALID, &["16385 bytes", "16384"]);
+    refused(enqueue("T".into(), serde_json::json!({"": "v"}), None).await, INVALID, &["header key", "0 bytes"]);
+    ok(enqueue("T".into(), serde_json::json!({"k".repeat(256): "v"}), None).await, "a 256-byte key");
+    refused(enqueue("T".into(), serde_json::json!({"k".repeat(257): "v"}), None).await, INVALID, &["257 bytes"]);
+    refused(enqueue("T".into(), serde_json::json!({"n": 1}), None).await, INVALID, &["a JSON number"]);
+
+    // The plain INSERT works for the owner, and the table holds the length limits for it too.
+    ok(insert("T".repeat(255), Some("k".repeat(255))).await, "the client's INSERT at the limits");
+    refused(insert("é".repeat(128), None).await, CHECK, &["messages_type_length"]);
+    refused(insert("T".into(), Some("k".repeat(256))).await, CHECK, &["messages_ordering_key_length"]);
 }
 
 #[tokio::test]
