@@ -42,11 +42,11 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
 /// The resource limits of one process; each is a flag of `outboxd serve`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct Limits {
-    /// Most streams (Subscribe and Tail) this process serves at once; the excess gets
+    /// Most streams (Subscribe, Tail and ReplayStream) this process serves at once; the excess gets
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "OUTBOXD_MAX_STREAMS", default_value_t = Limits::DEFAULT.max_streams)]
     pub max_streams: usize,
-    /// Most streams (Subscribe and Tail) on one client connection; the excess gets
+    /// Most streams (Subscribe, Tail and ReplayStream) on one client connection; the excess gets
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "OUTBOXD_MAX_STREAMS_PER_CONNECTION", default_value_t = Limits::DEFAULT.max_streams_per_connection)]
     pub max_streams_per_connection: usize,

@@ -254,6 +254,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         request: Request<pb::ReplayRequest>,
     ) -> Result<Response<Self::ReplayStreamStream>, Status> {
         let peer = request.remote_addr();
+        let permit = self.streams.acquire(peer)?;
         let plan = replay_plan(request.into_inner())?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<ReplayProgress>(1);
@@ -277,6 +278,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             }
         };
         tokio::spawn(async move {
+            let _permit = permit;
             let (result, ()) = tokio::join!(replayer.run(&plan, peer, Some(progress_tx)), forward);
             if let Err(e) = result {
                 let _ = tx.send(Err(store_status(e))).await;

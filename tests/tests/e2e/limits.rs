@@ -219,14 +219,16 @@ async fn streams_beyond_the_connection_and_process_limits_are_refused_and_a_clos
     let b = srv.client().await?;
     let _b1 = subscribe(&b, "c").await?;
     assert_exhausted(subscribe(&b, "c").await, &["(--max-streams)", "limit is 3", "serves 3"]);
-    // Tail streams count too.
+    // Tail and ReplayStream streams count too.
     let tail = admin.tail(pb::TailRequest { topics: vec![] }).await;
     assert_exhausted(tail, &["(--max-streams)"]);
+    let replay = pb::ReplayRequest { consumer: "c".into(), dead_letters: true, ..Default::default() };
+    assert_exhausted(admin.replay_stream(replay).await, &["(--max-streams)"]);
 
     // Each refusal is counted by the limit that refused it.
     let text = scrape(&metrics).await?;
     let count = |limit: &str| sample(&text, &format!("outboxd_limit_refusals_total{{limit=\"{limit}\"}}"));
-    assert_eq!((count("max_streams_per_connection"), count("max_streams")), (Some(1.0), Some(2.0)), "{text}");
+    assert_eq!((count("max_streams_per_connection"), count("max_streams")), (Some(1.0), Some(3.0)), "{text}");
 
     // A stream that ends gives its place back (once its session has noticed).
     drop(a1);
