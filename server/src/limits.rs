@@ -288,6 +288,48 @@ mod tests {
         assert!(!is_limited_unary("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"));
     }
 
+    /// A call in progress holds its place until it is answered; the next one is refused at once
+    /// with UNAVAILABLE naming the flag; streams pass while the limit is reached.
+    #[tokio::test]
+    async fn unary_calls_beyond_the_limit_are_shed_and_streams_pass() {
+        let (release, released) = tokio::sync::watch::channel(false);
+        let inner = tower::service_fn(move |req: http::Request<()>| {
+            let mut released = released.clone();
+            async move {
+                if req.uri().path().ends_with("/Slow") {
+                    let _ = released.wait_for(|r| *r).await;
+                }
+                Ok::<_, std::convert::Infallible>(req.uri().path().to_owned())
+            }
+        });
+        let svc = UnaryLimitLayer::new(1).layer(inner);
+        let call = |path: &str| {
+            let req = http::Request::builder().uri(path).body(()).unwrap();
+            svc.clone().oneshot(req)
+        };
+        let slow = tokio::spawn(call("/outbox.v1.OutboxAdmin/Slow"));
+        // The slow call holds the only place once it is in progress.
+        let mut shed = None;
+        for _ in 0..1000 {
+            match call("/outbox.v1.Outbox/Enqueue").await {
+                Err(e) => {
+                    shed = Some(e);
+                    break;
+                }
+                Ok(_) => tokio::task::yield_now().await,
+            }
+        }
+        let shed = shed.expect("no call was shed while the slow one was in progress");
+        let status = shed.downcast::<Status>().unwrap();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("limit of 1") && status.message().contains("--max-concurrent-requests"));
+        assert!(call("/outbox.v1.Outbox/Subscribe").await.is_ok());
+        assert!(call("/grpc.health.v1.Health/Check").await.is_ok());
+        release.send_replace(true);
+        assert_eq!(slow.await.unwrap().unwrap(), "/outbox.v1.OutboxAdmin/Slow");
+        assert!(call("/outbox.v1.Outbox/Enqueue").await.is_ok(), "the place was not given back");
+    }
+
     #[test]
     fn flags_are_validated_and_size_http2() {
         assert!(Limits::DEFAULT.validate().is_ok());
