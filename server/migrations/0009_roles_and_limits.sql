@@ -35,7 +35,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA outbox REVOKE EXECUTE ON FUNCTIONS FROM PUBLI
 -- Enqueue runs with the owner's rights, so a producer needs no privilege on the tables: it can
 -- add messages, inside its own transaction, and read or change nothing. The search_path is
 -- pinned so that a caller's objects cannot stand in for the ones it uses. It now checks the
--- header limits of the Enqueue RPC (ADR 0023), naming the limit and the value; as PL/pgSQL its
+-- limits of the Enqueue RPC (ADR 0023), naming the limit and the value; as PL/pgSQL its
 -- statement is planned once per session, which makes it cheaper than the SQL wrapper it
 -- replaces (planned at every call), checks included.
 CREATE OR REPLACE FUNCTION outbox.enqueue(
@@ -101,7 +101,7 @@ GRANT EXECUTE ON FUNCTION outbox.ack(text, uuid) TO outbox_consumer;
 
 -- `type` and `ordering_key` at most 255 bytes, held by the table for every writer (two cheap
 -- length checks). The header limits are not a table CHECK: walking the headers of every row
--- costs a fifth to a quarter of a plain INSERT's CPU (ADR 0023), and only the owner's login can
+-- costs a quarter or more of a plain INSERT's CPU (ADR 0023), and only the owner's login can
 -- INSERT directly (ADR 0022) — outbox-client, which checks them in Rust. NOT VALID, as
 -- migration 0007: rows written before are not rescanned; every new row is checked.
 ALTER TABLE outbox.messages
