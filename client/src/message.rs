@@ -8,6 +8,13 @@ use crate::ClientError;
 
 /// Longest topic, as the database enforces it.
 pub const MAX_TOPIC_LEN: usize = 255;
+/// The limits the database and outboxd hold every message to (bytes, UTF-8).
+pub const MAX_TYPE_BYTES: usize = 255;
+pub const MAX_ORDERING_KEY_BYTES: usize = 255;
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_KEY_BYTES: usize = 256;
+/// Keys and values of all headers together.
+pub const MAX_HEADERS_BYTES: usize = 16 * 1024;
 
 /// A message to enqueue. Topic and type are required; the rest is optional.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +64,10 @@ impl Message {
         self
     }
 
-    /// Checks what the database would refuse, with a message naming the field: a topic of
-    /// dot-separated segments of `[A-Za-z0-9_-]` (at most 255 characters) and a type.
+    /// Checks what outboxd and the database would refuse, with a message naming the field: a
+    /// topic of dot-separated segments of `[A-Za-z0-9_-]` (at most 255 characters), a type of at
+    /// most 255 bytes, an ordering key of at most 255 bytes, and at most 64 headers with keys of
+    /// 1 to 256 bytes and 16 KiB of keys and values in all.
     pub fn validate(&self) -> Result<(), ClientError> {
         let segment_ok =
             |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
@@ -71,8 +80,36 @@ impl Message {
         if self.type_.is_empty() {
             return Err(ClientError::InvalidMessage("type must not be empty".to_owned()));
         }
-        Ok(())
+        let invalid = |m: String| Err(ClientError::InvalidMessage(m));
+        if self.type_.len() > MAX_TYPE_BYTES {
+            return invalid(format!("type is {} bytes; the limit is {MAX_TYPE_BYTES}", self.type_.len()));
+        }
+        if let Some(k) = &self.ordering_key
+            && k.len() > MAX_ORDERING_KEY_BYTES
+        {
+            return invalid(format!("ordering_key is {} bytes; the limit is {MAX_ORDERING_KEY_BYTES}", k.len()));
+        }
+        check_headers(&self.headers)
     }
+}
+
+/// The header limits, on the headers as they are written (the client adds `traceparent`).
+pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), ClientError> {
+    let invalid = |m: String| Err(ClientError::InvalidMessage(m));
+    if headers.len() > MAX_HEADERS {
+        return invalid(format!("headers: {} entries; the limit is {MAX_HEADERS}", headers.len()));
+    }
+    if headers.keys().any(|k| k.is_empty()) {
+        return invalid("headers: a key is empty; keys must not be empty".to_owned());
+    }
+    if let Some(k) = headers.keys().find(|k| k.len() > MAX_HEADER_KEY_BYTES) {
+        return invalid(format!("headers: a key is {} bytes; the limit is {MAX_HEADER_KEY_BYTES}", k.len()));
+    }
+    let total: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_HEADERS_BYTES {
+        return invalid(format!("headers: {total} bytes of keys and values; the limit is {MAX_HEADERS_BYTES}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -90,8 +127,24 @@ mod tests {
         let long = "a".repeat(256);
         assert!(Message { topic: long, ..ok.clone() }.validate().is_err());
         assert!(Message { topic: "a".repeat(255), ..ok.clone() }.validate().is_ok());
-        let err = Message { type_: String::new(), ..ok }.validate().unwrap_err().to_string();
+        let err = Message { type_: String::new(), ..ok.clone() }.validate().unwrap_err().to_string();
         assert!(err.contains("type"), "{err}");
+    }
+
+    #[test]
+    fn the_message_limits_are_checked_before_the_database_sees_them() {
+        let ok = Message::new("orders.created", "T".repeat(255), Vec::new()).ordering_key("k".repeat(255));
+        let full: BTreeMap<String, String> = (0..63).map(|i| (format!("h{i:02}"), "v".repeat(253))).collect();
+        let at_limit = Message { headers: full.clone(), ..ok.clone() }.header("k".repeat(256), "");
+        assert!(at_limit.validate().is_ok());
+        let err = |m: Message| m.validate().unwrap_err().to_string();
+        assert!(err(Message { type_: "T".repeat(256), ..ok.clone() }).contains("type is 256 bytes"));
+        assert!(err(ok.clone().ordering_key("k".repeat(256))).contains("ordering_key is 256 bytes"));
+        assert!(err(at_limit.clone().header("x", "")).contains("65 entries"));
+        assert!(err(ok.clone().header("", "v")).contains("key is empty"));
+        assert!(err(ok.clone().header("k".repeat(257), "")).contains("257 bytes"));
+        let over = Message { headers: full, ..ok }.header("k".repeat(256), "v");
+        assert!(err(over).contains("16385 bytes"));
     }
 }
 

@@ -89,6 +89,8 @@ where
     let span = tracing::info_span!("outbox.enqueue", otel.kind = "producer", topic = %msg.topic, r#type = %msg.type_);
     let mut headers = msg.headers.clone();
     crate::trace::inject(&span, &mut headers);
+    msg.validate()?;
+    crate::message::check_headers(&headers)?;
     let headers: Headers = headers.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
     DB::enqueue_on(exec, msg, headers).instrument(span).await
 }

@@ -53,7 +53,7 @@ pub struct App {
     shutdown: CancellationToken,
     loops: CancellationToken,
     /// Sessions, tails and replays: drained before the loops stop.
-    streams: TaskTracker,
+    stream_tasks: TaskTracker,
     drain_timeout: Duration,
     health: HealthReporter,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -81,13 +81,13 @@ impl App {
         let shutdown = CancellationToken::new();
         let loops = CancellationToken::new();
         let hub = Hub::default();
-        let streams = TaskTracker::new();
+        let stream_tasks = TaskTracker::new();
         let ctx = SessionContext {
             store: store.clone(),
             clock: clock.clone(),
             hub: hub.clone(),
             shutdown: shutdown.clone(),
-            tasks: streams.clone(),
+            tasks: stream_tasks.clone(),
             drain_timeout: config.drain_timeout,
             poll_interval: config.stream_poll,
         };
@@ -118,11 +118,12 @@ impl App {
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
-        let outbox =
-            OutboxServer::new(OutboxService { ctx: ctx.clone(), limits }).max_decoding_message_size(max_decode);
+        let streams = crate::limits::StreamLimiter::new(config.limits);
+        let outbox = OutboxServer::new(OutboxService { ctx: ctx.clone(), limits, streams: streams.clone() })
+            .max_decoding_message_size(max_decode);
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
             .with_shutdown(shutdown.clone());
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer });
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
 
         let stop_accepting = shutdown.clone();
         let server = tokio::spawn(
@@ -132,6 +133,8 @@ impl App {
                 .http2_keepalive_interval(Some(Duration::from_secs(20)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(20)))
                 .tcp_keepalive(Some(Duration::from_secs(60)))
+                .max_concurrent_streams(config.limits.http2_max_concurrent_streams())
+                .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(outbox)
@@ -188,7 +191,7 @@ impl App {
             store,
             shutdown,
             loops,
-            streams,
+            stream_tasks,
             drain_timeout: config.drain_timeout,
             health,
             server,
@@ -234,9 +237,9 @@ impl App {
         // Every stream task has seen the shutdown: sessions release what they hold, tails end,
         // a replay stops after its current batch. One that still runs after the drain timeout
         // (a replay batch stuck on the database) is left behind, not waited for.
-        self.streams.close();
-        if tokio::time::timeout(self.drain_timeout + STREAM_TASK_GRACE, self.streams.wait()).await.is_err() {
-            tracing::warn!(running = self.streams.len(), "stream tasks still running after the drain timeout");
+        self.stream_tasks.close();
+        if tokio::time::timeout(self.drain_timeout + STREAM_TASK_GRACE, self.stream_tasks.wait()).await.is_err() {
+            tracing::warn!(running = self.stream_tasks.len(), "stream tasks still running after the drain timeout");
         }
         self.loops.cancel();
         let mut tasks = self.tasks;

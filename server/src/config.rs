@@ -23,6 +23,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of the serve arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API and run the relay, the lease sweeper and the pruner.
@@ -95,6 +97,8 @@ pub struct ServeArgs {
     /// (PostgreSQL; "0s" turns it off and leaves the tables to autovacuum).
     #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub vacuum_interval: Duration,
+    #[command(flatten)]
+    pub limits: crate::limits::Limits,
 }
 
 /// A validated server configuration.
@@ -121,6 +125,7 @@ pub struct ServeConfig {
     pub relay: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
+    pub limits: crate::limits::Limits,
 }
 
 /// A configuration value that cannot work.
@@ -152,6 +157,7 @@ impl ServeConfig {
             relay: true,
             metrics_listen: None,
             metrics_interval: Duration::from_secs(10),
+            limits: crate::limits::Limits::DEFAULT,
         }
     }
 
@@ -168,6 +174,7 @@ impl ServeConfig {
         if self.max_payload_bytes == 0 || self.max_payload_bytes > 64 * 1024 * 1024 {
             return Err(ConfigError("--max-payload-bytes must be between 1 and 67108864".into()));
         }
+        self.limits.validate().map_err(ConfigError)?;
         for (name, d) in [
             ("--relay-poll-max", self.relay_poll_max),
             ("--sweep-interval", self.sweep_interval),
@@ -203,6 +210,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.metrics_listen = a.metrics_listen;
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
+        c.limits = a.limits;
         c.validate()?;
         Ok(c)
     }

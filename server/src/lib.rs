@@ -26,6 +26,7 @@
 //!   LISTEN for other replicas' work) and the embedded `store::sqlite`, each with its
 //!   migrations. The store returns data and [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
+//! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
@@ -39,6 +40,7 @@ pub mod domain;
 pub mod grpc;
 pub mod healthcheck;
 pub mod hub;
+pub mod limits;
 pub mod maintenance;
 pub mod metrics;
 pub mod relay;

@@ -15,6 +15,7 @@ pub struct AdminService {
     pub ctx: SessionContext,
     pub pruner: Pruner,
     pub replayer: Replayer,
+    pub streams: crate::limits::StreamLimiter,
 }
 
 fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
@@ -41,11 +42,13 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
+        let permit = self.streams.acquire(request.remote_addr())?;
         let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
         ctx.tasks.clone().spawn(async move {
+            let _permit = permit;
             let mut enqueued = ctx.hub.enqueued().subscribe();
             loop {
                 match ctx.store.message_list_after(cursor, 500).await {
@@ -254,6 +257,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         request: Request<pb::ReplayRequest>,
     ) -> Result<Response<Self::ReplayStreamStream>, Status> {
         let peer = request.remote_addr();
+        let permit = self.streams.acquire(peer)?;
         let plan = replay_plan(request.into_inner())?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<ReplayProgress>(1);
@@ -277,6 +281,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             }
         };
         self.ctx.tasks.spawn(async move {
+            let _permit = permit;
             let (result, ()) = tokio::join!(replayer.run(&plan, peer, Some(progress_tx)), forward);
             if let Err(e) = result {
                 let _ = tx.send(Err(store_status(e))).await;
@@ -299,7 +304,8 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
 }
 
 /// Validates a replay request into a plan; names the field at fault.
-fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
+#[allow(clippy::result_large_err)] // a Status is what the handlers return
+pub fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
     let consumer = name("consumer", &req.consumer)?;
     let by_ids = !req.message_ids.is_empty();
     let by_range = req.enqueued_after.is_some() || req.enqueued_before.is_some();

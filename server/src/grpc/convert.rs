@@ -6,9 +6,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_proto::v1 as pb;
 
+use super::stream::MAX_ACK_DEADLINE;
 use crate::domain::{
     Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, StartFrom, Topic, TopicPattern,
 };
+use crate::limits;
 use crate::store::{DeliveryRow, NewMessage, StoredMessage};
 
 /// Limits applied to producer input.
@@ -50,6 +52,21 @@ pub fn new_message(field: &str, req: pb::EnqueueRequest, limits: &Limits) -> Res
     if req.r#type.trim().is_empty() {
         return Err(InvalidField::new(f("type"), "type must not be empty"));
     }
+    if req.r#type.len() > limits::MAX_TYPE_BYTES {
+        return Err(InvalidField::new(
+            f("type"),
+            format!("type is {} bytes; the limit is {} bytes", req.r#type.len(), limits::MAX_TYPE_BYTES),
+        ));
+    }
+    if let Some(k) = &req.ordering_key
+        && k.len() > limits::MAX_ORDERING_KEY_BYTES
+    {
+        return Err(InvalidField::new(
+            f("ordering_key"),
+            format!("ordering_key is {} bytes; the limit is {} bytes", k.len(), limits::MAX_ORDERING_KEY_BYTES),
+        ));
+    }
+    headers(&f("headers"), &req.headers)?;
     if req.payload.len() > limits.max_payload_bytes {
         return Err(InvalidField::new(
             f("payload"),
@@ -81,10 +98,113 @@ pub fn new_message(field: &str, req: pb::EnqueueRequest, limits: &Limits) -> Res
     })
 }
 
+/// The header limits (ADR 0023): entries, total bytes of keys and values, and each key's size.
+pub fn headers<'a, I>(field: &str, headers: I) -> Result<(), InvalidField>
+where
+    I: IntoIterator<Item = (&'a String, &'a String)>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let headers = headers.into_iter();
+    if headers.len() > limits::MAX_HEADERS {
+        return Err(InvalidField::new(
+            field,
+            format!("{} headers; the limit is {} entries", headers.len(), limits::MAX_HEADERS),
+        ));
+    }
+    let mut total = 0usize;
+    for (k, v) in headers {
+        if k.is_empty() {
+            return Err(InvalidField::new(field, "a header key is empty; keys must not be empty"));
+        }
+        if k.len() > limits::MAX_HEADER_KEY_BYTES {
+            let shown: String = k.chars().take(32).collect();
+            return Err(InvalidField::new(
+                field,
+                format!(
+                    "header key {shown:?}… is {} bytes; the limit is {} bytes per key",
+                    k.len(),
+                    limits::MAX_HEADER_KEY_BYTES
+                ),
+            ));
+        }
+        total += k.len() + v.len();
+    }
+    if total > limits::MAX_HEADERS_BYTES {
+        return Err(InvalidField::new(
+            field,
+            format!("headers are {total} bytes (keys and values); the limit is {} bytes", limits::MAX_HEADERS_BYTES),
+        ));
+    }
+    Ok(())
+}
+
+/// The parts of a stream's `start` that need no database: the consumer to look up, the room
+/// to hold, and the ack deadline it asks for (`None`: the consumer's own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartRequest {
+    pub consumer: ConsumerName,
+    pub max_in_flight: u32,
+    pub ack_deadline: Option<Duration>,
+}
+
+/// Streams that ask for no `max_in_flight` get this many.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+/// The most a stream may hold unacked.
+pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
+/// The shortest ack deadline a stream or consumer may ask for.
+pub const MIN_ACK_DEADLINE: Duration = Duration::from_millis(100);
+
+pub fn start_request(start: &pb::Start) -> Result<StartRequest, InvalidField> {
+    let consumer = ConsumerName::parse("start.consumer", &start.consumer)?;
+    let max_in_flight = match start.max_in_flight {
+        0 => DEFAULT_MAX_IN_FLIGHT,
+        n if n > MAX_MAX_IN_FLIGHT => {
+            return Err(InvalidField::new(
+                "start.max_in_flight",
+                format!("max_in_flight is {n}; the limit is {MAX_MAX_IN_FLIGHT}"),
+            ));
+        }
+        n => n,
+    };
+    let ack_deadline = match &start.ack_deadline {
+        Some(d) => {
+            let d = duration("start.ack_deadline", d)?;
+            if d > MAX_ACK_DEADLINE {
+                return Err(InvalidField::new("start.ack_deadline", too_long("ack_deadline", d, MAX_ACK_DEADLINE)));
+            }
+            if !d.is_zero() && d < MIN_ACK_DEADLINE {
+                return Err(InvalidField::new("start.ack_deadline", "at least 100 ms"));
+            }
+            Some(d).filter(|d| !d.is_zero())
+        }
+        None => None,
+    };
+    Ok(StartRequest { consumer, max_in_flight, ack_deadline })
+}
+
+fn too_long(what: &str, d: Duration, limit: Duration) -> String {
+    format!("{what} is {}; the limit is {}", short(d), short(limit))
+}
+
+/// Whole hours as hours, else whole seconds, else milliseconds: "24h", "90s", "1500ms".
+fn short(d: Duration) -> String {
+    match (d.as_secs(), d.subsec_nanos()) {
+        (s, 0) if s % 3600 == 0 && s > 0 => format!("{}h", s / 3600),
+        (s, 0) => format!("{s}s"),
+        _ => format!("{}ms", d.as_millis()),
+    }
+}
+
 pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
     let name = ConsumerName::parse("consumer.name", &c.name)?;
     if c.topics.is_empty() {
         return Err(InvalidField::new("consumer.topics", "at least one topic or pattern is required"));
+    }
+    if c.topics.len() > limits::MAX_CONSUMER_TOPICS {
+        return Err(InvalidField::new(
+            "consumer.topics",
+            format!("{} topics; the limit is {} per consumer", c.topics.len(), limits::MAX_CONSUMER_TOPICS),
+        ));
     }
     let topics = c
         .topics
@@ -103,15 +223,24 @@ pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
         }
     };
     let base = opt("consumer.backoff_base", &c.backoff_base, ConsumerSpec::DEFAULT_BACKOFF_BASE)?;
+    if base > limits::MAX_BACKOFF {
+        return Err(InvalidField::new("consumer.backoff_base", too_long("backoff_base", base, limits::MAX_BACKOFF)));
+    }
     let max = opt("consumer.backoff_max", &c.backoff_max, ConsumerSpec::DEFAULT_BACKOFF_MAX.max(base))?;
+    if max > limits::MAX_BACKOFF {
+        return Err(InvalidField::new("consumer.backoff_max", too_long("backoff_max", max, limits::MAX_BACKOFF)));
+    }
     if max < base {
         return Err(InvalidField::new("consumer.backoff_max", "must not be less than backoff_base"));
     }
     let ack_deadline = opt("consumer.ack_deadline", &c.ack_deadline, ConsumerSpec::DEFAULT_ACK_DEADLINE)?;
-    if ack_deadline > super::stream::MAX_ACK_DEADLINE {
-        return Err(InvalidField::new("consumer.ack_deadline", "at most 12 hours"));
+    if ack_deadline > MAX_ACK_DEADLINE {
+        return Err(InvalidField::new(
+            "consumer.ack_deadline",
+            too_long("ack_deadline", ack_deadline, MAX_ACK_DEADLINE),
+        ));
     }
-    if ack_deadline < crate::grpc::outbox::MIN_ACK_DEADLINE {
+    if ack_deadline < MIN_ACK_DEADLINE {
         return Err(InvalidField::new("consumer.ack_deadline", "at least 100 ms"));
     }
     let start_from = match pb::consumer::StartFrom::try_from(c.start_from) {

@@ -5,6 +5,9 @@ pub mod convert;
 pub mod outbox;
 pub mod stream;
 
+#[cfg(test)]
+mod hostile_tests;
+
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 

@@ -7,25 +7,20 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, Limits};
-use super::stream::{self, MAX_ACK_DEADLINE};
+use super::stream;
 use super::{invalid, store_status};
 use crate::delivery::session::{Rejected, Session, SessionContext, SessionStart};
-use crate::domain::{ConsumerName, InvalidField};
+use crate::domain::InvalidField;
 
 /// A stream must send `start` this soon.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// The shortest ack deadline a stream may ask for.
-pub const MIN_ACK_DEADLINE: Duration = Duration::from_millis(100);
-
-/// Streams that ask for no `max_in_flight` get this many.
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
-/// The most a stream may hold unacked.
-pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
+pub use super::convert::{DEFAULT_MAX_IN_FLIGHT, MAX_MAX_IN_FLIGHT, MIN_ACK_DEADLINE};
 
 #[derive(Debug, Clone)]
 pub struct OutboxService {
     pub ctx: SessionContext,
     pub limits: Limits,
+    pub streams: crate::limits::StreamLimiter,
 }
 
 #[tonic::async_trait]
@@ -89,6 +84,8 @@ impl pb::outbox_server::Outbox for OutboxService {
         if self.ctx.shutdown.is_cancelled() {
             return Err(Status::unavailable("outboxd is shutting down; reconnect"));
         }
+        // Counted from the first byte: a stream waiting for its start holds a place too.
+        let permit = self.streams.acquire(request.remote_addr())?;
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(START_TIMEOUT, inbound.next()).await {
             Err(_) => return Err(invalid(InvalidField::new("start", "no start request within 10 s"))),
@@ -99,28 +96,10 @@ impl pb::outbox_server::Outbox for OutboxService {
         let Some(pb::subscribe_request::Request::Start(start)) = first.request else {
             return Err(invalid(InvalidField::new("start", "the first request on a stream must be start")));
         };
-        let name = ConsumerName::parse("start.consumer", &start.consumer).map_err(invalid)?;
-        let max_in_flight = match start.max_in_flight {
-            0 => DEFAULT_MAX_IN_FLIGHT,
-            n if n > MAX_MAX_IN_FLIGHT => {
-                return Err(invalid(InvalidField::new("start.max_in_flight", format!("at most {MAX_MAX_IN_FLIGHT}"))));
-            }
-            n => n,
-        };
-        let consumer = self.ctx.store.consumer_get(&name).await.map_err(store_status)?;
-        let ack_deadline = match &start.ack_deadline {
-            Some(d) => {
-                let d = convert::duration("start.ack_deadline", d).map_err(invalid)?;
-                if d > MAX_ACK_DEADLINE {
-                    return Err(invalid(InvalidField::new("start.ack_deadline", "at most 12 hours")));
-                }
-                if !d.is_zero() && d < MIN_ACK_DEADLINE {
-                    return Err(invalid(InvalidField::new("start.ack_deadline", "at least 100 ms")));
-                }
-                if d.is_zero() { consumer.spec.ack_deadline } else { d }
-            }
-            None => consumer.spec.ack_deadline,
-        };
+        let start = convert::start_request(&start).map_err(invalid)?;
+        let consumer = self.ctx.store.consumer_get(&start.consumer).await.map_err(store_status)?;
+        let max_in_flight = start.max_in_flight;
+        let ack_deadline = start.ack_deadline.unwrap_or(consumer.spec.ack_deadline);
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
@@ -129,7 +108,10 @@ impl pb::outbox_server::Outbox for OutboxService {
             Ok(req) => stream::parse(req).map_err(Rejected::Invalid),
             Err(status) => Err(Rejected::Broken(status)),
         });
-        self.ctx.tasks.spawn(session.run(commands, tx));
+        self.ctx.tasks.spawn(async move {
+            let _permit = permit;
+            session.run(commands, tx).await
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -16,7 +16,7 @@ pub const MAX_IDS_PER_REQUEST: usize = 10_000;
 /// The longest `retry_after` a nack may ask for.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// The longest ack deadline or extension a stream may ask for.
-pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
+pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 /// Stored `last_error` texts are cut to this many bytes.
 pub const MAX_ERROR_BYTES: usize = 4096;
 
@@ -68,7 +68,7 @@ pub fn parse(req: pb::SubscribeRequest) -> Result<Command, Status> {
             if deadline > MAX_ACK_DEADLINE {
                 return Err(invalid(InvalidField::new(
                     "extend.deadline",
-                    format!("at most 12 hours ({}s), got {}s", MAX_ACK_DEADLINE.as_secs(), deadline.as_secs()),
+                    format!("at most 24 hours ({}s), got {}s", MAX_ACK_DEADLINE.as_secs(), deadline.as_secs()),
                 )));
             }
             let ids = ids("extend.message_ids", &ext.message_ids)?;
@@ -201,7 +201,7 @@ mod tests {
     }
 
     #[test]
-    fn extends_need_a_positive_deadline_of_at_most_12_hours() {
+    fn extends_need_a_positive_deadline_of_at_most_24_hours() {
         let id = MessageId(uuid::Uuid::new_v4());
         let ext = |seconds| {
             parse(req(Request::Extend(pb::Extend {
@@ -210,9 +210,81 @@ mod tests {
             })))
         };
         assert_eq!(ext(30).unwrap(), Command::Extend { ids: vec![id], deadline: Duration::from_secs(30) });
-        for bad in [0, -5, 12 * 3600 + 1] {
+        for bad in [0, -5, 24 * 3600 + 1] {
             let s = ext(bad).unwrap_err();
             assert!(message(&s).starts_with("extend.deadline:"), "{bad}: {}", message(&s));
+        }
+    }
+
+    mod hostile {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn id() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(String::new()),
+                "[ -~]{0,40}",
+                any::<u128>().prop_map(|n| uuid::Uuid::from_u128(n).to_string()),
+            ]
+        }
+
+        fn duration() -> impl Strategy<Value = Option<prost_types::Duration>> {
+            proptest::option::of(
+                (any::<i64>(), any::<i32>())
+                    .prop_map(|(seconds, nanos)| prost_types::Duration { seconds: seconds % (3 * 24 * 3600), nanos }),
+            )
+        }
+
+        fn request() -> impl Strategy<Value = pb::SubscribeRequest> {
+            let ids = || proptest::collection::vec(id(), 0..20);
+            prop_oneof![
+                Just(None),
+                Just(Some(Request::Start(pb::Start::default()))),
+                ids().prop_map(|message_ids| Some(Request::Ack(pb::Ack { message_ids }))),
+                (id(), any::<String>(), duration()).prop_map(|(message_id, error, retry_after)| Some(Request::Nack(
+                    pb::Nack { message_id, error, retry_after }
+                ))),
+                (ids(), duration())
+                    .prop_map(|(message_ids, deadline)| Some(Request::Extend(pb::Extend { message_ids, deadline }))),
+            ]
+            .prop_map(|request| pb::SubscribeRequest { request })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// No request panics; a refusal is INVALID_ARGUMENT naming the part at fault; an
+            /// accepted one keeps every bound: only well-formed ids, a capped retry, a positive
+            /// deadline within 24 hours, an error text within its size.
+            #[test]
+            fn every_stream_request_is_a_command_or_names_its_fault(req in request()) {
+                let kind = req.request.as_ref().map(|r| match r {
+                    Request::Start(_) => "start",
+                    Request::Ack(_) => "ack.message_ids",
+                    Request::Nack(_) => "nack.",
+                    Request::Extend(_) => "extend.",
+                });
+                match parse(req.clone()) {
+                    Err(status) => {
+                        prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                        prop_assert!(status.message().starts_with(kind.unwrap_or("request")), "{}", status.message());
+                    }
+                    Ok(Command::Ack(ids)) => prop_assert!(!ids.is_empty() && ids.len() <= MAX_IDS_PER_REQUEST),
+                    Ok(Command::Nack { error, retry_after, .. }) => {
+                        prop_assert!(!error.is_empty() && error.len() <= MAX_ERROR_BYTES);
+                        prop_assert!(retry_after.is_none_or(|d| d <= MAX_RETRY_AFTER));
+                    }
+                    Ok(Command::Extend { ids, deadline }) => {
+                        prop_assert!(!ids.is_empty());
+                        prop_assert!(!deadline.is_zero() && deadline <= MAX_ACK_DEADLINE);
+                    }
+                    Ok(Command::Nothing) => prop_assert!(matches!(
+                        req.request,
+                        Some(Request::Ack(_) | Request::Nack(_) | Request::Extend(_))
+                    )),
+                }
+            }
         }
     }
 }

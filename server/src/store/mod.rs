@@ -9,6 +9,8 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
 
+#[cfg(test)]
+mod limits_tests;
 pub mod postgres;
 pub mod sqlite;
 #[cfg(test)]

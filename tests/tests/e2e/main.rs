@@ -9,6 +9,7 @@ mod admin;
 mod delivery;
 mod failure_matrix;
 mod healthcheck;
+mod limits;
 mod metrics;
 mod otlp;
 mod outboxctl;

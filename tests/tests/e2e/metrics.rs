@@ -9,7 +9,7 @@ use crate::{WAIT, conformance, setup};
 
 conformance!(metrics_show_backlog_flow_and_latency_per_consumer);
 
-async fn scrape(addr: &str) -> Result<String> {
+pub(crate) async fn scrape(addr: &str) -> Result<String> {
     let mut conn = tokio::net::TcpStream::connect(addr).await.context("connecting to the metrics listener")?;
     conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
     let mut body = String::new();
@@ -18,7 +18,7 @@ async fn scrape(addr: &str) -> Result<String> {
 }
 
 /// The value of the sample whose line starts with `series` (name and labels).
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }
 
