@@ -69,15 +69,18 @@ pub struct ServeArgs {
     /// Default pace of a replay, in deliveries made due per second (a request may set its own).
     #[arg(long, env = "OUTBOXD_REPLAY_RATE", default_value_t = 1000)]
     pub replay_rate: u32,
-    /// Longest wait between relay polls when idle.
-    #[arg(long, env = "OUTBOXD_RELAY_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
+    /// Longest wait between relay polls when idle (the relay polls every millisecond or so
+    /// while messages flow, and backs off to this when none come).
+    #[arg(long, env = "OUTBOXD_RELAY_POLL_MAX", default_value = "1s", value_parser = humantime::parse_duration)]
     pub relay_poll_max: Duration,
-    /// How often expired leases are swept.
-    #[arg(long, env = "OUTBOXD_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Longest sleep of the lease sweeper. It wakes at the earliest lease deadline it knows of;
+    /// leases made since by other replicas are found at least this often.
+    #[arg(long, env = "OUTBOXD_SWEEP_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
     /// Fallback poll of idle streams, for work fanned out by other replicas when a
-    /// notification was missed (or with --no-listen).
-    #[arg(long, env = "OUTBOXD_STREAM_POLL", default_value = "2s", value_parser = humantime::parse_duration)]
+    /// notification was missed, and for retries that another replica's sweeper scheduled
+    /// (with --no-listen, lower it: it is then the only way to hear of other replicas' work).
+    #[arg(long, env = "OUTBOXD_STREAM_POLL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stream_poll: Duration,
     /// Poll only: no LISTEN/NOTIFY between replicas (for transaction-mode connection poolers,
     /// which do not carry notifications). Lower --stream-poll to keep latency down.
@@ -95,7 +98,7 @@ pub struct ServeArgs {
     pub metrics_interval: Duration,
     /// How often outboxd checks its own tables' dead rows and vacuums those that have many
     /// (PostgreSQL; "0s" turns it off and leaves the tables to autovacuum).
-    #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub vacuum_interval: Duration,
     #[command(flatten)]
     pub limits: crate::limits::Limits,

@@ -62,16 +62,37 @@ impl LeaseSweeper {
         Ok(n)
     }
 
+    /// How long to sleep before the next sweep: until the earliest lease deadline, but never
+    /// longer than `interval` (leases that other replicas make meanwhile are found then), and
+    /// not at all while leases are due.
+    pub async fn next_wait(&self) -> Duration {
+        match self.store.delivery_next_expiry().await {
+            Ok(Some(t)) => (t - self.clock.now()).to_std().unwrap_or(Duration::ZERO).min(self.interval),
+            Ok(None) => self.interval,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the next lease deadline; retrying");
+                self.interval
+            }
+        }
+    }
+
+    /// Sweeps when a lease is due; idle, it costs one probe per `interval`.
     pub async fn run(self, cancel: CancellationToken) {
         loop {
-            let wait = match self.run_once().await {
-                Ok(n) if n as i64 >= self.batch_size => Duration::ZERO,
-                Ok(_) => self.interval,
-                Err(e) => {
-                    tracing::warn!(error = %e, "lease sweep failed; retrying");
-                    self.interval
-                }
-            };
+            let mut wait = self.next_wait().await;
+            if wait.is_zero() {
+                wait = match self.run_once().await {
+                    // Released what was due: look again at once.
+                    Ok(n) if n > 0 => Duration::ZERO,
+                    // Due but not released (acked meanwhile, or another replica swept it):
+                    // the next probe says what is left.
+                    Ok(_) => Duration::from_millis(10),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease sweep failed; retrying");
+                        self.interval
+                    }
+                };
+            }
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}

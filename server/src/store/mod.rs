@@ -98,6 +98,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<u64>;
     /// Leases whose deadline is at or before `now`, oldest first.
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>>;
+    /// The earliest deadline of any lease (one probe of the leased index), so that the sweeper
+    /// sleeps until then instead of polling.
+    async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>>;
     /// Pushes the deadline of leases that `session` holds.
     async fn delivery_extend_many(
         &self,

@@ -135,7 +135,8 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
     store.consumer_create(&c, clock.now()).await.unwrap();
     let id = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
     Relay::new(store.clone(), shared.clone(), hub.clone(), RelayConfig::default()).run_once().await.unwrap();
-    let sweeper = LeaseSweeper::new(store.clone(), shared.clone(), hub, Duration::from_secs(1));
+    let sweeper = LeaseSweeper::new(store.clone(), shared.clone(), hub, Duration::from_secs(5));
+    assert_eq!(sweeper.next_wait().await, Duration::from_secs(5), "no lease: the longest sleep");
 
     for attempt in 1..=3u32 {
         let now = clock.now();
@@ -146,7 +147,11 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
         assert_eq!(leased.len(), 1, "attempt {attempt} leases the message");
         assert_eq!(leased[0].delivery_count, attempt);
         assert_eq!(sweeper.run_once().await.unwrap(), 0, "not expired yet");
-        clock.advance(c.ack_deadline + Duration::from_millis(1));
+        assert_eq!(sweeper.next_wait().await, Duration::from_secs(5), "the deadline is further off than that");
+        clock.advance(c.ack_deadline - Duration::from_secs(2));
+        assert_eq!(sweeper.next_wait().await, Duration::from_secs(2), "sleeps until the deadline");
+        clock.advance(Duration::from_secs(2) + Duration::from_millis(1));
+        assert_eq!(sweeper.next_wait().await, Duration::ZERO, "due now");
         assert_eq!(sweeper.run_once().await.unwrap(), 1);
         let (_, rows) = store.message_get(id).await.unwrap();
         if attempt < 3 {

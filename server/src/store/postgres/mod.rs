@@ -778,6 +778,12 @@ impl Store for PgStore {
             .collect()
     }
 
+    async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>> {
+        Ok(sqlx::query_scalar("SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     /// Pushes the deadline of leases this session holds.
     async fn delivery_extend_many(
         &self,

@@ -891,6 +891,14 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>> {
+        let t: Option<i64> =
+            sqlx::query_scalar("SELECT min(lease_expires_at) FROM outbox_deliveries WHERE state = 'leased'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(opt_time(t))
+    }
+
     async fn delivery_extend_many(
         &self,
         consumer: &ConsumerName,
