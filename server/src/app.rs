@@ -18,6 +18,7 @@ const SQLITE_RELAY_GATHER: Duration = Duration::from_millis(1);
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
 use crate::grpc::admin::AdminService;
+use crate::grpc::auth::{AuthLayer, Authenticator};
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
@@ -27,6 +28,7 @@ use crate::replay::Replayer;
 use crate::session::SessionContext;
 use crate::store::{self, SharedStore, StoreError};
 use crate::sweeper::LeaseSweeper;
+use crate::tls::TlsState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -42,6 +44,10 @@ pub enum AppError {
     Serve(#[from] tonic::transport::Error),
     #[error("metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: metrics_exporter_prometheus::BuildError },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("auth file: {0}")]
+    Auth(String),
 }
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -63,6 +69,15 @@ impl App {
     /// listener (port 0 picks a free one) and starts serving and the background loops.
     pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, AppError> {
         config.validate()?;
+        // Credentials and certificates load before anything else: a typo stops start-up here.
+        let auth = match &config.security.auth_file {
+            Some(path) => Authenticator::from_file(path).map_err(AppError::Auth)?,
+            None => Authenticator::open(),
+        };
+        let tls = config.security.tls.clone().map(TlsState::load).transpose()?;
+        if auth.enabled() && tls.is_none() && !config.listen.ip().is_loopback() {
+            tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
+        }
         let store = store::connect(&config.database_url, config.max_connections).await?;
         if config.migrate {
             store.migrate().await?;
@@ -106,6 +121,11 @@ impl App {
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
+        // Tools that speak only the older protocol (grpcurl before 1.8.7, some IDEs).
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
@@ -115,21 +135,26 @@ impl App {
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer });
 
         let stop_accepting = shutdown.clone();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                // Half-open connections (a consumer host that vanished) are noticed and their
-                // streams released instead of leasing into the void.
-                .http2_keepalive_interval(Some(Duration::from_secs(20)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-                .tcp_keepalive(Some(Duration::from_secs(60)))
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(outbox)
-                .add_service(admin)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                    stop_accepting.cancelled().await
-                }),
-        );
+        let router = tonic::transport::Server::builder()
+            // Half-open connections (a consumer host that vanished) are noticed and their
+            // streams released instead of leasing into the void.
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
+            // Every request is authenticated before it reaches a service (health excepted).
+            .layer(AuthLayer { auth: auth.clone() })
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_v1alpha)
+            .add_service(outbox)
+            .add_service(admin);
+        let stopped = async move { stop_accepting.cancelled().await };
+        let server = match &tls {
+            Some(tls) => tokio::spawn(
+                router.serve_with_incoming_shutdown(tls.clone().incoming(listener, shutdown.clone()), stopped),
+            ),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)),
+        };
 
         let mut tasks = JoinSet::new();
         if let Some(addr) = config.metrics_listen {
@@ -149,6 +174,10 @@ impl App {
             tasks.spawn(relay.clone().run(loops.clone()));
             tasks.spawn(relay.clone().run_helper(loops.clone()));
         }
+        if let Some(tls) = tls {
+            tasks.spawn(tls.watch(config.security.reload_interval, loops.clone()));
+        }
+        tasks.spawn(auth.watch(config.security.reload_interval, loops.clone()));
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
         if !config.vacuum_interval.is_zero() {

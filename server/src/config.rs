@@ -1,5 +1,6 @@
 //! Command line and environment configuration, validated before anything binds.
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -23,6 +24,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API and run the relay, the lease sweeper and the pruner.
@@ -93,6 +96,34 @@ pub struct ServeArgs {
     /// (PostgreSQL; "0s" turns it off and leaves the tables to autovacuum).
     #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub vacuum_interval: Duration,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+/// TLS, authentication and the protected mode (see `outboxd serve --help`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SecurityArgs {
+    /// Serve gRPC over TLS with this certificate chain (PEM); re-read when it changes.
+    #[arg(long, env = "OUTBOXD_TLS_CERT", requires = "tls_key", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "OUTBOXD_TLS_KEY", requires = "tls_cert", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by these CAs (PEM): mutual TLS. Needs --tls-cert.
+    #[arg(long, env = "OUTBOXD_TLS_CLIENT_CA", requires = "tls_cert", value_name = "PATH")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Principals, their tokens or certificate subjects, and their permissions (TOML); every
+    /// request must then authenticate, and is denied what its principal may not do. Re-read
+    /// when it changes and on SIGHUP.
+    #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
+    pub auth_file: Option<PathBuf>,
+    /// Serve without authentication on a non-loopback address (without an auth file or client
+    /// certificates, outboxd refuses to).
+    #[arg(long, env = "OUTBOXD_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+    /// How often the auth file and the TLS files are checked for changes.
+    #[arg(long, env = "OUTBOXD_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub reload_interval: Duration,
 }
 
 /// A validated server configuration.
@@ -119,6 +150,29 @@ pub struct ServeConfig {
     pub relay: bool,
     pub metrics_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
+    pub security: Security,
+}
+
+/// TLS and authentication, validated.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub tls: Option<crate::tls::TlsFiles>,
+    pub auth_file: Option<PathBuf>,
+    pub allow_unauthenticated: bool,
+    pub reload_interval: Duration,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Self { tls: None, auth_file: None, allow_unauthenticated: false, reload_interval: Duration::from_secs(2) }
+    }
+}
+
+impl Security {
+    /// Whether callers prove who they are: an auth file, or client certificates.
+    pub fn authenticates(&self) -> bool {
+        self.auth_file.is_some() || self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+    }
 }
 
 /// A configuration value that cannot work.
@@ -150,6 +204,7 @@ impl ServeConfig {
             relay: true,
             metrics_listen: None,
             metrics_interval: Duration::from_secs(10),
+            security: Security::default(),
         }
     }
 
@@ -172,12 +227,37 @@ impl ServeConfig {
             ("--stream-poll", self.stream_poll),
             ("--retention", self.retention),
             ("--metrics-interval", self.metrics_interval),
+            ("--reload-interval", self.security.reload_interval),
         ] {
             if d.is_zero() {
                 return Err(ConfigError(format!("{name} must be positive")));
             }
         }
-        Ok(())
+        self.check_protected_mode()
+    }
+
+    /// Without authentication, serve only on loopback addresses unless told otherwise
+    /// (ADR 0020). The metrics address is not held to it: it serves counts, no payloads.
+    pub fn check_protected_mode(&self) -> Result<(), ConfigError> {
+        let s = &self.security;
+        if s.authenticates() || s.allow_unauthenticated || is_loopback(self.listen.ip()) {
+            return Ok(());
+        }
+        Err(ConfigError(format!(
+            "refusing to serve without authentication on {}, which is not a loopback address: anyone who can \
+             reach it could read every payload and replay, pause or delete any consumer. Give --auth-file PATH \
+             (principals and their permissions) or --tls-client-ca PATH (client certificates), listen on \
+             127.0.0.1, or pass --allow-unauthenticated if something in front of outboxd authenticates",
+            self.listen
+        )))
+    }
+}
+
+/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
     }
 }
 
@@ -201,6 +281,16 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.metrics_listen = a.metrics_listen;
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
+        let sec = a.security;
+        c.security = Security {
+            tls: match (sec.tls_cert, sec.tls_key) {
+                (Some(cert), Some(key)) => Some(crate::tls::TlsFiles { cert, key, client_ca: sec.tls_client_ca }),
+                _ => None,
+            },
+            auth_file: sec.auth_file,
+            allow_unauthenticated: sec.allow_unauthenticated,
+            reload_interval: sec.reload_interval,
+        };
         c.validate()?;
         Ok(c)
     }

@@ -21,7 +21,9 @@
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions.
 //! - [`listener`]: wake-ups across replicas (`LISTEN outbox_work`).
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
-//! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status.
+//! - [`grpc`]: the `Outbox` and `OutboxAdmin` services, wire conversion, error → status, and
+//!   authentication and permissions ([`grpc::auth`]).
+//! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 #![forbid(unsafe_code)]
@@ -41,6 +43,7 @@ pub mod session;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;
+pub mod tls;
 pub mod vacuum;
 
 #[cfg(any(test, feature = "testing"))]

@@ -22,6 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use outbox_server::testing::TestDb;
 
+pub mod pki;
+
 /// Where the test binary of outboxd lives; set by cargo for this crate's integration tests.
 pub fn outboxd_path() -> PathBuf {
     if let Ok(p) = std::env::var("OUTBOXD_BIN") {
@@ -43,7 +45,12 @@ pub struct Outboxd {
     child: Child,
     pub addr: SocketAddr,
     pub endpoint: String,
+    /// The last lines of its log (stderr), for tests that check what it logged.
+    logs: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of a process's last log lines [`Outboxd::log_lines`] can see.
+const KEPT_LOG_LINES: usize = 10_000;
 
 impl Outboxd {
     /// Starts `outboxd serve` on `database_url` with `extra` flags (on port 0 unless they
@@ -74,10 +81,19 @@ impl Outboxd {
             .with_context(|| format!("spawning {}", bin.display()))?;
         let stderr = child.stderr.take().context("no stderr")?;
         let (tx, mut rx) = mpsc::channel::<SocketAddr>(1);
+        let logs = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let kept = logs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 eprintln!("[outboxd] {line}");
+                {
+                    let mut kept = kept.lock().unwrap();
+                    if kept.len() == KEPT_LOG_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line.clone());
+                }
                 if line.contains("outboxd serving")
                     && let Some(addr) = line.split("local_addr=").nth(1).and_then(|s| s.split_whitespace().next())
                     && let Ok(addr) = addr.parse()
@@ -90,7 +106,12 @@ impl Outboxd {
             .await
             .context("outboxd did not start serving within 60 s")?
             .context("outboxd exited before serving")?;
-        Ok(Self { child, addr, endpoint: format!("http://{addr}") })
+        Ok(Self { child, addr, endpoint: format!("http://{addr}"), logs })
+    }
+
+    /// Log lines so far that contain every one of `needles`.
+    pub fn log_lines(&self, needles: &[&str]) -> Vec<String> {
+        self.logs.lock().unwrap().iter().filter(|l| needles.iter().all(|n| l.contains(n))).cloned().collect()
     }
 
     pub fn pid(&self) -> u32 {

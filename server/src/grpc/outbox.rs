@@ -6,6 +6,7 @@ use outbox_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::{self, Need};
 use super::convert::{self, Limits};
 use super::{invalid, store_status};
 use crate::domain::{ConsumerName, InvalidField};
@@ -30,7 +31,9 @@ pub struct OutboxService {
 #[tonic::async_trait]
 impl pb::outbox_server::Outbox for OutboxService {
     async fn enqueue(&self, request: Request<pb::EnqueueRequest>) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let msg = convert::new_message("", request.into_inner(), &self.limits).map_err(invalid)?;
+        caller.check(Need::Produce(msg.topic.as_str()))?;
         let out = self.ctx.store.message_insert(&msg, self.ctx.clock.now()).await.map_err(store_status)?;
         if !out.duplicate {
             self.ctx.hub.enqueued().notify();
@@ -46,6 +49,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         &self,
         request: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         if req.messages.is_empty() {
             return Err(invalid(InvalidField::new("messages", "at least one message is required")));
@@ -63,6 +67,13 @@ impl pb::outbox_server::Outbox for OutboxService {
             .map(|(i, m)| convert::new_message(&format!("messages[{i}]"), m, &self.limits))
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
+        // Each distinct topic once: a batch is allowed whole or refused whole.
+        let mut topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for t in topics {
+            caller.check(Need::Produce(t))?;
+        }
         let out = self.ctx.store.message_insert_batch(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
         self.ctx.hub.enqueued().notify();
         Ok(Response::new(pb::EnqueueBatchResponse {
@@ -88,6 +99,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         if self.ctx.shutdown.is_cancelled() {
             return Err(Status::unavailable("outboxd is shutting down; reconnect"));
         }
+        let caller = auth::caller(&request)?;
         let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(START_TIMEOUT, inbound.next()).await {
             Err(_) => return Err(invalid(InvalidField::new("start", "no start request within 10 s"))),
@@ -99,6 +111,8 @@ impl pb::outbox_server::Outbox for OutboxService {
             return Err(invalid(InvalidField::new("start", "the first request on a stream must be start")));
         };
         let name = ConsumerName::parse("start.consumer", &start.consumer).map_err(invalid)?;
+        // Before the lookup: a caller without the permission learns nothing of the consumer.
+        caller.check(Need::Consume(name.as_str()))?;
         let max_in_flight = match start.max_in_flight {
             0 => DEFAULT_MAX_IN_FLIGHT,
             n if n > MAX_MAX_IN_FLIGHT => {
