@@ -35,6 +35,19 @@ pub fn outboxd_path() -> PathBuf {
     dir.join("outboxd-e2e")
 }
 
+/// Credentials every connection of this harness uses (streams, admin and outbox clients): none
+/// unless a caller set them once (the benchmark's `--secure` run).
+static CREDENTIALS: std::sync::OnceLock<outbox_client::Credentials> = std::sync::OnceLock::new();
+
+/// Makes every connection of this process's harness use `creds`; only the first call counts.
+pub fn use_credentials(creds: outbox_client::Credentials) {
+    let _ = CREDENTIALS.set(creds);
+}
+
+fn credentials() -> outbox_client::Credentials {
+    CREDENTIALS.get().cloned().unwrap_or_default()
+}
+
 /// Fast loops for tests: short polls so that waiting on conditions stays quick.
 pub const FAST: &[&str] =
     &["--sweep-interval", "50ms", "--stream-poll", "100ms", "--relay-poll-max", "50ms", "--drain-timeout", "2s"];
@@ -136,11 +149,11 @@ impl Outboxd {
     }
 
     pub async fn admin(&self) -> Result<AdminClient> {
-        Ok(outbox_client::grpc::admin(&self.endpoint).await?)
+        Ok(outbox_client::grpc::admin_with(&self.endpoint, &credentials()).await?)
     }
 
     pub async fn client(&self) -> Result<OutboxClient> {
-        Ok(outbox_client::grpc::outbox(&self.endpoint).await?)
+        Ok(outbox_client::grpc::outbox_with(&self.endpoint, &credentials()).await?)
     }
 }
 
@@ -201,8 +214,9 @@ impl RawStream {
     }
 
     pub async fn open_with(endpoint: &str, start: pb::Start) -> Result<Self, tonic::Status> {
-        let mut client =
-            outbox_client::grpc::outbox(endpoint).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = outbox_client::grpc::outbox_with(endpoint, &credentials())
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let (tx, rx) = mpsc::channel(256);
         tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await.unwrap();
         let inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();
