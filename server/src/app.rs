@@ -75,7 +75,7 @@ impl App {
             None => Authenticator::open(),
         };
         let tls = config.security.tls.clone().map(TlsState::load).transpose()?;
-        if auth.enabled() && tls.is_none() && !config.listen.ip().is_loopback() {
+        if auth.enabled() && tls.is_none() && !crate::config::is_loopback(config.listen.ip()) {
             tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
         }
         let store = store::connect(&config.database_url, config.max_connections).await?;

@@ -254,7 +254,7 @@ impl ServeConfig {
 }
 
 /// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
-fn is_loopback(ip: std::net::IpAddr) -> bool {
+pub(crate) fn is_loopback(ip: std::net::IpAddr) -> bool {
     match ip {
         std::net::IpAddr::V4(v4) => v4.is_loopback(),
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
@@ -293,5 +293,38 @@ impl TryFrom<ServeArgs> for ServeConfig {
         };
         c.validate()?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(listen: &str) -> ServeConfig {
+        let mut c = ServeConfig::new("sqlite://x.db");
+        c.listen = listen.parse().unwrap();
+        c
+    }
+
+    #[test]
+    fn without_authentication_only_loopback_addresses_are_served() {
+        for ok in ["127.0.0.1:50051", "127.1.2.3:1", "[::1]:50051", "[::ffff:127.0.0.1]:50051"] {
+            assert!(on(ok).check_protected_mode().is_ok(), "{ok}");
+        }
+        for refused in ["0.0.0.0:50051", "[::]:50051", "10.0.0.5:50051", "[::ffff:10.0.0.5]:1"] {
+            let err = on(refused).check_protected_mode().unwrap_err().to_string();
+            assert!(err.contains("--auth-file") && err.contains("--allow-unauthenticated"), "{err}");
+        }
+        let mut c = on("0.0.0.0:50051");
+        c.security.allow_unauthenticated = true;
+        assert!(c.check_protected_mode().is_ok());
+        let mut c = on("0.0.0.0:50051");
+        c.security.auth_file = Some("auth.toml".into());
+        assert!(c.check_protected_mode().is_ok());
+        let mut c = on("0.0.0.0:50051");
+        c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: None });
+        assert!(c.check_protected_mode().is_err(), "TLS without client certificates authenticates nobody");
+        c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: Some("ca".into()) });
+        assert!(c.check_protected_mode().is_ok());
     }
 }

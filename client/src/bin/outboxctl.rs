@@ -35,8 +35,8 @@ struct Cli {
 /// server (an https:// --server is TLS).
 #[derive(Debug, Args)]
 struct CredentialArgs {
-    /// Bearer token of a principal in outboxd's auth file.
-    #[arg(long, global = true, env = "OUTBOXD_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    /// Bearer token of a principal in outboxd's auth file (wins over --token-file).
+    #[arg(long, global = true, env = "OUTBOXD_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// A file holding the bearer token.
     #[arg(long, global = true, env = "OUTBOXD_TOKEN_FILE", value_name = "PATH")]

@@ -297,7 +297,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
 
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
         let audit = Audit::of("replay", &request)?;
-        let plan = replay_plan(request.into_inner())?;
+        let plan = replay_plan(request.into_inner()).inspect_err(|s| audit.log(Err(s)))?;
         audit.check(Need::Replay(plan.consumer.as_str()))?;
         let origin = audit.origin();
         // Its own task: a caller that gives up (a deadline) does not cut the replay short
@@ -323,7 +323,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         request: Request<pb::ReplayRequest>,
     ) -> Result<Response<Self::ReplayStreamStream>, Status> {
         let audit = Audit::of("replay_stream", &request)?;
-        let plan = replay_plan(request.into_inner())?;
+        let plan = replay_plan(request.into_inner()).inspect_err(|s| audit.log(Err(s)))?;
         audit.check(Need::Replay(plan.consumer.as_str()))?;
         let origin = audit.origin();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
