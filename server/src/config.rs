@@ -233,6 +233,9 @@ impl ServeConfig {
                 return Err(ConfigError(format!("{name} must be positive")));
             }
         }
+        if self.security.reload_interval > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError("--reload-interval must be at most 24h (SIGHUP re-reads at any time)".into()));
+        }
         self.check_protected_mode()
     }
 

@@ -146,7 +146,8 @@ impl TlsState {
     /// Re-reads the files every `interval` and on SIGHUP until `cancel`.
     pub async fn watch(self, interval: Duration, cancel: CancellationToken) {
         let mut hup = sighup();
-        let mut tick = tokio::time::interval(interval);
+        // The files were read at start: the first look is one interval later.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -468,7 +468,8 @@ impl Authenticator {
             return;
         }
         let mut hup = crate::tls::sighup();
-        let mut tick = tokio::time::interval(interval);
+        // The files were read at start: the first look is one interval later.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
