@@ -790,17 +790,17 @@ async fn without_authentication_outboxd_refuses_non_loopback_addresses_unless_al
     // Loopback is served as it always was (the README's first command), and so is any address
     // with --allow-unauthenticated or an auth file.
     let srv = start(&store, &["--listen", "127.0.0.1:0"]).await?;
-    drop(srv);
+    srv.kill().await?; // and waited for: the SQLite file is free again
     let srv = start(&store, &["--listen", "0.0.0.0:0", "--allow-unauthenticated"]).await?;
     let local = format!("http://127.0.0.1:{}", srv.addr.port());
     outbox_client::grpc::admin(&local).await?.list_consumers(pb::ListConsumersRequest {}).await?;
-    drop(srv);
+    srv.kill().await?; // and waited for: the SQLite file is free again
     let scratch = Scratch::new()?;
     let file = scratch.write("auth.toml", &auth_file(PRINCIPALS))?;
     let srv = start(&store, &["--listen", "0.0.0.0:0", "--auth-file", s(&file)]).await?;
     let local = format!("http://127.0.0.1:{}", srv.addr.port());
     admin_with(&local, &tok("reader")).await?.list_consumers(pb::ListConsumersRequest {}).await?;
-    drop(srv);
+    srv.kill().await?; // and waited for: the SQLite file is free again
 
     // An auth file that does not parse stops start-up, naming the problem.
     let bad =
