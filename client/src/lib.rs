@@ -8,7 +8,8 @@
 //! - [`subscriber`]: [`Subscriber`], runs a handler per delivery with bounded concurrency,
 //!   acks on `Ok`, nacks on `Err`, reconnects with backoff, stops gracefully.
 //! - [`trace`]: the W3C trace context carried in message headers.
-//! - [`grpc`]: connecting to outboxd: the `Enqueue` RPC and the admin client.
+//! - [`grpc`]: connecting to outboxd (TLS, tokens, client certificates: [`Credentials`]): the
+//!   `Enqueue` RPC and the admin client.
 //!
 //! # Producing inside your transaction
 //!
@@ -29,6 +30,7 @@ pub mod store;
 pub mod subscriber;
 pub mod trace;
 
+pub use grpc::Credentials;
 pub use message::{Enqueued, Message};
 pub use store::{Inbox, OutboxDatabase, ack_in_tx, enqueue};
 pub use subscriber::{Delivery, HandlerError, Subscriber, SubscriberConfig};
@@ -54,6 +56,9 @@ pub enum ClientError {
     Status(#[from] tonic::Status),
     #[error("invalid endpoint {0:?}")]
     Endpoint(String),
+    /// A token or TLS file that cannot be used (unreadable, empty, incomplete).
+    #[error("credentials: {0}")]
+    Credentials(String),
 }
 
 impl From<sqlx::Error> for ClientError {

@@ -82,7 +82,7 @@ impl Delivery {
 /// How a [`Subscriber`] connects and consumes.
 #[derive(Debug, Clone)]
 pub struct SubscriberConfig {
-    /// `http://host:port` of an outboxd.
+    /// `http://host:port` (or `https://host:port`) of an outboxd.
     pub endpoint: String,
     pub consumer: String,
     /// Unacked deliveries the server may send ahead; 0 lets the server choose.
@@ -93,6 +93,8 @@ pub struct SubscriberConfig {
     pub ack_deadline: Option<Duration>,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// Token and TLS files (an `https://` endpoint is TLS); none by default.
+    pub credentials: grpc::Credentials,
 }
 
 impl SubscriberConfig {
@@ -105,6 +107,7 @@ impl SubscriberConfig {
             ack_deadline: None,
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
+            credentials: grpc::Credentials::default(),
         }
     }
 }
@@ -131,7 +134,7 @@ fn permanent(e: &ClientError) -> bool {
                 | Code::Unauthenticated
                 | Code::FailedPrecondition
         ),
-        ClientError::Endpoint(_) => true,
+        ClientError::Endpoint(_) | ClientError::Credentials(_) => true,
         _ => false,
     }
 }
@@ -182,7 +185,7 @@ impl Subscriber {
         Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
     {
         let c = &self.config;
-        let mut client = grpc::outbox(&c.endpoint).await?;
+        let mut client = grpc::outbox_with(&c.endpoint, &c.credentials).await?;
         let (req_tx, req_rx) = mpsc::channel::<pb::SubscribeRequest>(1024);
         let start = pb::Start {
             consumer: c.consumer.clone(),

@@ -20,6 +20,7 @@ use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
 use crate::delivery::session::SessionContext;
 use crate::grpc::admin::AdminService;
+use crate::grpc::auth::{AuthLayer, Authenticator};
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
@@ -28,6 +29,7 @@ use crate::maintenance::replay::Replayer;
 use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
 use crate::store::{self, SharedStore, StoreError, WorkHint};
+use crate::tls::TlsState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -43,6 +45,10 @@ pub enum AppError {
     Serve(#[from] tonic::transport::Error),
     #[error("metrics on {addr}: {source}")]
     Metrics { addr: SocketAddr, source: metrics_exporter_prometheus::BuildError },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("auth file: {0}")]
+    Auth(String),
 }
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -70,6 +76,15 @@ impl App {
     /// listener (port 0 picks a free one) and starts serving and the background loops.
     pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, AppError> {
         config.validate()?;
+        // Credentials and certificates load before anything else: a typo stops start-up here.
+        let auth = match &config.security.auth_file {
+            Some(path) => Authenticator::from_file(path).map_err(AppError::Auth)?,
+            None => Authenticator::open(),
+        };
+        let tls = config.security.tls.clone().map(TlsState::load).transpose()?;
+        if auth.enabled() && tls.is_none() && !crate::config::is_loopback(config.listen.ip()) {
+            tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
+        }
         let store = store::connect(&config.database_url, config.max_connections).await?;
         if config.migrate {
             store.migrate().await?;
@@ -115,6 +130,11 @@ impl App {
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
+        // Tools that speak only the older protocol (grpcurl before 1.8.7, some IDEs).
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
@@ -126,23 +146,28 @@ impl App {
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
 
         let stop_accepting = shutdown.clone();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                // Half-open connections (a consumer host that vanished) are noticed and their
-                // streams released instead of leasing into the void.
-                .http2_keepalive_interval(Some(Duration::from_secs(20)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-                .tcp_keepalive(Some(Duration::from_secs(60)))
-                .max_concurrent_streams(config.limits.http2_max_concurrent_streams())
-                .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(outbox)
-                .add_service(admin)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                    stop_accepting.cancelled().await
-                }),
-        );
+        let router = tonic::transport::Server::builder()
+            // Half-open connections (a consumer host that vanished) are noticed and their
+            // streams released instead of leasing into the void.
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
+            .max_concurrent_streams(config.limits.http2_max_concurrent_streams())
+            .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
+            // Every request is authenticated before it reaches a service (health excepted).
+            .layer(AuthLayer { auth: auth.clone() })
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_v1alpha)
+            .add_service(outbox)
+            .add_service(admin);
+        let stopped = async move { stop_accepting.cancelled().await };
+        let server = match &tls {
+            Some(tls) => tokio::spawn(
+                router.serve_with_incoming_shutdown(tls.clone().incoming(listener, shutdown.clone()), stopped),
+            ),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)),
+        };
 
         let mut tasks = JoinSet::new();
         if let Some(addr) = config.metrics_listen {
@@ -162,6 +187,10 @@ impl App {
             tasks.spawn(relay.clone().run(loops.clone()));
             tasks.spawn(relay.clone().run_helper(loops.clone()));
         }
+        if let Some(tls) = tls {
+            tasks.spawn(tls.watch(config.security.reload_interval, loops.clone()));
+        }
+        tasks.spawn(auth.watch(config.security.reload_interval, loops.clone()));
         tasks.spawn(sweeper.run(loops.clone()));
         tasks.spawn(pruner.run(loops.clone()));
         if !config.vacuum_interval.is_zero() {

@@ -1,5 +1,6 @@
 //! Command line and environment configuration, validated before anything binds.
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -102,6 +103,34 @@ pub struct ServeArgs {
     pub vacuum_interval: Duration,
     #[command(flatten)]
     pub limits: crate::limits::Limits,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+/// TLS, authentication and the protected mode (see `outboxd serve --help`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SecurityArgs {
+    /// Serve gRPC over TLS with this certificate chain (PEM); re-read when it changes.
+    #[arg(long, env = "OUTBOXD_TLS_CERT", requires = "tls_key", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "OUTBOXD_TLS_KEY", requires = "tls_cert", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by these CAs (PEM): mutual TLS. Needs --tls-cert.
+    #[arg(long, env = "OUTBOXD_TLS_CLIENT_CA", requires = "tls_cert", value_name = "PATH")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Principals, their tokens or certificate subjects, and their permissions (TOML); every
+    /// request must then authenticate, and is denied what its principal may not do. Re-read
+    /// when it changes and on SIGHUP.
+    #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
+    pub auth_file: Option<PathBuf>,
+    /// Serve without authentication on a non-loopback address (without an auth file or client
+    /// certificates, outboxd refuses to).
+    #[arg(long, env = "OUTBOXD_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+    /// How often the auth file and the TLS files are checked for changes.
+    #[arg(long, env = "OUTBOXD_RELOAD_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub reload_interval: Duration,
 }
 
 /// A validated server configuration.
@@ -129,6 +158,29 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
     pub limits: crate::limits::Limits,
+    pub security: Security,
+}
+
+/// TLS and authentication, validated.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub tls: Option<crate::tls::TlsFiles>,
+    pub auth_file: Option<PathBuf>,
+    pub allow_unauthenticated: bool,
+    pub reload_interval: Duration,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Self { tls: None, auth_file: None, allow_unauthenticated: false, reload_interval: Duration::from_secs(2) }
+    }
+}
+
+impl Security {
+    /// Whether callers prove who they are: an auth file, or client certificates.
+    pub fn authenticates(&self) -> bool {
+        self.auth_file.is_some() || self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+    }
 }
 
 /// A configuration value that cannot work.
@@ -161,6 +213,7 @@ impl ServeConfig {
             metrics_listen: None,
             metrics_interval: Duration::from_secs(10),
             limits: crate::limits::Limits::DEFAULT,
+            security: Security::default(),
         }
     }
 
@@ -184,12 +237,40 @@ impl ServeConfig {
             ("--stream-poll", self.stream_poll),
             ("--retention", self.retention),
             ("--metrics-interval", self.metrics_interval),
+            ("--reload-interval", self.security.reload_interval),
         ] {
             if d.is_zero() {
                 return Err(ConfigError(format!("{name} must be positive")));
             }
         }
-        Ok(())
+        if self.security.reload_interval > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError("--reload-interval must be at most 24h (SIGHUP re-reads at any time)".into()));
+        }
+        self.check_protected_mode()
+    }
+
+    /// Without authentication, serve only on loopback addresses unless told otherwise
+    /// (ADR 0020). The metrics address is not held to it: it serves counts, no payloads.
+    pub fn check_protected_mode(&self) -> Result<(), ConfigError> {
+        let s = &self.security;
+        if s.authenticates() || s.allow_unauthenticated || is_loopback(self.listen.ip()) {
+            return Ok(());
+        }
+        Err(ConfigError(format!(
+            "refusing to serve without authentication on {}, which is not a loopback address: anyone who can \
+             reach it could read every payload and replay, pause or delete any consumer. Give --auth-file PATH \
+             (principals and their permissions) or --tls-client-ca PATH (client certificates), listen on \
+             127.0.0.1, or pass --allow-unauthenticated if something in front of outboxd authenticates",
+            self.listen
+        )))
+    }
+}
+
+/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
+pub(crate) fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
     }
 }
 
@@ -214,7 +295,50 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
         c.limits = a.limits;
+        let sec = a.security;
+        c.security = Security {
+            tls: match (sec.tls_cert, sec.tls_key) {
+                (Some(cert), Some(key)) => Some(crate::tls::TlsFiles { cert, key, client_ca: sec.tls_client_ca }),
+                _ => None,
+            },
+            auth_file: sec.auth_file,
+            allow_unauthenticated: sec.allow_unauthenticated,
+            reload_interval: sec.reload_interval,
+        };
         c.validate()?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(listen: &str) -> ServeConfig {
+        let mut c = ServeConfig::new("sqlite://x.db");
+        c.listen = listen.parse().unwrap();
+        c
+    }
+
+    #[test]
+    fn without_authentication_only_loopback_addresses_are_served() {
+        for ok in ["127.0.0.1:50051", "127.1.2.3:1", "[::1]:50051", "[::ffff:127.0.0.1]:50051"] {
+            assert!(on(ok).check_protected_mode().is_ok(), "{ok}");
+        }
+        for refused in ["0.0.0.0:50051", "[::]:50051", "10.0.0.5:50051", "[::ffff:10.0.0.5]:1"] {
+            let err = on(refused).check_protected_mode().unwrap_err().to_string();
+            assert!(err.contains("--auth-file") && err.contains("--allow-unauthenticated"), "{err}");
+        }
+        let mut c = on("0.0.0.0:50051");
+        c.security.allow_unauthenticated = true;
+        assert!(c.check_protected_mode().is_ok());
+        let mut c = on("0.0.0.0:50051");
+        c.security.auth_file = Some("auth.toml".into());
+        assert!(c.check_protected_mode().is_ok());
+        let mut c = on("0.0.0.0:50051");
+        c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: None });
+        assert!(c.check_protected_mode().is_err(), "TLS without client certificates authenticates nobody");
+        c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: Some("ca".into()) });
+        assert!(c.check_protected_mode().is_ok());
     }
 }

@@ -153,6 +153,24 @@ impl TopicPattern {
             }
         }
     }
+
+    /// Whether every topic that `other` matches is matched by this pattern too (so a
+    /// permission for this pattern allows whatever `other` asks for).
+    pub fn covers(&self, other: &TopicPattern) -> bool {
+        let mut mine = self.0.split('.');
+        let mut theirs = other.0.split('.');
+        loop {
+            match (mine.next(), theirs.next()) {
+                // `>` is one or more segments, whatever they are (a `>` or `*` of theirs too).
+                (Some(">"), Some(_)) => return true,
+                // `*` is exactly one segment: theirs must be one too (not a `>`).
+                (Some("*"), Some(t)) if t != ">" => {}
+                (Some(m), Some(t)) if m == t => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
 }
 
 /// Where a new consumer starts.

@@ -13,8 +13,8 @@
 //! - [`config`]: command line and environment, validated before anything binds.
 //! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
 //! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
-//!   status, and [`grpc::stream`], which turns each `SubscribeRequest` into a validated command
-//!   and each delivery into its wire form.
+//!   status, [`grpc::stream`], which turns each `SubscribeRequest` into a validated command and
+//!   each delivery into its wire form, and authentication and permissions ([`grpc::auth`]).
 //! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states.
 //! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop and its in-flight
 //!   [`delivery::window`] (held leases, room, expiry, late acks).
@@ -27,6 +27,7 @@
 //!   migrations. The store returns data and [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
+//! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod relay;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

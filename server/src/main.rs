@@ -27,7 +27,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = ServeConfig::try_from(args)?;
             let (store, location) = describe(&config.database_url);
-            tracing::info!(store, location = %location, listen = %config.listen, "starting outboxd on {store}");
+            let sec = &config.security;
+            tracing::info!(
+                store, location = %location, listen = %config.listen, tls = sec.tls.is_some(),
+                mtls = sec.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+                auth_file = ?sec.auth_file, "starting outboxd on {store}"
+            );
             let mut app = App::build(config, Arc::new(SystemClock)).await.context("starting outboxd")?;
             tokio::select! {
                 r = app.stopped() => { r.context("gRPC server stopped")?; }

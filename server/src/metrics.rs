@@ -48,6 +48,15 @@ fn describe() {
     describe_counter!(EXPIRED, "Leases that passed their ack deadline.");
     describe_counter!(DEAD_LETTERED, "Deliveries that became dead letters.");
     describe_counter!(RELAYED, "Messages fanned out to inboxes by this process's relay.");
+    describe_counter!(
+        crate::grpc::auth::DECISIONS,
+        "Authentication and permission decisions by principal and outcome (allowed, denied, unauthenticated)."
+    );
+    describe_counter!(
+        crate::grpc::auth::RELOADS,
+        "Re-reads of the auth file and the TLS files that changed, by outcome."
+    );
+    describe_counter!("outboxd_tls_handshake_failures_total", "TLS handshakes that failed or timed out.");
     describe_histogram!(COMMIT_TO_DELIVERY, Unit::Seconds, "From enqueue to being sent on a stream.");
     describe_histogram!(COMMIT_TO_ACK, Unit::Seconds, "From enqueue to the ack arriving.");
     describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");

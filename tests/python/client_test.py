@@ -1,5 +1,6 @@
 """A producer and consumer in Python, using only what other languages get: the SQL function
-`outbox.enqueue` inside the producer's own transaction, and gRPC code generated from proto/.
+`outbox.enqueue` inside the producer's own transaction, and gRPC code generated from proto/,
+over TLS with a bearer token when OUTBOXD_TLS_CA and OUTBOXD_TOKEN are set.
 
 Exits non-zero on any failed expectation; prints PYTHON CLIENT OK at the end.
 """
@@ -16,6 +17,9 @@ from grpc_tools import protoc
 ADDR = os.environ["OUTBOXD_ADDR"]
 DB = os.environ["DATABASE_URL"]
 PROTO = os.environ["PROTO_DIR"]
+# TLS (the CA that outboxd's certificate chains to) and a bearer token, when outboxd has them.
+TLS_CA = os.environ.get("OUTBOXD_TLS_CA")
+TOKEN = os.environ.get("OUTBOXD_TOKEN")
 
 out = tempfile.mkdtemp()
 rc = protoc.main(["protoc", f"-I{PROTO}", f"-I{os.path.dirname(protoc.__file__)}/_proto",
@@ -57,7 +61,18 @@ with psycopg.connect(DB) as conn:
             "SELECT outbox.enqueue('orders.shipped', 'OrderShipped', '\\x7b7d'::bytea)"
         ).fetchone()[0]
 
-channel = grpc.insecure_channel(ADDR)
+def open_channel(token):
+    if not TLS_CA:
+        return grpc.insecure_channel(ADDR)
+    with open(TLS_CA, "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    if token:
+        # Sent as "authorization: Bearer <token>" on every call.
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return grpc.secure_channel(ADDR, creds)
+
+
+channel = open_channel(TOKEN)
 admin = admin_pb2_grpc.OutboxAdminStub(channel)
 stub = outbox_pb2_grpc.OutboxStub(channel)
 
@@ -120,6 +135,23 @@ try:
     check(False, "empty topic rejected")
 except grpc.RpcError as e:
     check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "topic" in e.details(), "INVALID_ARGUMENT names topic")
+
+if TOKEN:
+    # This principal may consume "py" and read the admin API, nothing else; without the token,
+    # nothing at all.
+    try:
+        stub.Enqueue(outbox_pb2.EnqueueRequest(topic="orders.created", type="T"))
+        check(False, "enqueue without produce:orders.created refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.PERMISSION_DENIED and "produce:orders.created" in e.details(),
+              f"PERMISSION_DENIED names the permission ({e.details()})")
+    anonymous = open_channel(None)
+    try:
+        admin_pb2_grpc.OutboxAdminStub(anonymous).ListConsumers(admin_pb2.ListConsumersRequest())
+        check(False, "a call without a token refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNAUTHENTICATED, f"UNAUTHENTICATED without a token ({e.code()})")
+    anonymous.close()
 
 # Close our half of the stream; the server then ends it. Cancel and close explicitly so that
 # no gRPC thread outlives the script.

@@ -22,6 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use outbox_server::testing::TestDb;
 
+pub mod pki;
+
 /// Where the test binary of outboxd lives; set by cargo for this crate's integration tests.
 pub fn outboxd_path() -> PathBuf {
     if let Ok(p) = std::env::var("OUTBOXD_BIN") {
@@ -31,6 +33,19 @@ pub fn outboxd_path() -> PathBuf {
     // target/<profile>/deps/<test> -> target/<profile>/outboxd-e2e
     let dir = exe.parent().and_then(Path::parent).unwrap();
     dir.join("outboxd-e2e")
+}
+
+/// Credentials every connection of this harness uses (streams, admin and outbox clients): none
+/// unless a caller set them once (the benchmark's `--secure` run).
+static CREDENTIALS: std::sync::OnceLock<outbox_client::Credentials> = std::sync::OnceLock::new();
+
+/// Makes every connection of this process's harness use `creds`; only the first call counts.
+pub fn use_credentials(creds: outbox_client::Credentials) {
+    let _ = CREDENTIALS.set(creds);
+}
+
+fn credentials() -> outbox_client::Credentials {
+    CREDENTIALS.get().cloned().unwrap_or_default()
 }
 
 /// Fast loops for tests: short polls so that waiting on conditions stays quick.
@@ -43,7 +58,12 @@ pub struct Outboxd {
     child: Child,
     pub addr: SocketAddr,
     pub endpoint: String,
+    /// The last lines of its log (stderr), for tests that check what it logged.
+    logs: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of a process's last log lines [`Outboxd::log_lines`] can see.
+const KEPT_LOG_LINES: usize = 10_000;
 
 impl Outboxd {
     /// Starts `outboxd serve` on `database_url` with `extra` flags (on port 0 unless they
@@ -74,10 +94,19 @@ impl Outboxd {
             .with_context(|| format!("spawning {}", bin.display()))?;
         let stderr = child.stderr.take().context("no stderr")?;
         let (tx, mut rx) = mpsc::channel::<SocketAddr>(1);
+        let logs = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let kept = logs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 eprintln!("[outboxd] {line}");
+                {
+                    let mut kept = kept.lock().unwrap();
+                    if kept.len() == KEPT_LOG_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line.clone());
+                }
                 if line.contains("outboxd serving")
                     && let Some(addr) = line.split("local_addr=").nth(1).and_then(|s| s.split_whitespace().next())
                     && let Ok(addr) = addr.parse()
@@ -90,7 +119,12 @@ impl Outboxd {
             .await
             .context("outboxd did not start serving within 60 s")?
             .context("outboxd exited before serving")?;
-        Ok(Self { child, addr, endpoint: format!("http://{addr}") })
+        Ok(Self { child, addr, endpoint: format!("http://{addr}"), logs })
+    }
+
+    /// Log lines so far that contain every one of `needles`.
+    pub fn log_lines(&self, needles: &[&str]) -> Vec<String> {
+        self.logs.lock().unwrap().iter().filter(|l| needles.iter().all(|n| l.contains(n))).cloned().collect()
     }
 
     pub fn pid(&self) -> u32 {
@@ -115,11 +149,11 @@ impl Outboxd {
     }
 
     pub async fn admin(&self) -> Result<AdminClient> {
-        Ok(outbox_client::grpc::admin(&self.endpoint).await?)
+        Ok(outbox_client::grpc::admin_with(&self.endpoint, &credentials()).await?)
     }
 
     pub async fn client(&self) -> Result<OutboxClient> {
-        Ok(outbox_client::grpc::outbox(&self.endpoint).await?)
+        Ok(outbox_client::grpc::outbox_with(&self.endpoint, &credentials()).await?)
     }
 }
 
@@ -180,8 +214,9 @@ impl RawStream {
     }
 
     pub async fn open_with(endpoint: &str, start: pb::Start) -> Result<Self, tonic::Status> {
-        let mut client =
-            outbox_client::grpc::outbox(endpoint).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = outbox_client::grpc::outbox_with(endpoint, &credentials())
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let (tx, rx) = mpsc::channel(256);
         tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await.unwrap();
         let inbound = client.subscribe(ReceiverStream::new(rx)).await?.into_inner();

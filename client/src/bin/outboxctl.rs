@@ -2,7 +2,7 @@
 //!
 //! Exit codes scripts can rely on: 0 success, 1 any other failure, 2 bad command line,
 //! 3 not found, 4 invalid argument or already exists, 5 server unreachable or unavailable,
-//! 6 a confirmation was refused.
+//! 6 a confirmation was refused, 7 not authenticated or not permitted.
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,8 +25,37 @@ struct Cli {
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+    #[command(flatten)]
+    credentials: CredentialArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How outboxctl proves who it is (outboxd's --auth-file, --tls-client-ca) and checks the
+/// server (an https:// --server is TLS).
+#[derive(Debug, Args)]
+struct CredentialArgs {
+    /// Bearer token of a principal in outboxd's auth file (wins over --token-file).
+    #[arg(long, global = true, env = "OUTBOXD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A file holding the bearer token.
+    #[arg(long, global = true, env = "OUTBOXD_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) to check the server's certificate with (default: the system's).
+    #[arg(long, global = true, env = "OUTBOXD_TLS_CA", value_name = "PATH")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, global = true, env = "OUTBOXD_CLIENT_CERT", value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, global = true, env = "OUTBOXD_CLIENT_KEY", value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+impl From<CredentialArgs> for outbox_client::Credentials {
+    fn from(a: CredentialArgs) -> Self {
+        Self { token: a.token, token_file: a.token_file, tls_ca: a.tls_ca, tls_cert: a.tls_cert, tls_key: a.tls_key }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +94,15 @@ enum Command {
         /// Topics or patterns (`orders.*`, `orders.>`); all when none.
         topics: Vec<String>,
     },
+    /// Credentials for outboxd's --auth-file (works offline).
+    #[command(subcommand)]
+    Auth(AuthCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuthCmd {
+    /// Print a fresh random token, and the `sha256:` line that the auth file holds for it.
+    NewToken,
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,6 +221,9 @@ impl From<anyhow::Error> for Failure {
         if let Some(outbox_client::ClientError::Status(status)) = e.downcast_ref::<outbox_client::ClientError>() {
             return status_failure(status);
         }
+        if let Some(outbox_client::ClientError::Credentials(_)) = e.downcast_ref::<outbox_client::ClientError>() {
+            return Failure { code: 2, message: format!("{e:#}") };
+        }
         if let Some(outbox_client::ClientError::Connect { .. } | outbox_client::ClientError::Endpoint(_)) =
             e.downcast_ref::<outbox_client::ClientError>()
         {
@@ -192,11 +233,34 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
+/// 32 random bytes as 64 hex digits: as much entropy as the SHA-256 that stores it.
+fn new_token(out: Output) -> Result<(), Failure> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| Failure { code: 1, message: format!("no randomness: {e}") })?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hash = {
+        use sha2::Digest as _;
+        let d = sha2::Sha256::digest(token.as_bytes());
+        format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    };
+    match out {
+        Output::Json => println!("{}", json!({ "token": token, "sha256": hash })),
+        Output::Table => {
+            println!("token:  {token}");
+            println!("sha256: {hash}");
+            eprintln!("Give the token to the client (--token, OUTBOXD_TOKEN or --token-file); put the sha256 line");
+            eprintln!("in the principal's `tokens` in outboxd's auth file. The token is not shown again.");
+        }
+    }
+    Ok(())
+}
+
 fn status_failure(s: &tonic::Status) -> Failure {
     let code = match s.code() {
         Code::NotFound => 3,
         Code::InvalidArgument | Code::AlreadyExists | Code::FailedPrecondition => 4,
         Code::Unavailable | Code::DeadlineExceeded => 5,
+        Code::Unauthenticated | Code::PermissionDenied => 7,
         _ => 1,
     };
     Failure { code, message: format!("{:?}: {}", s.code(), s.message()) }
@@ -215,7 +279,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let mut admin = grpc::admin(&cli.server).await.context("connecting to outboxd")?;
+    if let Command::Auth(AuthCmd::NewToken) = cli.command {
+        return new_token(cli.output);
+    }
+    let creds = outbox_client::Credentials::from(cli.credentials);
+    let mut admin = grpc::admin_with(&cli.server, &creds).await.context("connecting to outboxd")?;
     let out = cli.output;
     match cli.command {
         Command::Consumers(cmd) => consumers(&mut admin, out, cmd).await,
@@ -236,6 +304,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         },
         Command::DeadLetters(cmd) => dead_letters(&mut admin, out, cmd).await,
         Command::Replay(args) => replay(&mut admin, out, args).await,
+        Command::Auth(AuthCmd::NewToken) => new_token(out),
         Command::Tail { topics } => {
             let mut stream = admin.tail(pb::TailRequest { topics }).await.map_err(|s| status_failure(&s))?.into_inner();
             loop {

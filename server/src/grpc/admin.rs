@@ -2,12 +2,13 @@
 use outbox_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use super::auth::{self, Caller, Need};
 use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
 use crate::delivery::session::SessionContext;
 use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::maintenance::pruner::Pruner;
-use crate::maintenance::replay::{ReplayPlan, ReplayProgress, Replayer};
+use crate::maintenance::replay::{Origin, ReplayPlan, ReplayProgress, Replayer};
 use crate::store::ReplayFilter;
 
 #[derive(Debug, Clone)]
@@ -31,6 +32,53 @@ fn parse_each<T>(
     items.iter().enumerate().map(|(i, s)| parse(&format!("{field}[{i}]"), s)).collect::<Result<_, _>>().map_err(invalid)
 }
 
+/// One audit line per admin write, on target `outboxd::audit`: who, from where, what was asked
+/// and what came of it. Replays write theirs in the replayer (with what they did).
+struct Audit {
+    action: &'static str,
+    caller: Caller,
+    peer: Option<std::net::SocketAddr>,
+    request: String,
+}
+
+impl Audit {
+    fn of<T: std::fmt::Debug>(action: &'static str, request: &Request<T>) -> Result<Self, Status> {
+        Ok(Self {
+            action,
+            caller: auth::caller(request)?,
+            peer: request.remote_addr(),
+            request: format!("{:?}", request.get_ref()),
+        })
+    }
+
+    /// A permission that depends on the request; a refusal is audited too.
+    fn check(&self, need: Need<'_>) -> Result<(), Status> {
+        self.caller.check(need).inspect_err(|s| self.log(Err(s)))
+    }
+
+    fn origin(&self) -> Origin {
+        Origin { principal: self.caller.name.to_string(), peer: self.peer }
+    }
+
+    fn done<T>(self, result: Result<T, Status>) -> Result<T, Status> {
+        self.log(result.as_ref().map(|_| ()));
+        result
+    }
+
+    fn log(&self, outcome: Result<(), &Status>) {
+        let (principal, peer, action, request) = (&*self.caller.name, self.peer, self.action, &self.request);
+        match outcome {
+            Ok(()) => {
+                tracing::info!(target: "outboxd::audit", principal, ?peer, action, request, outcome = "ok", "{action}")
+            }
+            Err(s) => tracing::warn!(
+                target: "outboxd::audit", principal, ?peer, action, request, outcome = ?s.code(), error = s.message(),
+                "{action} refused"
+            ),
+        }
+    }
+}
+
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
@@ -42,8 +90,14 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
+        let caller = auth::caller(&request)?;
         let permit = self.streams.acquire(request.remote_addr())?;
         let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
+        // No topics is every topic: `tail:>`.
+        let everything = [TopicPattern::parse("topics", ">").map_err(invalid)?];
+        for p in if patterns.is_empty() { &everything[..] } else { &patterns[..] } {
+            caller.check(Need::Tail(p))?;
+        }
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
@@ -82,13 +136,17 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         &self,
         request: Request<pb::CreateConsumerRequest>,
     ) -> Result<Response<pb::CreateConsumerResponse>, Status> {
-        let Some(c) = request.into_inner().consumer else {
-            return Err(invalid(InvalidField::new("consumer", "required")));
-        };
-        let spec = convert::consumer_spec(c).map_err(invalid)?;
-        let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
-        tracing::info!(consumer = %spec.name, "consumer created");
-        Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
+        let audit = Audit::of("create_consumer", &request)?;
+        let result = async {
+            let Some(c) = request.into_inner().consumer else {
+                return Err(invalid(InvalidField::new("consumer", "required")));
+            };
+            let spec = convert::consumer_spec(c).map_err(invalid)?;
+            let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
+            Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
+        }
+        .await;
+        audit.done(result)
     }
 
     async fn get_consumer(
@@ -112,32 +170,44 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         &self,
         request: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
-        let n = name("consumer", &request.into_inner().consumer)?;
-        self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
-        tracing::info!(consumer = %n, "consumer deleted");
-        self.ctx.hub.notify_consumer(n.as_str());
-        Ok(Response::new(pb::DeleteConsumerResponse {}))
+        let audit = Audit::of("delete_consumer", &request)?;
+        let result = async {
+            let n = name("consumer", &request.into_inner().consumer)?;
+            self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
+            self.ctx.hub.notify_consumer(n.as_str());
+            Ok(Response::new(pb::DeleteConsumerResponse {}))
+        }
+        .await;
+        audit.done(result)
     }
 
     async fn pause_consumer(
         &self,
         request: Request<pb::PauseConsumerRequest>,
     ) -> Result<Response<pb::PauseConsumerResponse>, Status> {
-        let n = name("consumer", &request.into_inner().consumer)?;
-        let c = self.ctx.store.consumer_set_paused(&n, true).await.map_err(store_status)?;
-        tracing::info!(consumer = %n, "consumer paused");
-        Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+        let audit = Audit::of("pause_consumer", &request)?;
+        let result = async {
+            let n = name("consumer", &request.into_inner().consumer)?;
+            let c = self.ctx.store.consumer_set_paused(&n, true).await.map_err(store_status)?;
+            Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+        }
+        .await;
+        audit.done(result)
     }
 
     async fn resume_consumer(
         &self,
         request: Request<pb::ResumeConsumerRequest>,
     ) -> Result<Response<pb::ResumeConsumerResponse>, Status> {
-        let n = name("consumer", &request.into_inner().consumer)?;
-        let c = self.ctx.store.consumer_set_paused(&n, false).await.map_err(store_status)?;
-        tracing::info!(consumer = %n, "consumer resumed");
-        self.ctx.hub.notify_consumer(n.as_str());
-        Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+        let audit = Audit::of("resume_consumer", &request)?;
+        let result = async {
+            let n = name("consumer", &request.into_inner().consumer)?;
+            let c = self.ctx.store.consumer_set_paused(&n, false).await.map_err(store_status)?;
+            self.ctx.hub.notify_consumer(n.as_str());
+            Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+        }
+        .await;
+        audit.done(result)
     }
 
     async fn get_stats(&self, request: Request<pb::GetStatsRequest>) -> Result<Response<pb::GetStatsResponse>, Status> {
@@ -229,8 +299,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     }
 
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {
-        let peer = request.remote_addr();
-        let plan = replay_plan(request.into_inner())?;
+        let audit = Audit::of("replay", &request)?;
+        let plan = replay_plan(request.into_inner()).inspect_err(|s| audit.log(Err(s)))?;
+        audit.check(Need::Replay(plan.consumer.as_str()))?;
+        let origin = audit.origin();
         // Its own task: a caller that gives up (a deadline) does not cut the replay short
         // between two batches, and the audit line is written.
         let replayer = self.replayer.clone();
@@ -238,7 +310,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let out = self
             .ctx
             .tasks
-            .spawn(async move { replayer.run(&task_plan, peer, None).await })
+            .spawn(async move { replayer.run(&task_plan, &origin, None).await })
             .await
             .map_err(|e| Status::internal(format!("replay task: {e}")))?
             .map_err(store_status)?;
@@ -257,8 +329,11 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         request: Request<pb::ReplayRequest>,
     ) -> Result<Response<Self::ReplayStreamStream>, Status> {
         let peer = request.remote_addr();
+        let audit = Audit::of("replay_stream", &request)?;
+        let plan = replay_plan(request.into_inner()).inspect_err(|s| audit.log(Err(s)))?;
+        audit.check(Need::Replay(plan.consumer.as_str()))?;
         let permit = self.streams.acquire(peer)?;
-        let plan = replay_plan(request.into_inner())?;
+        let origin = audit.origin();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<ReplayProgress>(1);
         let replayer = self.replayer.clone();
@@ -282,7 +357,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         };
         self.ctx.tasks.spawn(async move {
             let _permit = permit;
-            let (result, ()) = tokio::join!(replayer.run(&plan, peer, Some(progress_tx)), forward);
+            let (result, ()) = tokio::join!(replayer.run(&plan, &origin, Some(progress_tx)), forward);
             if let Err(e) = result {
                 let _ = tx.send(Err(store_status(e))).await;
             }
@@ -291,15 +366,20 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     }
 
     async fn prune(&self, request: Request<pb::PruneRequest>) -> Result<Response<pb::PruneResponse>, Status> {
-        let older_than = match request.into_inner().older_than {
-            Some(d) => Some(convert::duration("older_than", &d).map_err(invalid)?).filter(|d| !d.is_zero()),
-            None => None,
-        };
-        let pruned = self.pruner.run_once_with(older_than).await.map_err(store_status)?;
-        Ok(Response::new(pb::PruneResponse {
-            messages_deleted: pruned.messages,
-            deliveries_deleted: pruned.deliveries,
-        }))
+        let audit = Audit::of("prune", &request)?;
+        let result = async {
+            let older_than = match request.into_inner().older_than {
+                Some(d) => Some(convert::duration("older_than", &d).map_err(invalid)?).filter(|d| !d.is_zero()),
+                None => None,
+            };
+            let pruned = self.pruner.run_once_with(older_than).await.map_err(store_status)?;
+            Ok(Response::new(pb::PruneResponse {
+                messages_deleted: pruned.messages,
+                deliveries_deleted: pruned.deliveries,
+            }))
+        }
+        .await;
+        audit.done(result)
     }
 }
 

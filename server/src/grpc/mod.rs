@@ -1,6 +1,7 @@
 //! The gRPC edge: services, conversion between wire (`pb`) and domain types, and the one place
 //! that turns errors into `tonic::Status`.
 pub mod admin;
+pub mod auth;
 pub mod convert;
 pub mod outbox;
 pub mod stream;

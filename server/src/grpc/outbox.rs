@@ -6,6 +6,7 @@ use outbox_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::{self, Need};
 use super::convert::{self, Limits};
 use super::stream;
 use super::{invalid, store_status};
@@ -26,7 +27,9 @@ pub struct OutboxService {
 #[tonic::async_trait]
 impl pb::outbox_server::Outbox for OutboxService {
     async fn enqueue(&self, request: Request<pb::EnqueueRequest>) -> Result<Response<pb::EnqueueResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let msg = convert::new_message("", request.into_inner(), &self.limits).map_err(invalid)?;
+        caller.check(Need::Produce(msg.topic.as_str()))?;
         let out = self.ctx.store.message_insert(&msg, self.ctx.clock.now()).await.map_err(store_status)?;
         if !out.duplicate {
             self.ctx.hub.enqueued().notify();
@@ -42,6 +45,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         &self,
         request: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         if req.messages.is_empty() {
             return Err(invalid(InvalidField::new("messages", "at least one message is required")));
@@ -59,6 +63,13 @@ impl pb::outbox_server::Outbox for OutboxService {
             .map(|(i, m)| convert::new_message(&format!("messages[{i}]"), m, &self.limits))
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
+        // Each distinct topic once: a batch is allowed whole or refused whole.
+        let mut topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for t in topics {
+            caller.check(Need::Produce(t))?;
+        }
         let out = self.ctx.store.message_insert_batch(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
         self.ctx.hub.enqueued().notify();
         Ok(Response::new(pb::EnqueueBatchResponse {
@@ -84,6 +95,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         if self.ctx.shutdown.is_cancelled() {
             return Err(Status::unavailable("outboxd is shutting down; reconnect"));
         }
+        let caller = auth::caller(&request)?;
         // Counted from the first byte: a stream waiting for its start holds a place too.
         let permit = self.streams.acquire(request.remote_addr())?;
         let mut inbound = request.into_inner();
@@ -97,6 +109,8 @@ impl pb::outbox_server::Outbox for OutboxService {
             return Err(invalid(InvalidField::new("start", "the first request on a stream must be start")));
         };
         let start = convert::start_request(&start).map_err(invalid)?;
+        // Before the lookup: a caller without the permission learns nothing of the consumer.
+        caller.check(Need::Consume(start.consumer.as_str()))?;
         let consumer = self.ctx.store.consumer_get(&start.consumer).await.map_err(store_status)?;
         let max_in_flight = start.max_in_flight;
         let ack_deadline = start.ack_deadline.unwrap_or(consumer.spec.ack_deadline);

@@ -57,6 +57,13 @@ pub struct Replayer {
     shutdown: CancellationToken,
 }
 
+/// Who asked for a replay, for its audit line.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub principal: String,
+    pub peer: Option<SocketAddr>,
+}
+
 impl Replayer {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, retention: Duration, default_rate: u32) -> Self {
         Self { store, clock, hub, retention, default_rate: default_rate.max(1), shutdown: CancellationToken::new() }
@@ -74,9 +81,10 @@ impl Replayer {
     pub async fn run(
         &self,
         plan: &ReplayPlan,
-        peer: Option<SocketAddr>,
+        origin: &Origin,
         progress: Option<mpsc::Sender<ReplayProgress>>,
     ) -> Result<ReplayProgress, StoreError> {
+        let (principal, peer) = (origin.principal.as_str(), origin.peer);
         let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
         let result = self.execute(plan, rate, progress).await;
         let (consumer, filter, topics) = (plan.consumer.as_str(), &plan.filter, &plan.topics);
@@ -84,12 +92,12 @@ impl Replayer {
             Ok(p) => tracing::info!(
                 target: "outboxd::audit", consumer, ?filter, ?topics, dry_run = plan.dry_run,
                 allow_beyond_retention = plan.allow_beyond_retention, rate, selected = p.selected,
-                replayed = p.replayed, beyond_retention = p.beyond_retention, completed = p.done, ?peer,
-                "replay"
+                replayed = p.replayed, beyond_retention = p.beyond_retention, completed = p.done, principal, ?peer,
+                action = "replay", outcome = "ok", "replay"
             ),
             Err(e) => tracing::warn!(
-                target: "outboxd::audit", consumer, ?filter, ?topics, dry_run = plan.dry_run, error = %e, ?peer,
-                "replay refused"
+                target: "outboxd::audit", consumer, ?filter, ?topics, dry_run = plan.dry_run, error = %e, principal,
+                ?peer, action = "replay", outcome = "refused", "replay refused"
             ),
         }
         result

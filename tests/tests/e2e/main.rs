@@ -14,6 +14,7 @@ mod metrics;
 mod otlp;
 mod outboxctl;
 mod python;
+mod security;
 
 use std::time::Duration;
 

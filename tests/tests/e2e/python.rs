@@ -1,5 +1,6 @@
 //! A client in another language: Python with grpcio, code generated from `proto/` at test
-//! time. It enqueues through the SQL function in its own transaction, subscribes, nacks, acks.
+//! time. It enqueues through the SQL function in its own transaction, subscribes, nacks, acks,
+//! over TLS with a bearer token.
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -43,13 +44,33 @@ fn python() -> Result<PathBuf> {
 #[tokio::test]
 async fn a_python_client_generated_from_proto_enqueues_in_sql_subscribes_nacks_and_acks() -> Result<()> {
     let py = tokio::task::spawn_blocking(python).await??;
-    let (db, srv, _pool) = setup_pg(&[]).await?;
+    // Over TLS, with a token whose principal may consume "py" and read the admin API.
+    let pki = outbox_tests::pki::Pki::new("ca")?;
+    let server = pki.server("server")?;
+    let auth = pki.dir.join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!(
+            "[[principal]]\nname = \"python\"\ntokens = [{:?}]\npermissions = [\"consume:py\", \"admin:read\"]\n\n\
+             [[principal]]\nname = \"setup\"\ntokens = [{:?}]\npermissions = [\"*\"]\n",
+            outbox_server::grpc::auth::token_hash_line("py-token"),
+            outbox_server::grpc::auth::token_hash_line("setup-token"),
+        ),
+    )?;
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let (cert, key, auth_arg) = (path(&server.cert), path(&server.key), path(&auth));
+    let (db, srv, _pool) = setup_pg(&["--tls-cert", &cert, "--tls-key", &key, "--auth-file", &auth_arg]).await?;
+    let creds =
+        outbox_client::Credentials { tls_ca: Some(pki.ca.clone()), ..outbox_client::Credentials::token("setup-token") };
+    let mut admin = outbox_client::grpc::admin_with(&format!("https://localhost:{}", srv.addr.port()), &creds).await?;
     let mut c = consumer("py", &["orders.*"]);
     c.max_deliveries = 5;
-    create_consumer(&mut srv.admin().await?, c).await?;
+    create_consumer(&mut admin, c).await?;
     let run = tokio::process::Command::new(py)
         .arg(repo().join("tests/python/client_test.py"))
-        .env("OUTBOXD_ADDR", srv.addr.to_string())
+        .env("OUTBOXD_ADDR", format!("localhost:{}", srv.addr.port()))
+        .env("OUTBOXD_TLS_CA", &pki.ca)
+        .env("OUTBOXD_TOKEN", "py-token")
         .env("DATABASE_URL", &db.url)
         .env("PROTO_DIR", repo().join("proto"))
         .kill_on_drop(true)

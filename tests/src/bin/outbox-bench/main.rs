@@ -119,6 +119,62 @@ struct Args {
     /// The soak's offered rate, messages per second over all producers.
     #[arg(long, default_value_t = 2000.0)]
     soak_rate: f64,
+    /// Serve outboxd over TLS with an auth file; streams and admin calls use a certificate
+    /// authority made for the run and a token. Compared with a run without it: what TLS and
+    /// authentication cost.
+    #[arg(long)]
+    secure: bool,
+}
+
+/// The files and flags of a `--secure` run; removed when dropped.
+struct Secure {
+    _pki: outbox_tests::pki::Pki,
+    flags: Vec<String>,
+}
+
+impl Secure {
+    /// A CA, a server certificate, an auth file with one principal allowed everything, and the
+    /// harness set to connect with TLS and its token.
+    fn new() -> Result<Self> {
+        let pki = outbox_tests::pki::Pki::new("bench")?;
+        let server = pki.server("server")?;
+        let token = "bench-token";
+        let auth = pki.dir.join("auth.toml");
+        std::fs::write(
+            &auth,
+            format!(
+                "[[principal]]\nname = \"bench\"\ntokens = [{:?}]\npermissions = [\"*\"]\n",
+                outbox_server::grpc::auth::token_hash_line(token)
+            ),
+        )?;
+        outbox_tests::use_credentials(outbox_client::Credentials {
+            tls_ca: Some(pki.ca.clone()),
+            ..outbox_client::Credentials::token(token)
+        });
+        let path = |p: &std::path::Path| p.display().to_string();
+        let flags = vec![
+            "--tls-cert".into(),
+            path(&server.cert),
+            "--tls-key".into(),
+            path(&server.key),
+            "--auth-file".into(),
+            path(&auth),
+        ];
+        Ok(Self { _pki: pki, flags })
+    }
+}
+
+/// Starts outboxd with the bench's flags, and with TLS and the auth file in a `--secure` run.
+async fn start_outboxd(bin: &std::path::Path, url: &str, secure: Option<&Secure>) -> Result<Outboxd> {
+    let mut flags: Vec<&str> = OUTBOXD_FLAGS.to_vec();
+    if let Some(s) = secure {
+        flags.extend(s.flags.iter().map(String::as_str));
+    }
+    let mut outboxd = Outboxd::start_binary(bin, url, &flags).await?;
+    if secure.is_some() {
+        outboxd.endpoint = format!("https://localhost:{}", outboxd.addr.port());
+    }
+    Ok(outboxd)
 }
 
 /// Everything the figures depend on; reported with them.
@@ -137,6 +193,8 @@ struct Params {
     idle_seconds: u64,
     payload_bytes: usize,
     outboxd_flags: String,
+    /// TLS, an auth file and a token on every stream and admin call (`--secure`).
+    secure: bool,
     postgres: String,
     autovacuum: String,
     synchronous_commit: String,
@@ -160,6 +218,7 @@ impl Params {
             idle_seconds: if quick { 5 } else { 10 },
             payload_bytes: PAYLOAD_BYTES,
             outboxd_flags: OUTBOXD_FLAGS.join(" "),
+            secure: args.secure,
             postgres,
             autovacuum,
             synchronous_commit,
@@ -1292,7 +1351,8 @@ async fn run(args: Args) -> Result<Report> {
     tracing::info!(ceiling_per_s, "phase 1b: outbox.enqueue against a plain INSERT into the outbox table");
     let (insert_per_s, function_per_s) = enqueue_function_vs_insert(&b, &bin, &url).await?;
 
-    let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
+    let secure = args.secure.then(Secure::new).transpose()?;
+    let outboxd = start_outboxd(&bin, &url, secure.as_ref()).await?;
     let rss_start = rss_kib(outboxd.pid())?;
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();
@@ -1410,7 +1470,8 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
     params.seconds = seconds;
     let producers = pool(&url, params.producers).await?;
     let b = Bench { params, db, producers, payload: payload() };
-    let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
+    let secure = args.secure.then(Secure::new).transpose()?;
+    let outboxd = start_outboxd(&bin, &url, secure.as_ref()).await?;
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();
     let pid = outboxd.pid();

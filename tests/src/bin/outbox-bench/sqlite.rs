@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use outbox_client::grpc::AdminClient;
-use outbox_tests::{Outboxd, consumer, create_consumer};
+use outbox_tests::{consumer, create_consumer};
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{ConnectOptions as _, Connection as _};
@@ -28,8 +28,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    Args, EVENT_TYPE, FLOW_MAX_IN_FLIGHT, OUTBOXD_FLAGS, Quantiles, STREAMS, Streams, budget, find_outboxd, per_second,
-    round, rss_kib,
+    Args, EVENT_TYPE, FLOW_MAX_IN_FLIGHT, Quantiles, STREAMS, Streams, budget, find_outboxd, per_second, round, rss_kib,
 };
 
 /// Producers when `--producers` is not given: SQLite has one writer at a time.
@@ -50,6 +49,8 @@ pub struct Params {
     max_in_flight: u32,
     payload_bytes: usize,
     producer_settings: &'static str,
+    /// TLS, an auth file and a token on every stream and admin call (`--secure`).
+    secure: bool,
     cores: usize,
 }
 
@@ -271,6 +272,7 @@ pub async fn run(args: &Args) -> Result<Report> {
         max_in_flight: FLOW_MAX_IN_FLIGHT,
         payload_bytes: super::PAYLOAD_BYTES,
         producer_settings: "WAL, synchronous=FULL, busy_timeout 5 s, autocommit",
+        secure: args.secure,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let len = Duration::from_secs(p.seconds);
@@ -288,7 +290,8 @@ pub async fn run(args: &Args) -> Result<Report> {
     setup.close().await?;
 
     let url = format!("sqlite://{}", path.display());
-    let outboxd = Outboxd::start_binary(&bin, &url, OUTBOXD_FLAGS).await?;
+    let secure = args.secure.then(super::Secure::new).transpose()?;
+    let outboxd = super::start_outboxd(&bin, &url, secure.as_ref()).await?;
     let rss_start = rss_kib(outboxd.pid())?;
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();

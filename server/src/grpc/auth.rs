@@ -1,0 +1,752 @@
+//! Who is calling, and may they: principals from `--auth-file`, bearer tokens and client
+//! certificates, permissions, and the tower layer that authenticates every request.
+//!
+//! The layer ([`AuthLayer`]) runs before any service. It leaves gRPC health open, asks any valid
+//! credential for reflection, checks the permissions that need no resource (`admin:read`,
+//! `admin:write`) itself and hands a [`Caller`] to the services in the request's extensions.
+//! The services check what depends on the request's content (a topic, a consumer) with
+//! [`authorize`] before they act. A request that reaches a service without a [`Caller`] is
+//! refused, so a service added without going through the layer fails closed.
+//!
+//! Decisions are counted in `outboxd_auth_decisions_total{principal, outcome}`.
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request as HttpRequest, Response as HttpResponse};
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use crate::domain::TopicPattern;
+
+/// `outboxd_auth_decisions_total{principal, outcome}`: `allowed`, `denied` or
+/// `unauthenticated` (whose principal is `unknown`).
+pub const DECISIONS: &str = "outboxd_auth_decisions_total";
+/// `outboxd_config_reloads_total{file, outcome}`: re-reads of the auth file and the TLS files.
+pub const RELOADS: &str = "outboxd_config_reloads_total";
+
+/// A consumer-name pattern of a permission: `*` matches any run of characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameGlob(String);
+
+impl NameGlob {
+    pub fn matches(&self, name: &str) -> bool {
+        glob_match(self.0.as_bytes(), name.as_bytes())
+    }
+}
+
+/// `*` matches any run (possibly empty); everything else matches itself.
+fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    // Iterative with one backtrack point: linear enough for names of at most 200 characters.
+    let (mut p, mut i) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        if p < pat.len() && pat[p] == b'*' {
+            star = Some((p, i));
+            p += 1;
+        } else if p < pat.len() && pat[p] == s[i] {
+            p += 1;
+            i += 1;
+        } else if let Some((sp, si)) = star {
+            p = sp + 1;
+            i = si + 1;
+            star = Some((sp, si + 1));
+        } else {
+            return false;
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+/// One entry of a principal's `permissions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Permission {
+    /// `*`: everything.
+    All,
+    /// `produce:PATTERN`: `Enqueue`, `EnqueueBatch` on matching topics.
+    Produce(TopicPattern),
+    /// `consume:NAME`: `Subscribe` to matching consumers.
+    Consume(NameGlob),
+    /// `tail:PATTERN`: `Tail` of matching topics (it shows payloads).
+    Tail(TopicPattern),
+    /// `admin:read`: stats, consumers, dead letters, messages.
+    AdminRead,
+    /// `admin:write`: create, delete, pause, resume consumers; prune.
+    AdminWrite,
+    /// `replay:NAME`: `Replay`, `ReplayStream` for matching consumers.
+    Replay(NameGlob),
+}
+
+impl Permission {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let glob = |what: &str, g: &str| {
+            if g.is_empty() || !g.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '*')) {
+                Err(format!("{what}:{g:?}: a consumer name pattern is [A-Za-z0-9_.-] and `*`"))
+            } else {
+                Ok(NameGlob(g.to_owned()))
+            }
+        };
+        let topics =
+            |what: &str, p: &str| TopicPattern::parse(what, p).map_err(|e| format!("{what}:{p:?}: {}", e.reason));
+        match s.split_once(':') {
+            None if s == "*" => Ok(Permission::All),
+            Some(("admin", "read")) => Ok(Permission::AdminRead),
+            Some(("admin", "write")) => Ok(Permission::AdminWrite),
+            Some(("produce", p)) => topics("produce", p).map(Permission::Produce),
+            Some(("tail", p)) => topics("tail", p).map(Permission::Tail),
+            Some(("consume", g)) => glob("consume", g).map(Permission::Consume),
+            Some(("replay", g)) => glob("replay", g).map(Permission::Replay),
+            _ => Err(format!(
+                "unknown permission {s:?}: one of produce:PATTERN, consume:NAME, tail:PATTERN, admin:read, \
+                 admin:write, replay:NAME, *"
+            )),
+        }
+    }
+
+    fn allows(&self, need: &Need<'_>) -> bool {
+        match (self, need) {
+            (Permission::All, _) => true,
+            (Permission::Produce(p), Need::Produce(topic)) => p.matches(topic),
+            (Permission::Consume(g), Need::Consume(name)) => g.matches(name),
+            (Permission::Tail(p), Need::Tail(wanted)) => p.covers(wanted),
+            (Permission::AdminRead, Need::AdminRead) | (Permission::AdminWrite, Need::AdminWrite) => true,
+            (Permission::Replay(g), Need::Replay(name)) => g.matches(name),
+            _ => false,
+        }
+    }
+}
+
+/// What one request needs, with its resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need<'a> {
+    Produce(&'a str),
+    Consume(&'a str),
+    Tail(&'a TopicPattern),
+    AdminRead,
+    AdminWrite,
+    Replay(&'a str),
+    /// A method the layer does not know: only `*` may call it.
+    Everything,
+}
+
+impl Need<'_> {
+    /// The resource, as a denial names it.
+    fn resource(&self) -> String {
+        match self {
+            Need::Produce(t) => format!("topic {t:?}"),
+            Need::Tail(p) => format!("topics matching {:?}", p.as_str()),
+            Need::Consume(c) | Need::Replay(c) => format!("consumer {c:?}"),
+            Need::AdminRead => "the admin API (reads)".into(),
+            Need::AdminWrite => "the admin API (changes)".into(),
+            Need::Everything => "this method".into(),
+        }
+    }
+}
+
+/// The permission that would allow it, as written in the auth file.
+impl fmt::Display for Need<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Need::Produce(t) => write!(f, "produce:{t}"),
+            Need::Consume(c) => write!(f, "consume:{c}"),
+            Need::Tail(p) => write!(f, "tail:{}", p.as_str()),
+            Need::AdminRead => f.write_str("admin:read"),
+            Need::AdminWrite => f.write_str("admin:write"),
+            Need::Replay(c) => write!(f, "replay:{c}"),
+            Need::Everything => f.write_str("*"),
+        }
+    }
+}
+
+/// A named holder of permissions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub permissions: Vec<Permission>,
+}
+
+impl Principal {
+    pub fn allows(&self, need: &Need<'_>) -> bool {
+        self.permissions.iter().any(|p| p.allows(need))
+    }
+}
+
+/// A parsed auth file: principals by token hash and by certificate identity.
+#[derive(Debug, Default)]
+pub struct AuthTable {
+    by_token: HashMap<[u8; 32], Arc<Principal>>,
+    by_subject: HashMap<String, Arc<Principal>>,
+    pub principals: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthFile {
+    #[serde(default)]
+    principal: Vec<PrincipalEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalEntry {
+    name: String,
+    #[serde(default)]
+    tokens: Vec<String>,
+    #[serde(default)]
+    subjects: Vec<String>,
+    #[serde(default)]
+    permissions: Vec<String>,
+}
+
+/// `sha256:` and 64 lowercase hex digits.
+fn parse_token_hash(s: &str) -> Option<[u8; 32]> {
+    let hex = s.strip_prefix("sha256:")?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The `sha256:` line of a token, as the auth file holds it.
+pub fn token_hash_line(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+impl AuthTable {
+    /// Parses an auth file's text; the error says which principal and entry is wrong (never
+    /// repeating a token hash).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: AuthFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut table = AuthTable::default();
+        let mut names = HashMap::new();
+        for (i, p) in file.principal.into_iter().enumerate() {
+            let at = format!("principal[{i}] ({:?})", p.name);
+            if p.name.trim().is_empty() {
+                return Err(format!("principal[{i}]: name must not be empty"));
+            }
+            if names.insert(p.name.clone(), i).is_some() {
+                return Err(format!("{at}: another principal has the same name"));
+            }
+            if p.tokens.is_empty() && p.subjects.is_empty() {
+                return Err(format!("{at}: has neither tokens nor subjects, so nobody can be it"));
+            }
+            let permissions = p
+                .permissions
+                .iter()
+                .enumerate()
+                .map(|(j, s)| Permission::parse(s).map_err(|e| format!("{at}: permissions[{j}]: {e}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let principal = Arc::new(Principal { name: p.name, permissions });
+            for (j, t) in p.tokens.iter().enumerate() {
+                let hash = parse_token_hash(t)
+                    .ok_or_else(|| format!("{at}: tokens[{j}] is not \"sha256:\" and 64 lowercase hex digits"))?;
+                match table.by_token.entry(hash) {
+                    Entry::Occupied(o) => {
+                        return Err(format!("{at}: tokens[{j}] is also a token of {:?}", o.get().name));
+                    }
+                    Entry::Vacant(v) => {
+                        v.insert(principal.clone());
+                    }
+                }
+            }
+            for (j, s) in p.subjects.iter().enumerate() {
+                let ok = s.strip_prefix("CN=").is_some_and(|cn| !cn.is_empty()) || s.contains(':');
+                if !ok {
+                    return Err(format!("{at}: subjects[{j}] {s:?} is neither \"CN=name\" nor a URI (spiffe://…)"));
+                }
+                match table.by_subject.entry(s.clone()) {
+                    Entry::Occupied(o) => {
+                        return Err(format!("{at}: subjects[{j}] {s:?} is also a subject of {:?}", o.get().name));
+                    }
+                    Entry::Vacant(v) => {
+                        v.insert(principal.clone());
+                    }
+                }
+            }
+            table.principals += 1;
+        }
+        Ok(table)
+    }
+}
+
+/// A request's caller, put in the request's extensions by [`AuthLayer`].
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The principal's name; without an auth file, the client certificate's identity or
+    /// `anonymous`.
+    pub name: Arc<str>,
+    /// `None`: no auth file, everything is allowed.
+    principal: Option<Arc<Principal>>,
+}
+
+impl Caller {
+    /// Everything allowed (no auth file): in tests and unauthenticated servers.
+    pub fn unrestricted(name: &str) -> Self {
+        Self { name: name.into(), principal: None }
+    }
+
+    /// `PERMISSION_DENIED` naming the permission and the resource unless this caller holds it.
+    pub fn check(&self, need: Need<'_>) -> Result<(), Status> {
+        let Some(p) = &self.principal else { return Ok(()) };
+        if p.allows(&need) {
+            count(&p.name, "allowed");
+            Ok(())
+        } else {
+            count(&p.name, "denied");
+            tracing::debug!(principal = %p.name, permission = %need, "permission denied");
+            Err(Status::permission_denied(format!(
+                "principal {:?} lacks the permission {need} for {}",
+                p.name,
+                need.resource()
+            )))
+        }
+    }
+}
+
+fn count(principal: &str, outcome: &'static str) {
+    metrics::counter!(DECISIONS, "principal" => principal.to_owned(), "outcome" => outcome).increment(1);
+}
+
+/// The request's caller, or a refusal if the request did not pass [`AuthLayer`].
+pub fn caller<T>(request: &tonic::Request<T>) -> Result<Caller, Status> {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("the request was not authenticated"))
+}
+
+/// Checks that the request's caller holds what `need` names; returns the caller (for audit).
+pub fn authorize<T>(request: &tonic::Request<T>, need: Need<'_>) -> Result<Caller, Status> {
+    let c = caller(request)?;
+    c.check(need)?;
+    Ok(c)
+}
+
+/// The principals in force, re-read from `--auth-file` when it changes (or on SIGHUP). With no
+/// file, every caller is unrestricted.
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: Option<PathBuf>,
+    table: RwLock<Arc<AuthTable>>,
+    /// The text last read, parsed or not: a bad file is logged once, not at every poll.
+    last_text: Mutex<Option<String>>,
+}
+
+impl Authenticator {
+    /// No auth file: everyone may do everything.
+    pub fn open() -> Self {
+        Self { inner: Arc::new(Inner { path: None, table: RwLock::default(), last_text: Mutex::new(None) }) }
+    }
+
+    /// Loads `path`; an unreadable or invalid file is an error here (at start-up).
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let table = AuthTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        tracing::info!(path = %path.display(), principals = table.principals, "auth file loaded");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path: Some(path.to_owned()),
+                table: RwLock::new(Arc::new(table)),
+                last_text: Mutex::new(Some(text)),
+            }),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.inner.path.is_some()
+    }
+
+    fn table(&self) -> Arc<AuthTable> {
+        self.inner.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Re-reads the file if its text changed. A file that cannot be read or parsed keeps the
+    /// principals in force and logs why.
+    pub fn reload(&self) {
+        let Some(path) = &self.inner.path else { return };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                let mut last = self.inner.last_text.lock().unwrap_or_else(|e| e.into_inner());
+                if last.is_some() {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read the auth file; keeping the principals in force");
+                    metrics::counter!(RELOADS, "file" => "auth", "outcome" => "failed").increment(1);
+                    *last = None;
+                }
+                return;
+            }
+        };
+        let mut last = self.inner.last_text.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        match AuthTable::parse(&text) {
+            Ok(table) => {
+                tracing::info!(path = %path.display(), principals = table.principals, "auth file reloaded");
+                metrics::counter!(RELOADS, "file" => "auth", "outcome" => "ok").increment(1);
+                *self.inner.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "the auth file does not parse; keeping the principals in force");
+                metrics::counter!(RELOADS, "file" => "auth", "outcome" => "failed").increment(1);
+            }
+        }
+        *last = Some(text);
+    }
+
+    /// Who sent this request: a bearer token if there is an `authorization` header, else the
+    /// client certificate's identities (its SAN URIs, then `CN=…`), the first the file names.
+    pub fn authenticate(&self, headers: &http::HeaderMap, extensions: &http::Extensions) -> Result<Caller, Status> {
+        let identities = || {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|i| i.peer_certs())
+                .and_then(|certs| certs.first().map(|c| cert_identities(c.as_ref())))
+                .unwrap_or_default()
+        };
+        if !self.enabled() {
+            let name = identities().into_iter().next().unwrap_or_else(|| "anonymous".into());
+            return Ok(Caller::unrestricted(&name));
+        }
+        let table = self.table();
+        if let Some(value) = headers.get(http::header::AUTHORIZATION) {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim())
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| {
+                    count("unknown", "unauthenticated");
+                    Status::unauthenticated("malformed authorization header: expected \"Bearer <token>\"")
+                })?;
+            let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            return match table.by_token.get(&hash) {
+                Some(p) => Ok(Caller { name: p.name.as_str().into(), principal: Some(p.clone()) }),
+                None => {
+                    count("unknown", "unauthenticated");
+                    Err(Status::unauthenticated("the bearer token is not valid"))
+                }
+            };
+        }
+        for id in identities() {
+            if let Some(p) = table.by_subject.get(&id) {
+                return Ok(Caller { name: p.name.as_str().into(), principal: Some(p.clone()) });
+            }
+        }
+        count("unknown", "unauthenticated");
+        Err(Status::unauthenticated(
+            "no credential: send \"authorization: Bearer <token>\" or a client certificate that the auth file names",
+        ))
+    }
+
+    /// Re-reads the file every `interval` and on SIGHUP until `cancel`.
+    pub async fn watch(self, interval: Duration, cancel: CancellationToken) {
+        if !self.enabled() {
+            return;
+        }
+        let mut hup = crate::tls::sighup();
+        // The files were read at start: the first look is one interval later.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+                _ = crate::tls::recv(&mut hup) => {}
+            }
+            let me = self.clone();
+            // File reads off the runtime's worker threads.
+            let _ = tokio::task::spawn_blocking(move || me.reload()).await;
+        }
+    }
+}
+
+/// The identities of a client certificate that an auth file's `subjects` may name: each SAN
+/// URI, then `CN=` and the subject's common name.
+pub fn cert_identities(der: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return Vec::new() };
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::URI(u) = n {
+                out.push((*u).to_owned());
+            }
+        }
+    }
+    for cn in cert.subject().iter_common_name() {
+        if let Ok(s) = cn.as_str() {
+            out.push(format!("CN={s}"));
+        }
+    }
+    out
+}
+
+/// How the layer treats a method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// gRPC health checking: open to load balancers.
+    Open,
+    /// Reflection: any valid credential.
+    AnyCredential,
+    /// A permission without a resource, checked by the layer.
+    Checked(Need<'static>),
+    /// Checked by the service against the request's content (topic, consumer).
+    ByService,
+}
+
+/// Every method of `outbox.v1.Outbox` and `outbox.v1.OutboxAdmin`, with what it needs. A
+/// method missing here needs `*`.
+pub fn route(path: &str) -> Route {
+    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+        return Route::Checked(Need::Everything);
+    };
+    match (service, method) {
+        ("grpc.health.v1.Health", _) => Route::Open,
+        ("grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection", _) => Route::AnyCredential,
+        ("outbox.v1.Outbox", "Enqueue" | "EnqueueBatch" | "Subscribe") => Route::ByService,
+        ("outbox.v1.OutboxAdmin", "Tail" | "Replay" | "ReplayStream") => Route::ByService,
+        ("outbox.v1.OutboxAdmin", "GetStats" | "GetConsumer" | "ListConsumers" | "ListDeadLetters" | "GetMessage") => {
+            Route::Checked(Need::AdminRead)
+        }
+        (
+            "outbox.v1.OutboxAdmin",
+            "CreateConsumer" | "DeleteConsumer" | "PauseConsumer" | "ResumeConsumer" | "Prune",
+        ) => Route::Checked(Need::AdminWrite),
+        _ => Route::Checked(Need::Everything),
+    }
+}
+
+/// Authenticates every request before it reaches a service (see the module's doc).
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    pub auth: Authenticator,
+}
+
+impl<S> tower_layer::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService { inner, auth: self.auth.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    auth: Authenticator,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
+impl<S> tower_service::Service<HttpRequest<Body>> for AuthService<S>
+where
+    S: tower_service::Service<HttpRequest<Body>, Response = HttpResponse<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = HttpResponse<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: HttpRequest<Body>) -> Self::Future {
+        // The clone that was not polled ready takes the place of the one that was.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let route = route(req.uri().path());
+        if route == Route::Open {
+            return Box::pin(inner.call(req));
+        }
+        let caller = match self.auth.authenticate(req.headers(), req.extensions()) {
+            Ok(c) => c,
+            Err(status) => return refuse(&req, route, None, status),
+        };
+        match route {
+            Route::AnyCredential if caller.principal.is_some() => count(&caller.name, "allowed"),
+            Route::Checked(need) => {
+                if let Err(status) = caller.check(need) {
+                    return refuse(&req, route, Some(&caller), status);
+                }
+            }
+            _ => {}
+        }
+        req.extensions_mut().insert(caller);
+        Box::pin(inner.call(req))
+    }
+}
+
+/// The refusal as a response; admin writes refused before their request was read are
+/// audited with their method.
+fn refuse<E: Send + 'static>(
+    req: &HttpRequest<Body>,
+    route: Route,
+    caller: Option<&Caller>,
+    status: Status,
+) -> BoxFuture<HttpResponse<Body>, E> {
+    if route == Route::Checked(Need::AdminWrite) {
+        let peer = req.extensions().get::<TcpConnectInfo>().and_then(|i| i.remote_addr()).or_else(|| {
+            req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|i| i.get_ref().remote_addr())
+        });
+        let principal = caller.map_or("unknown", |c| &c.name);
+        let action = req.uri().path();
+        tracing::warn!(
+            target: "outboxd::audit", principal, ?peer, action, outcome = ?status.code(), error = status.message(),
+            "admin write refused"
+        );
+    }
+    Box::pin(std::future::ready(Ok(status.into_http())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pat(s: &str) -> TopicPattern {
+        TopicPattern::parse("t", s).unwrap()
+    }
+
+    #[test]
+    fn globs_match_runs_of_characters() {
+        let g = |p: &str, s: &str| NameGlob(p.into()).matches(s);
+        assert!(g("inventory-*", "inventory-eu"));
+        assert!(g("inventory-*", "inventory-"));
+        assert!(!g("inventory-*", "inventory"));
+        assert!(g("*", "anything"));
+        assert!(g("a*b*c", "aXXbYYc"));
+        assert!(!g("a*b*c", "aXXbYY"));
+        assert!(g("billing", "billing"));
+        assert!(!g("billing", "billing2"));
+        assert!(g("*-eu", "x-eu"));
+    }
+
+    #[test]
+    fn a_tail_permission_covers_only_patterns_whose_topics_it_matches() {
+        let c = |mine: &str, theirs: &str| pat(mine).covers(&pat(theirs));
+        assert!(c(">", ">"));
+        assert!(c(">", "orders.*"));
+        assert!(c("orders.>", "orders.>"));
+        assert!(c("orders.>", "orders.eu.*"));
+        assert!(c("orders.>", "orders.created"));
+        assert!(!c("orders.>", "orders"));
+        assert!(!c("orders.>", ">"));
+        assert!(c("orders.*", "orders.created"));
+        assert!(c("orders.*", "orders.*"));
+        assert!(!c("orders.*", "orders.>"));
+        assert!(!c("orders.*", "orders.a.b"));
+        assert!(!c("orders.created", "orders.*"));
+        assert!(c("*.created", "orders.created"));
+        assert!(!c("*", "*.x"));
+    }
+
+    #[test]
+    fn permissions_parse_and_reject_what_they_do_not_know() {
+        assert_eq!(Permission::parse("*"), Ok(Permission::All));
+        assert_eq!(Permission::parse("admin:read"), Ok(Permission::AdminRead));
+        assert_eq!(Permission::parse("produce:orders.>"), Ok(Permission::Produce(pat("orders.>"))));
+        assert!(Permission::parse("admin").is_err());
+        assert!(Permission::parse("admin:*").is_err());
+        assert!(Permission::parse("produce:orders.>.x").is_err());
+        assert!(Permission::parse("consume:").is_err());
+        assert!(Permission::parse("consume:a b").is_err());
+        assert!(Permission::parse("delete:x").is_err());
+    }
+
+    const FILE: &str = r#"
+[[principal]]
+name = "orders-service"
+tokens = ["sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"]
+permissions = ["produce:orders.>", "consume:billing", "admin:read"]
+
+[[principal]]
+name = "inventory"
+subjects = ["CN=inventory", "spiffe://example.org/inventory"]
+permissions = ["consume:inventory-*"]
+"#;
+
+    #[test]
+    fn the_issue_example_parses_and_its_token_is_the_hash_of_test() {
+        let t = AuthTable::parse(FILE).unwrap();
+        assert_eq!(t.principals, 2);
+        assert_eq!(token_hash_line("test"), "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+        let hash: [u8; 32] = Sha256::digest(b"test").into();
+        let p = &t.by_token[&hash];
+        assert_eq!(p.name, "orders-service");
+        assert!(p.allows(&Need::Produce("orders.eu.created")));
+        assert!(!p.allows(&Need::Produce("payments.created")));
+        assert!(p.allows(&Need::AdminRead));
+        assert!(!p.allows(&Need::AdminWrite));
+        assert!(p.allows(&Need::Consume("billing")));
+        assert!(!p.allows(&Need::Consume("billing-2")));
+        let inv = &t.by_subject["spiffe://example.org/inventory"];
+        assert!(inv.allows(&Need::Consume("inventory-eu")));
+        assert!(!inv.allows(&Need::Replay("inventory-eu")));
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong_without_repeating_tokens() {
+        let err = |s: &str| AuthTable::parse(s).unwrap_err();
+        assert!(err("[[principal]]\nname = \"a\"\ntokens = [\"sha256:ABC\"]\n").contains("tokens[0]"));
+        assert!(err("[[principal]]\nname = \"a\"\ntokens = [\"secret\"]\n").contains("tokens[0]"));
+        assert!(!err("[[principal]]\nname = \"a\"\ntokens = [\"secret\"]\n").contains("secret"));
+        assert!(
+            err("[[principal]]\nname = \"a\"\nsubjects = [\"CN=a\"]\npermissions = [\"root\"]\n")
+                .contains("permissions[0]")
+        );
+        assert!(err("[[principal]]\nname = \"a\"\npermissions = [\"*\"]\n").contains("neither tokens nor subjects"));
+        assert!(
+            err("[[principal]]\nname = \"a\"\nsubjects = [\"CN=a\"]\npermission = [\"*\"]\n").contains("permission")
+        );
+        let dup = format!("{FILE}\n[[principal]]\nname = \"x\"\nsubjects = [\"CN=inventory\"]\n");
+        assert!(err(&dup).contains("also a subject of \"inventory\""));
+        assert!(err("[principal]\nname = 1").len() > 5);
+    }
+
+    #[test]
+    fn every_method_of_both_services_has_a_route_and_none_is_open() {
+        use prost::Message as _;
+        let fds = prost_types::FileDescriptorSet::decode(outbox_proto::FILE_DESCRIPTOR_SET).unwrap();
+        let mut n = 0;
+        for file in fds.file {
+            for svc in &file.service {
+                for m in &svc.method {
+                    let path = format!("/{}.{}/{}", file.package(), svc.name(), m.name());
+                    let r = route(&path);
+                    assert!(
+                        !matches!(r, Route::Open | Route::AnyCredential | Route::Checked(Need::Everything)),
+                        "{path} is routed as {r:?}"
+                    );
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(n, 16, "methods of outbox.v1");
+        assert_eq!(route("/outbox.v1.OutboxAdmin/Unknown"), Route::Checked(Need::Everything));
+        assert_eq!(route("/grpc.health.v1.Health/Check"), Route::Open);
+    }
+}

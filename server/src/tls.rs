@@ -1,0 +1,225 @@
+//! TLS for the gRPC listener (rustls, ring): the server's certificate, optionally client
+//! certificates verified against `--tls-client-ca` (mTLS), and rotation without restarts.
+//!
+//! outboxd runs its own accept loop instead of tonic's static TLS config: each new connection
+//! is handshaken with the [`ServerConfig`] in force, and a watcher swaps that config when the
+//! files change (or on SIGHUP). Connections already open keep the session they negotiated, so
+//! rotating a certificate drops no stream. Files that do not load keep the config in force.
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::grpc::auth::RELOADS;
+
+/// A client has this long to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The PEM files of `--tls-cert`, `--tls-key` and `--tls-client-ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(pub String);
+
+/// What was read, to notice a change.
+type Snapshot = Vec<Vec<u8>>;
+
+impl TlsFiles {
+    fn read(&self) -> Result<Snapshot, TlsError> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| TlsError(format!("cannot read {}: {e}", p.display())));
+        let mut out = vec![read(&self.cert)?, read(&self.key)?];
+        if let Some(ca) = &self.client_ca {
+            out.push(read(ca)?);
+        }
+        Ok(out)
+    }
+
+    fn build(&self, files: &Snapshot) -> Result<Arc<ServerConfig>, TlsError> {
+        let err = |what: &PathBuf, e: &dyn std::fmt::Display| TlsError(format!("{}: {e}", what.display()));
+        let chain = CertificateDer::pem_slice_iter(&files[0])
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err(&self.cert, &e))?;
+        if chain.is_empty() {
+            return Err(err(&self.cert, &"no PEM certificate in the file"));
+        }
+        let key = PrivateKeyDer::from_pem_slice(&files[1]).map_err(|e| err(&self.key, &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError(e.to_string()))?;
+        let builder = match (&self.client_ca, files.get(2)) {
+            (Some(path), Some(pem)) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(pem) {
+                    roots.add(c.map_err(|e| err(path, &e))?).map_err(|e| err(path, &e))?;
+                }
+                if roots.is_empty() {
+                    return Err(err(path, &"no PEM certificate in the file"));
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| err(path, &e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError(format!("{} and {}: {e}", self.cert.display(), self.key.display())))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// The server config in force, and what it was built from.
+#[derive(Debug, Clone)]
+pub struct TlsState {
+    files: TlsFiles,
+    config: Arc<RwLock<Arc<ServerConfig>>>,
+    last: Arc<Mutex<Snapshot>>,
+}
+
+impl TlsState {
+    /// Loads the files; an error here stops start-up.
+    pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let snap = files.read()?;
+        let config = files.build(&snap)?;
+        Ok(Self { files, config: Arc::new(RwLock::new(config)), last: Arc::new(Mutex::new(snap)) })
+    }
+
+    pub fn mtls(&self) -> bool {
+        self.files.client_ca.is_some()
+    }
+
+    fn current(&self) -> Arc<ServerConfig> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Rebuilds the config if any file changed; keeps the one in force if they do not load
+    /// (a rotation half written is retried at the next look).
+    pub fn reload(&self) {
+        let snap = match self.files.read() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the TLS files; keeping the certificate in force");
+                return;
+            }
+        };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if *last == snap {
+            return;
+        }
+        match self.files.build(&snap) {
+            Ok(config) => {
+                *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+                tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded; new connections use it");
+                metrics::counter!(RELOADS, "file" => "tls", "outcome" => "ok").increment(1);
+            }
+            Err(e) => {
+                // Logged once per content: a key written after its certificate changes the
+                // files again, and they are tried again then.
+                tracing::warn!(error = %e, "the TLS files do not load; keeping the certificate in force");
+                metrics::counter!(RELOADS, "file" => "tls", "outcome" => "failed").increment(1);
+            }
+        }
+        *last = snap;
+    }
+
+    /// Re-reads the files every `interval` and on SIGHUP until `cancel`.
+    pub async fn watch(self, interval: Duration, cancel: CancellationToken) {
+        let mut hup = sighup();
+        // The files were read at start: the first look is one interval later.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+                _ = recv(&mut hup) => {}
+            }
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.reload()).await;
+        }
+    }
+
+    /// Accepts on `listener` and handshakes each connection (concurrently, bounded in time)
+    /// with the config in force; yields the connections that completed it. Ends at `stop`.
+    pub fn incoming(
+        self,
+        listener: TcpListener,
+        stop: CancellationToken,
+    ) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tx.closed() => return,
+                    a = listener.accept() => match a {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of file descriptors and the like: wait a little, go on.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let acceptor = TlsAcceptor::from(self.current());
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send(Ok(tls)).await;
+                        }
+                        Ok(Err(e)) => handshake_failed(peer, &e),
+                        Err(_) => handshake_failed(peer, &"timed out"),
+                    }
+                });
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
+
+fn handshake_failed(peer: SocketAddr, e: &dyn std::fmt::Display) {
+    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+    metrics::counter!("outboxd_tls_handshake_failures_total").increment(1);
+}
+
+/// SIGHUP, if it can be listened for.
+pub fn sighup() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot listen for SIGHUP"))
+        .ok()
+}
+
+/// The next signal; never, without a listener.
+pub async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            if s.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
