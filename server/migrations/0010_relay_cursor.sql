@@ -29,12 +29,14 @@ BEGIN
 END
 $$;
 
--- Runs with the owner's rights, so that any writer that may insert into the table may take a
--- seq (the identity column needed no sequence privilege either).
+-- A plain SQL expression, so that the planner inlines it into every insert: no function call.
+-- Writers insert as the owner (outboxd's login, or `outbox.enqueue`, which runs with the
+-- owner's rights); another login granted INSERT on the table also needs USAGE on the sequence.
 CREATE FUNCTION outbox.next_seq() RETURNS bigint
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE AS $$
     -- The transaction id first (CASE evaluates its condition before its result).
-    SELECT CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval('outbox.messages_seq') END
+    SELECT CASE WHEN pg_catalog.pg_current_xact_id() IS NOT NULL
+                THEN pg_catalog.nextval('outbox.messages_seq'::pg_catalog.regclass) END
 $$;
 GRANT EXECUTE ON FUNCTION outbox.next_seq() TO PUBLIC;
 
