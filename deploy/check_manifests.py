@@ -397,12 +397,9 @@ def main():
         }))
         full = kustomize(overlay)
     if full:
-        # TLS gRPC probes exist from Kubernetes 1.37 (behind a feature gate).
-        n = validate_builtin(full, "with components", only_from=(1, 37))
+        n = validate_builtin(full, "with components")
         check_crds(full, "with components")
         check_workloads(full, "with components", known, uid_gid, image_ports)
-        if n == 0:
-            error("with components: kubernetes-validate has no schemas of Kubernetes 1.37 or later")
         summary.append(f"with {', '.join(components)}: {len(full)} resources on {n} Kubernetes versions")
     check_compose(known, uid_gid, image_ports)
     compose_note = "compose checked" + (" against its schema" if check_compose_schema(compose_schema) else "")

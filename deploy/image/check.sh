@@ -79,7 +79,7 @@ cfg = json.load(open(sys.argv[1]))["OCIv1"]["config"]
 want = {"User": "65532:65532", "Entrypoint": ["/usr/local/bin/outboxd"], "Cmd": ["serve"]}
 bad = [f"{k} is {cfg.get(k)!r}, not {v!r}" for k, v in want.items() if cfg.get(k) != v]
 ports = sorted(cfg.get("ExposedPorts", {}))
-if ports != ["50051/tcp", "9090/tcp"]:
+if ports != ["50051/tcp", "8081/tcp", "9090/tcp"]:
     bad.append(f"exposed ports are {ports}")
 env = dict(e.split("=", 1) for e in cfg.get("Env", []))
 if env.get("OUTBOXD_LISTEN") != "0.0.0.0:50051":

@@ -156,7 +156,7 @@ impl App {
             .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
             // Every request is authenticated before it reaches a service (health excepted).
             .layer(AuthLayer { auth: auth.clone() })
-            .add_service(health_service)
+            .add_service(health_service.clone())
             .add_service(reflection)
             .add_service(reflection_v1alpha)
             .add_service(outbox)
@@ -170,6 +170,22 @@ impl App {
         };
 
         let mut tasks = JoinSet::new();
+        if let Some(addr) = config.health_listen {
+            // Health only, in plaintext, for probes that cannot speak TLS: it shows only whether
+            // outboxd serves, which the main port tells anyone anyway. Up until the very end, so
+            // that probes see NOT_SERVING while streams drain.
+            let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
+            let bound = listener.local_addr().map_err(|source| AppError::Bind { addr, source })?;
+            let probe = tonic::transport::Server::builder().add_service(health_service);
+            let cancel = loops.clone();
+            tasks.spawn(async move {
+                let stopped = async move { cancel.cancelled().await };
+                if let Err(e) = probe.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped).await {
+                    tracing::warn!(error = %e, "health listener failed");
+                }
+            });
+            tracing::info!(addr = %bound, "gRPC health (plaintext) served");
+        }
         if let Some(addr) = config.metrics_listen {
             crate::metrics::install(addr).map_err(|source| AppError::Metrics { addr, source })?;
             let collector = crate::metrics::GaugeCollector {

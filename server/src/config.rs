@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Also serve gRPC health checking, and nothing else, in plaintext on ADDR: for probes that
+    /// cannot speak TLS, such as the kubelet's native gRPC probe (off when not given).
+    #[arg(long, env = "OUTBOXD_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     /// How often the per-consumer gauges are refreshed from the database.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -156,6 +160,7 @@ pub struct ServeConfig {
     pub listen_notify: bool,
     pub relay: bool,
     pub metrics_listen: Option<SocketAddr>,
+    pub health_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
     pub limits: crate::limits::Limits,
     pub security: Security,
@@ -211,6 +216,7 @@ impl ServeConfig {
             listen_notify: true,
             relay: true,
             metrics_listen: None,
+            health_listen: None,
             metrics_interval: Duration::from_secs(10),
             limits: crate::limits::Limits::DEFAULT,
             security: Security::default(),
@@ -292,6 +298,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.listen_notify = !a.no_listen;
         c.relay = !a.no_relay;
         c.metrics_listen = a.metrics_listen;
+        c.health_listen = a.health_listen;
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
         c.limits = a.limits;

@@ -927,3 +927,48 @@ async fn the_subscriber_takes_a_token_and_tls_and_stops_when_denied() -> Result<
     }
     Ok(())
 }
+
+/// `--health-listen` serves gRPC health, and nothing else, in plaintext beside a TLS port: what
+/// the kubelet's native gRPC probe needs. It answers SERVING while outboxd serves, and the
+/// services are not reachable through it.
+#[tokio::test]
+async fn a_plaintext_health_listener_serves_health_only_beside_tls() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let pki = Pki::new("ca")?;
+    let server = pki.server("server")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let health_addr = format!("127.0.0.1:{port}");
+    let srv =
+        start(&store, &["--tls-cert", s(&server.cert), "--tls-key", s(&server.key), "--health-listen", &health_addr])
+            .await?;
+    let plain = format!("http://{health_addr}");
+    let channel = eventually("the health listener accepts", WAIT, || async {
+        Ok(tonic::transport::Endpoint::from_shared(plain.clone())?.connect().await.ok())
+    })
+    .await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"] {
+        let status =
+            health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await?.into_inner().status;
+        assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service:?}");
+    }
+    // Nothing but health there, with or without credentials.
+    let err = pb::outbox_admin_client::OutboxAdminClient::new(channel.clone())
+        .list_consumers(pb::ListConsumersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    let err = pb::outbox_client::OutboxClient::new(channel)
+        .enqueue(pb::EnqueueRequest { topic: "t".into(), r#type: "T".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    // The main port still speaks only TLS.
+    let main_plain = format!("http://127.0.0.1:{}", srv.addr.port());
+    let r = async {
+        outbox_client::grpc::admin(&main_plain).await?.list_consumers(pb::ListConsumersRequest {}).await?;
+        anyhow::Ok(())
+    };
+    assert!(r.await.is_err(), "plaintext is refused on the TLS port");
+    Ok(())
+}
