@@ -3,9 +3,9 @@
 --
 -- `outbox.relay_cursor.position`: every seq at or below it has been read by a relay pass,
 -- except those in `outbox.relay_gaps`: seq values below the highest one read that were not
--- visible when it was read. A gap is remembered with `open_until`, the xmax of a snapshot taken
--- after that read. It closes when its rows appear (the pass that sees them relays them) or, still
--- missing, once every transaction that may hold one of its seq values has ended
+-- visible when it was read. A gap is remembered with `open_until`, one past the transaction id
+-- the pass takes after that read. It closes when its rows appear (the pass that sees them relays
+-- them) or, still missing, once every transaction that may hold one of its seq values has ended
 -- (`pg_snapshot_xmin` of a snapshot taken before a later read is at or past `open_until`): a
 -- rolled-back insert, or a sequence value never used. A long transaction elsewhere in the
 -- database keeps gaps open longer; it never holds back what is visible.
@@ -68,7 +68,7 @@ CREATE INDEX relay_log_seqs ON outbox.relay_log USING gist (seqs);
 INSERT INTO outbox.relay_cursor (position, moved_at)
 SELECT coalesce(max(seq) FILTER (WHERE relayed_at IS NOT NULL), 0), now() FROM outbox.messages;
 INSERT INTO outbox.relay_gaps (open_until, seqs)
-SELECT pg_snapshot_xmax(pg_current_snapshot()), range_agg(int8range(m.seq, m.seq + 1))
+SELECT (pg_current_xact_id()::text::bigint + 1)::text::xid8, range_agg(int8range(m.seq, m.seq + 1))
   FROM outbox.messages m
  WHERE m.relayed_at IS NULL AND m.seq < (SELECT position FROM outbox.relay_cursor)
 HAVING count(*) > 0;
@@ -116,7 +116,11 @@ CREATE OR REPLACE FUNCTION outbox.relay_pass(
     message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
     ordering_key text, enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz
 )
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Its statements are short; JIT would compile them on every call (100 ms and more) whenever an
+-- estimate runs high. outboxd's connections turn it off too; this holds behind poolers that
+-- drop connection options.
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_position bigint;
@@ -130,7 +134,22 @@ DECLARE
     v_woken    text;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(lock_key);
-    SELECT c.position INTO v_position FROM outbox.relay_cursor c FOR UPDATE;
+    -- Relays take turns on the cursor under an advisory lock, not the row's lock: a row lock
+    -- would give this transaction its id now, and the gap rule needs an id taken after the read.
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.relay_pass must run in a transaction of its own (this one has written already)';
+    END IF;
+    PERFORM pg_advisory_xact_lock(1869903970, 1);
+    SELECT c.position INTO v_position FROM outbox.relay_cursor c;
+    -- seq values only grow. A sequence set back (TRUNCATE ... RESTART IDENTITY, setval) would
+    -- hand out values the cursor has passed, and their messages would never be relayed: refuse,
+    -- loudly, instead.
+    IF (SELECT s.last_value FROM outbox.messages_seq s) < v_position THEN
+        RAISE EXCEPTION 'outbox.messages_seq is at %, behind the relay cursor at %: seq values must only grow',
+                        (SELECT s.last_value FROM outbox.messages_seq s), v_position
+              USING HINT = 'SELECT setval(''outbox.messages_seq'', (SELECT position FROM outbox.relay_cursor) + 1, false);',
+                    ERRCODE = 'data_corrupted';
+    END IF;
     -- Before the read: a gap whose holders had all ended by now shows every committed row of
     -- it to the read below, which has a later snapshot.
     v_xmin := pg_snapshot_xmin(pg_current_snapshot());
@@ -155,8 +174,13 @@ BEGIN
             -- Every visible row in (position, read_to] was read: the rest are not visible yet.
             v_missing := int8multirange(int8range(v_position + 1, v_read_to + 1)) - v_found;
             IF NOT isempty(v_missing) THEN
+                -- The holder of a missing seq took its transaction id before the seq, so before
+                -- the read; this transaction takes its id after the read (its first write is
+                -- above, or this insert). Ids are handed out in order: every holder's id is
+                -- below ours, and once the oldest running id is past ours they have all ended.
+                -- (A snapshot's xmax is no such bound: it follows completed ids, not assigned ones.)
                 INSERT INTO outbox.relay_gaps AS g (open_until, seqs)
-                VALUES (pg_snapshot_xmax(pg_current_snapshot()), v_missing)
+                VALUES ((pg_current_xact_id()::text::bigint + 1)::text::xid8, v_missing)
                 ON CONFLICT (open_until) DO UPDATE SET seqs = g.seqs + excluded.seqs;
             END IF;
             UPDATE outbox.relay_cursor SET position = v_read_to, moved_at = relay_pass.at;

@@ -318,6 +318,74 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     assert_eq!(relayed.len(), 2, "{relayed:?}");
     assert!(relayed.contains(&after.message_id) && relayed.contains(&newer.message_id));
     assert!(matches!(store.message_get(gone.message_id).await, Err(StoreError::MessageNotFound(_))));
+
+    // A sequence set back would hand out seq values the cursor has passed: the relay refuses.
+    sqlx::query("SELECT setval('outbox.messages_seq', 1)").execute(pg.pool()).await.unwrap();
+    let err = store.relay_batch(10, 0, now, false, &[]).await.unwrap_err();
+    assert!(err.to_string().contains("behind the relay cursor"), "{err}");
+}
+
+/// The transaction id of `conn`'s transaction, assigned now if it has none.
+async fn xid_of(conn: &mut sqlx::PgConnection) -> i64 {
+    let id: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text").fetch_one(conn).await.unwrap();
+    id.parse().unwrap()
+}
+
+/// PostgreSQL only. A holder can take its transaction id after the latest one that completed,
+/// and before the pass reads: a snapshot's xmax is then no bound on it. Here `b` takes its id,
+/// then `a` takes its id and a seq, then `b` takes the next seq and commits. The pass sees `b`'s
+/// message, and `a`'s seq is a gap. With `a` the oldest transaction running, the gap must stay
+/// open until `a` ends, and `a`'s message must be relayed when it commits. Closing gaps at the
+/// xmax of the reading snapshot lost exactly this message.
+#[tokio::test]
+async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_completed_one_runs() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 8).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    store.consumer_create(&spec("c", &["t"], 5), now).await.unwrap();
+    let mut b = pg.pool().begin().await.unwrap();
+    let b_xid: i64 = xid_of(&mut b).await;
+    let mut a = pg.pool().begin().await.unwrap();
+    let a_xid: i64 = xid_of(&mut a).await;
+    assert!(a_xid > b_xid);
+    let late = postgres::message_insert(&mut *a, &msg("t"), None).await.unwrap();
+    let early = postgres::message_insert(&mut *b, &msg("t"), None).await.unwrap();
+    assert!(late.seq < early.seq);
+    b.commit().await.unwrap();
+
+    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.last_seq), (1, Some(early.seq)));
+    // More passes while `a` runs: none may give its seq up.
+    for _ in 0..3 {
+        assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 0);
+    }
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.relay_gaps WHERE seqs @> $1")
+        .bind(late.seq)
+        .fetch_one(pg.pool())
+        .await
+        .unwrap();
+    assert_eq!(open, 1, "the gap stays open while its holder runs");
+    a.commit().await.unwrap();
+    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.last_seq), (1, Some(late.seq)), "the late commit is relayed");
+}
+
+/// relay_pass refuses to run inside a transaction that has written already: its gap bound is
+/// the transaction id it takes after its read.
+#[tokio::test]
+async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let mut tx = pg.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *tx).await.unwrap();
+    let err = sqlx::query("SELECT * FROM outbox.relay_pass(10, 0, now(), 1, NULL, '{}', '{}', '{}', '{}')")
+        .execute(&mut *tx)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("transaction of its own"), "{err}");
 }
 
 /// `outboxd migrate` takes a PostgreSQL database written before the relay cursor, with relayed
