@@ -103,7 +103,7 @@ pub struct ServeArgs {
     pub metrics_interval: Duration,
     /// How often outboxd checks its own tables' dead rows and vacuums those that have many
     /// (PostgreSQL; "0s" turns it off and leaves the tables to autovacuum).
-    #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOXD_VACUUM_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub vacuum_interval: Duration,
     #[command(flatten)]
     pub limits: crate::limits::Limits,
