@@ -78,6 +78,15 @@ HAVING count(*) > 0;
 DROP INDEX outbox.messages_unrelayed;
 DROP INDEX outbox.messages_unrelayed_ordering;
 
+-- What the relay has not read yet: the messages after its position, and those in its open gaps
+-- (each gap range read by primary key). For stats, the relay's "anything to do?" probe, and
+-- checks from outside.
+CREATE VIEW outbox.unrelayed_messages AS
+    SELECT m.* FROM outbox.messages m WHERE m.seq > (SELECT c.position FROM outbox.relay_cursor c)
+    UNION ALL
+    SELECT u.* FROM outbox.relay_gaps g, unnest(g.seqs) r,
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) u;
+
 -- Whether the relay has read `seq`.
 CREATE FUNCTION outbox.seq_relayed(seq bigint) RETURNS boolean
 LANGUAGE sql STABLE AS $$

@@ -28,6 +28,7 @@
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
 //! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
+//! - [`reload`]: re-reading the TLS and auth files on a timer and on SIGHUP.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
@@ -45,6 +46,7 @@ pub mod limits;
 pub mod maintenance;
 pub mod metrics;
 pub mod relay;
+pub mod reload;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -145,19 +145,7 @@ impl TlsState {
 
     /// Re-reads the files every `interval` and on SIGHUP until `cancel`.
     pub async fn watch(self, interval: Duration, cancel: CancellationToken) {
-        let mut hup = sighup();
-        // The files were read at start: the first look is one interval later.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-                _ = recv(&mut hup) => {}
-            }
-            let me = self.clone();
-            let _ = tokio::task::spawn_blocking(move || me.reload()).await;
-        }
+        crate::reload::every_interval_and_sighup(interval, cancel, move || self.reload()).await;
     }
 
     /// Accepts on `listener` and handshakes each connection (concurrently, bounded in time)
@@ -203,23 +191,4 @@ impl TlsState {
 fn handshake_failed(peer: SocketAddr, e: &dyn std::fmt::Display) {
     tracing::debug!(%peer, error = %e, "TLS handshake failed");
     metrics::counter!("outboxd_tls_handshake_failures_total").increment(1);
-}
-
-/// SIGHUP, if it can be listened for.
-pub fn sighup() -> Option<tokio::signal::unix::Signal> {
-    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .inspect_err(|e| tracing::warn!(error = %e, "cannot listen for SIGHUP"))
-        .ok()
-}
-
-/// The next signal; never, without a listener.
-pub async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
-    match s {
-        Some(s) => {
-            if s.recv().await.is_none() {
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
-    }
 }

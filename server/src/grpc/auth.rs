@@ -467,20 +467,7 @@ impl Authenticator {
         if !self.enabled() {
             return;
         }
-        let mut hup = crate::tls::sighup();
-        // The files were read at start: the first look is one interval later.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-                _ = crate::tls::recv(&mut hup) => {}
-            }
-            let me = self.clone();
-            // File reads off the runtime's worker threads.
-            let _ = tokio::task::spawn_blocking(move || me.reload()).await;
-        }
+        crate::reload::every_interval_and_sighup(interval, cancel, move || self.reload()).await;
     }
 }
 

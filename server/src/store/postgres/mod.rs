@@ -886,19 +886,10 @@ impl Store for PgStore {
     }
 
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {
-        let head = sqlx::query(
-            // What the relay cursor has not read: after its position, and in its open gaps.
-            "WITH waiting AS (
-                SELECT m.enqueued_at FROM outbox.messages m
-                 WHERE m.seq > (SELECT c.position FROM outbox.relay_cursor c)
-                UNION ALL
-                SELECT u.enqueued_at FROM outbox.relay_gaps g, unnest(g.seqs) r,
-                       LATERAL (SELECT m.enqueued_at FROM outbox.messages m
-                                 WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) u)
-             SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM waiting",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let head =
+            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.unrelayed_messages")
+                .fetch_one(&self.pool)
+                .await?;
         let rows = sqlx::query(
             // Each figure comes from the partial index for its state, so the cost follows the
             // pending work, not the history. Only `acked` reads history, and only when asked.
@@ -999,14 +990,7 @@ impl Store for PgStore {
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
         // The cursor knows where the relay stands; `from_seq` is the SQLite relay's hint.
         let _ = from_seq;
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox.messages m WHERE m.seq > (SELECT c.position FROM outbox.relay_cursor c))
-                 OR EXISTS (SELECT 1 FROM outbox.relay_gaps g, unnest(g.seqs) r,
-                                   LATERAL (SELECT 1 FROM outbox.messages m
-                                             WHERE m.seq >= lower(r) AND m.seq < upper(r) LIMIT 1) u)",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages)").fetch_one(&self.pool).await?)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
@@ -1081,8 +1065,7 @@ impl Store for PgStore {
                 "WITH doomed AS (
                     SELECT m.message_id FROM outbox.messages m
                      WHERE m.enqueued_at < $1
-                       AND m.seq <= (SELECT c.position FROM outbox.relay_cursor c)
-                       AND NOT EXISTS (SELECT 1 FROM outbox.relay_gaps g WHERE g.seqs @> m.seq)
+                       AND outbox.seq_relayed(m.seq)
                        AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
                                         WHERE d.message_id = m.message_id AND d.state <> 'acked')
                      ORDER BY m.enqueued_at LIMIT $2
