@@ -21,6 +21,8 @@
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
 //!   managed replay, and the vacuum of outboxd's own tables.
+//! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
+//!   per target (RabbitMQ, NATS JetStream, webhooks).
 //! - [`hub`]: in-process wake-ups and push slots between the relay, the sweeper and the sessions.
 //! - [`store`]: every SQL statement: the [`store::Store`] seam, `store::postgres` (with its
 //!   LISTEN for other replicas' work) and the embedded `store::sqlite`, each with its
@@ -47,6 +49,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod relay;
 pub mod reload;
+pub mod sinks;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

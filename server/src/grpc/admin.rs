@@ -215,6 +215,16 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let only = if req.consumer.is_empty() { None } else { Some(name("consumer", &req.consumer)?) };
         let stats = self.ctx.store.stats(only.as_ref(), true).await.map_err(store_status)?;
         let tables = self.ctx.store.table_health().await.map_err(store_status)?;
+        // Which consumers are sinks, and of what kind.
+        let sinks: std::collections::HashMap<String, &'static str> = self
+            .ctx
+            .store
+            .consumer_list()
+            .await
+            .map_err(store_status)?
+            .into_iter()
+            .filter_map(|c| c.spec.sink.map(|s| (c.spec.name.to_string(), s.kind().as_str())))
+            .collect();
         let now = self.ctx.clock.now();
         Ok(Response::new(pb::GetStatsResponse {
             tables: tables
@@ -234,6 +244,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 .into_iter()
                 .map(|c| pb::ConsumerStats {
                     streams: self.ctx.hub.streams(&c.consumer),
+                    sink: sinks.get(&c.consumer).copied().unwrap_or_default().to_owned(),
                     consumer: c.consumer,
                     backlog: c.backlog,
                     in_flight: c.in_flight,

@@ -8,7 +8,8 @@ use outbox_proto::v1 as pb;
 
 use super::stream::MAX_ACK_DEADLINE;
 use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, StartFrom, Topic, TopicPattern,
+    Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, Sink, SinkTarget, StartFrom, Topic,
+    TopicPattern,
 };
 use crate::limits;
 use crate::store::{DeliveryRow, NewMessage, StoredMessage};
@@ -248,7 +249,54 @@ pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
         Ok(pb::consumer::StartFrom::Earliest) => StartFrom::Earliest,
         Err(_) => return Err(InvalidField::new("consumer.start_from", "must be NEW or EARLIEST")),
     };
-    Ok(ConsumerSpec { name, topics, max_deliveries, backoff: Backoff { base, max }, ack_deadline, start_from })
+    let sink = c.sink.as_ref().map(sink).transpose()?;
+    Ok(ConsumerSpec { name, topics, max_deliveries, backoff: Backoff { base, max }, ack_deadline, start_from, sink })
+}
+
+/// A consumer's sink: exactly one target, each checked for what it speaks.
+pub fn sink(s: &pb::Sink) -> Result<Sink, InvalidField> {
+    use pb::sink::Target;
+    let target = match &s.target {
+        None => {
+            return Err(InvalidField::new("consumer.sink.target", "a sink needs one of rabbitmq, nats or webhook"));
+        }
+        Some(Target::Rabbitmq(r)) => {
+            SinkTarget::rabbitmq("consumer.sink.rabbitmq", &r.url, &r.exchange, &r.routing_key)?
+        }
+        Some(Target::Nats(n)) => SinkTarget::nats("consumer.sink.nats", &n.url, &n.subject)?,
+        Some(Target::Webhook(w)) => {
+            let timeout = w.timeout.as_ref().map(|d| duration("consumer.sink.webhook.timeout", d)).transpose()?;
+            SinkTarget::webhook("consumer.sink.webhook", &w.url, &w.secret, timeout)?
+        }
+    };
+    let max_in_flight = match s.max_in_flight {
+        0 => Sink::DEFAULT_MAX_IN_FLIGHT,
+        n if n > Sink::MAX_IN_FLIGHT => {
+            return Err(InvalidField::new(
+                "consumer.sink.max_in_flight",
+                format!("{n} is more than the limit of {}", Sink::MAX_IN_FLIGHT),
+            ));
+        }
+        n => n,
+    };
+    Ok(Sink { target, max_in_flight })
+}
+
+/// A sink as answered: its secrets shown as `***`.
+pub fn pb_sink(s: &Sink) -> pb::Sink {
+    use pb::sink::Target;
+    let target = match s.target.redacted() {
+        SinkTarget::RabbitMq { url, exchange, routing_key } => {
+            Target::Rabbitmq(pb::RabbitMqSink { url, exchange, routing_key: routing_key.into() })
+        }
+        SinkTarget::Nats { url, subject } => Target::Nats(pb::NatsSink { url, subject: subject.into() }),
+        SinkTarget::Webhook { url, secret, timeout } => Target::Webhook(pb::WebhookSink {
+            url,
+            secret: secret.expose().to_owned(),
+            timeout: Some(pb_duration(timeout)),
+        }),
+    };
+    pb::Sink { target: Some(target), max_in_flight: s.max_in_flight }
 }
 
 pub fn pb_consumer(c: &Consumer) -> pb::Consumer {
@@ -265,6 +313,7 @@ pub fn pb_consumer(c: &Consumer) -> pb::Consumer {
             StartFrom::Earliest => pb::consumer::StartFrom::Earliest as i32,
         },
         created_at: Some(timestamp(c.created_at)),
+        sink: c.spec.sink.as_ref().map(pb_sink),
     }
 }
 

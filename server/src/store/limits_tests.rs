@@ -206,6 +206,7 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
         backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(10) },
         ack_deadline: Duration::from_secs(30),
         start_from: StartFrom::New,
+        sink: None,
     };
     store.consumer_create(&spec, Utc::now()).await.unwrap();
     let id: uuid::Uuid = sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x'::bytea)")

@@ -79,6 +79,7 @@ fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
         backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(10) },
         ack_deadline: Duration::from_secs(30),
         start_from: StartFrom::New,
+        sink: None,
     }
 }
 

@@ -17,7 +17,9 @@ use super::{
     PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage, TableHealth,
 };
-use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
+use crate::domain::{
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, Sink, StartFrom, TopicPattern,
+};
 use listener::WorkListener;
 
 mod listener;
@@ -245,6 +247,7 @@ fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
             },
             ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
             start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
+            sink: row.try_get::<Option<Json<Sink>>, _>("sink")?.map(|s| s.0),
         },
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
@@ -568,10 +571,10 @@ impl Store for PgStore {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(
             "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at)
+                                           ack_deadline_ms, start_from, start_seq, created_at, sink)
              VALUES ($1, $2, $3, $4, $5, $6, $7,
                      CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
-                     $8)
+                     $8, $9)
              RETURNING *",
         )
         .bind(spec.name.as_str())
@@ -582,6 +585,7 @@ impl Store for PgStore {
         .bind(ms(spec.ack_deadline))
         .bind(spec.start_from.as_str())
         .bind(now)
+        .bind(spec.sink.as_ref().map(Json))
         .fetch_one(&mut *tx)
         .await?;
         let consumer = consumer_from_row(&row)?;

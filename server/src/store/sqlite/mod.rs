@@ -28,7 +28,9 @@ use super::{
     PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage, TableHealth, WorkHint,
 };
-use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, StartFrom, TopicPattern};
+use crate::domain::{
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, Sink, StartFrom, TopicPattern,
+};
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
@@ -130,6 +132,11 @@ fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
         .map(|t| TopicPattern::parse("topics", t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
+    let sink = row
+        .try_get::<Option<String>, _>("sink")?
+        .map(|s| serde_json::from_str::<Sink>(&s))
+        .transpose()
+        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: sink: {e}")))?;
     let name =
         ConsumerName::parse("name", &name).map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
     Ok(Consumer {
@@ -143,6 +150,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
             },
             ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
             start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
+            sink,
         },
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
@@ -649,11 +657,17 @@ impl Store for SqliteStore {
             Err(e) => return Err(e),
         }
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
+        let sink = spec
+            .sink
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
         let row = sqlx::query(
             "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at)
+                                           ack_deadline_ms, start_from, start_seq, created_at, sink)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
-                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8)
+                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8, ?9)
              RETURNING *",
         )
         .bind(spec.name.as_str())
@@ -664,6 +678,7 @@ impl Store for SqliteStore {
         .bind(ms(spec.ack_deadline))
         .bind(spec.start_from.as_str())
         .bind(us(now))
+        .bind(sink)
         .fetch_one(&mut *tx)
         .await?;
         let consumer = consumer_from_row(&row)?;

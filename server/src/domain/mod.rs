@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+pub mod sink;
+pub use sink::{Sink, SinkKind, SinkTarget, Template, WebhookSecret};
+
 /// A value at the edge that does not parse; `field` names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -238,6 +241,8 @@ pub struct ConsumerSpec {
     pub backoff: Backoff,
     pub ack_deadline: Duration,
     pub start_from: StartFrom,
+    /// Set: outboxd delivers this consumer itself, to the sink's target.
+    pub sink: Option<Sink>,
 }
 
 impl ConsumerSpec {
