@@ -23,6 +23,9 @@ use tokio_stream::wrappers::ReceiverStream;
 pub use outbox_server::testing::TestDb;
 
 pub mod pki;
+pub mod proxy;
+
+pub use proxy::TcpProxy;
 
 /// Where the test binary of outboxd lives; set by cargo for this crate's integration tests.
 pub fn outboxd_path() -> PathBuf {
