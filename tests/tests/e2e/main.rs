@@ -15,6 +15,7 @@ mod otlp;
 mod outboxctl;
 mod python;
 mod security;
+mod sink_targets;
 
 use std::time::Duration;
 
