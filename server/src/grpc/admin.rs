@@ -41,13 +41,56 @@ struct Audit {
     request: String,
 }
 
+/// What an audit line shows of a request: its fields, with a sink's secrets (a URL's password,
+/// a webhook secret) as `***`, since they are write-only everywhere.
+trait AuditText {
+    fn audit_text(&self) -> String;
+}
+
+macro_rules! audit_as_debug {
+    ($($t:ty),* $(,)?) => {
+        $(impl AuditText for $t {
+            fn audit_text(&self) -> String {
+                format!("{self:?}")
+            }
+        })*
+    };
+}
+
+audit_as_debug!(
+    pb::DeleteConsumerRequest,
+    pb::PauseConsumerRequest,
+    pb::ResumeConsumerRequest,
+    pb::ReplayRequest,
+    pb::PruneRequest,
+);
+
+impl AuditText for pb::CreateConsumerRequest {
+    fn audit_text(&self) -> String {
+        use crate::domain::{REDACTED, redact_url};
+        use pb::sink::Target;
+        let mut shown = self.clone();
+        if let Some(target) = shown.consumer.as_mut().and_then(|c| c.sink.as_mut()).and_then(|s| s.target.as_mut()) {
+            match target {
+                Target::Rabbitmq(r) => r.url = redact_url(&r.url),
+                Target::Nats(n) => n.url = redact_url(&n.url),
+                Target::Webhook(w) => {
+                    w.url = redact_url(&w.url);
+                    w.secret = REDACTED.to_owned();
+                }
+            }
+        }
+        format!("{shown:?}")
+    }
+}
+
 impl Audit {
-    fn of<T: std::fmt::Debug>(action: &'static str, request: &Request<T>) -> Result<Self, Status> {
+    fn of<T: AuditText>(action: &'static str, request: &Request<T>) -> Result<Self, Status> {
         Ok(Self {
             action,
             caller: auth::caller(request)?,
             peer: request.remote_addr(),
-            request: format!("{:?}", request.get_ref()),
+            request: request.get_ref().audit_text(),
         })
     }
 
