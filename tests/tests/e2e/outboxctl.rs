@@ -9,7 +9,8 @@ use crate::{WAIT, conformance, setup, stats};
 
 conformance!(
     an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl,
-    outboxctl_tail_shows_matching_messages_as_they_commit
+    outboxctl_tail_shows_matching_messages_as_they_commit,
+    an_operator_creates_sinks_with_outboxctl_and_never_sees_their_secrets
 );
 
 fn outboxctl_path() -> PathBuf {
@@ -145,5 +146,150 @@ async fn outboxctl_tail_shows_matching_messages_as_they_commit(backend: Backend)
     assert_eq!(v["type"], "Shown", "{line}");
     assert_eq!(v["topic"], "orders.created");
     assert_eq!(v["payload"], "new");
+    Ok(())
+}
+
+/// Sinks as an operator creates them: each target's flags, secrets shown as `***` by every
+/// command, and `stats` marking which consumers are sinks.
+async fn an_operator_creates_sinks_with_outboxctl_and_never_sees_their_secrets(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+    let (password, secret) = ("s3cr3t-pw", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+
+    let rabbit_url = format!("amqp://guest:{password}@127.0.0.1:5672/%2f");
+    let rabbit = json(
+        server,
+        &[
+            "consumers",
+            "create",
+            "to-rabbit",
+            "--topic",
+            "orders.*",
+            "--sink",
+            "rabbitmq",
+            "--url",
+            &rabbit_url,
+            "--exchange",
+            "orders",
+            "--routing-key",
+            "{topic}.{type}",
+            "--max-in-flight",
+            "16",
+        ],
+    )
+    .await?;
+    let sink = &rabbit[0]["sink"];
+    assert_eq!(sink["kind"], "rabbitmq");
+    assert_eq!(sink["url"], "amqp://guest:***@127.0.0.1:5672/%2f");
+    assert_eq!((sink["exchange"].as_str(), sink["routing_key"].as_str()), (Some("orders"), Some("{topic}.{type}")));
+    assert_eq!(sink["max_in_flight"], 16);
+
+    let nats = json(
+        server,
+        &[
+            "consumers",
+            "create",
+            "to-nats",
+            "--topic",
+            "orders.*",
+            "--sink",
+            "nats",
+            "--url",
+            "nats://127.0.0.1:4222",
+            "--subject",
+            "events.{topic}",
+        ],
+    )
+    .await?;
+    assert_eq!(
+        (nats[0]["sink"]["kind"].as_str(), nats[0]["sink"]["subject"].as_str()),
+        (Some("nats"), Some("events.{topic}"))
+    );
+
+    let hook = json(
+        server,
+        &[
+            "consumers",
+            "create",
+            "to-partner",
+            "--topic",
+            "orders.*",
+            "--sink",
+            "webhook",
+            "--url",
+            "http://127.0.0.1:9/hook",
+            "--secret",
+            secret,
+            "--timeout",
+            "3s",
+        ],
+    )
+    .await?;
+    assert_eq!(hook[0]["sink"]["secret"], "***");
+    assert_eq!(hook[0]["sink"]["timeout_s"], 3.0);
+
+    // Wrong or missing flags are usage errors (2), before anything is sent; the server's own
+    // check names the field (4).
+    let wrong = outboxctl(
+        server,
+        &["consumers", "create", "w", "--topic", "t", "--sink", "nats", "--url", "nats://x", "--exchange", "e"],
+    )
+    .await?;
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("--exchange") && wrong.stderr.contains("rabbitmq"), "{}", wrong.stderr);
+    let no_secret = outboxctl(
+        server,
+        &["consumers", "create", "w", "--topic", "t", "--sink", "webhook", "--url", "https://p.example/"],
+    )
+    .await?;
+    assert_eq!(no_secret.code, 2, "{}", no_secret.stderr);
+    let plain_http = outboxctl(
+        server,
+        &[
+            "consumers",
+            "create",
+            "w",
+            "--topic",
+            "t",
+            "--sink",
+            "webhook",
+            "--url",
+            "http://partner.example/",
+            "--secret",
+            secret,
+        ],
+    )
+    .await?;
+    assert_eq!(plain_http.code, 4, "{}", plain_http.stderr);
+    assert!(plain_http.stderr.contains("loopback"), "{}", plain_http.stderr);
+
+    // Every way of looking shows no secret, and the table names each sink.
+    for args in [&["consumers", "list"][..], &["consumers", "get", "to-rabbit"], &["consumers", "get", "to-partner"]] {
+        for output in ["json", "table"] {
+            let run = outboxctl(server, &[args, &["--output", output]].concat()).await?;
+            assert_eq!(run.code, 0, "{}", run.stderr);
+            assert!(!run.stdout.contains(password) && !run.stdout.contains(&secret[6..]), "{}", run.stdout);
+        }
+    }
+    let table = outboxctl(server, &["consumers", "list"]).await?;
+    assert!(table.stdout.contains("SINK") && table.stdout.contains("rabbitmq amqp://guest:***@"), "{}", table.stdout);
+    let leaked: Vec<String> = [srv.log_lines(&[password]), srv.log_lines(&[&secret[6..]])].concat();
+    assert!(leaked.is_empty(), "a secret in the log: {leaked:?}");
+
+    // Stats mark the sinks; an ordinary consumer has none.
+    json(server, &["consumers", "create", "plain", "--topic", "orders.*"]).await?;
+    let st = json(server, &["stats"]).await?;
+    let kinds: std::collections::BTreeMap<String, Value> = st["consumers"]
+        .as_array()
+        .context("no consumers")?
+        .iter()
+        .map(|c| (c["consumer"].as_str().unwrap_or_default().to_owned(), c["sink"].clone()))
+        .collect();
+    assert_eq!(kinds["to-rabbit"], "rabbitmq");
+    assert_eq!(kinds["to-nats"], "nats");
+    assert_eq!(kinds["to-partner"], "webhook");
+    assert_eq!(kinds["plain"], Value::Null);
+    let table = outboxctl(server, &["stats"]).await?;
+    assert!(table.stdout.contains("SINK") && table.stdout.contains("webhook"), "{}", table.stdout);
     Ok(())
 }
