@@ -208,3 +208,26 @@ impl Scrubber {
 fn secrets_of(secret: &str) -> impl Iterator<Item = String> + '_ {
     [Some(secret), secret.strip_prefix(crate::domain::WebhookSecret::PREFIX)].into_iter().flatten().map(str::to_owned)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scrubber_removes_a_urls_password_raw_and_decoded_and_a_webhook_secret() {
+        let url = "amqp://app:p%40ss-w0rd@rabbit.internal:5672/%2f";
+        let scrub = Scrubber::for_url(url).with_secret("whsec_c2VjcmV0LWtleS1ieXRlcw==");
+        let text = format!(
+            "connecting to {url}: auth failed for p@ss-w0rd (p%40ss-w0rd); key whsec_c2VjcmV0LWtleS1ieXRlcw== \
+             or c2VjcmV0LWtleS1ieXRlcw=="
+        );
+        let clean = scrub.clean(&text);
+        for secret in ["p@ss-w0rd", "p%40ss-w0rd", "c2VjcmV0LWtleS1ieXRlcw=="] {
+            assert!(!clean.contains(secret), "{clean}");
+        }
+        assert!(clean.starts_with("connecting to amqp://app:***@rabbit.internal:5672/%2f"), "{clean}");
+        assert_eq!(scrub.shown_url(), "amqp://app:***@rabbit.internal:5672/%2f");
+        // Nothing to scrub: the text stays.
+        assert_eq!(Scrubber::for_url("nats://127.0.0.1:4222").clean("no responders"), "no responders");
+    }
+}
