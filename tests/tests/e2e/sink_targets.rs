@@ -81,8 +81,9 @@ fn assert_all_confirmed(outcomes: &[(MessageId, Outcome)]) {
     }
 }
 
-/// Runs publishes `window` at a time until `cut` is called back after `before_cut` confirmed,
-/// then returns every outcome: the test sees what was in flight when the broker went away.
+/// Runs `window` publishing workers, cuts the proxy once `before_cut` publishes are confirmed,
+/// and returns every outcome when each worker has met the cut (its last outcome Unavailable):
+/// the test sees what was in flight when the broker went away.
 async fn publish_through_a_cut(
     target: Arc<dyn Target>,
     proxy: &TcpProxy,
@@ -92,14 +93,13 @@ async fn publish_through_a_cut(
 ) -> Result<Vec<(MessageId, Outcome)>> {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let confirmed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     for w in 0..window {
-        let (target, outcomes, confirmed, stop) = (target.clone(), outcomes.clone(), confirmed.clone(), stop.clone());
+        let (target, outcomes, confirmed) = (target.clone(), outcomes.clone(), confirmed.clone());
         let topic = topic.to_owned();
         workers.push(tokio::spawn(async move {
             let mut n = w;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            loop {
                 let m = message(&topic, n);
                 let id = m.message_id;
                 let o = target.publish(m).await;
@@ -124,7 +124,6 @@ async fn publish_through_a_cut(
     for w in workers {
         tokio::time::timeout(WAIT, w).await.context("a publish did not end after the cut")??;
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let out = std::mem::take(&mut *outcomes.lock().unwrap());
     Ok(out)
 }
