@@ -287,6 +287,29 @@ mod rabbitmq {
     }
 
     #[tokio::test]
+    async fn rabbitmq_a_broker_nack_is_failed_nacked() -> Result<()> {
+        // A queue that holds one message and refuses the rest with a nack.
+        let topo = Topology::new(None).await?;
+        let full = unique("outbox-test-full");
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+        args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+        topo.channel
+            .queue_declare(full.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
+            .await?;
+        let t = target(&amqp_url(), "", &full);
+        t.connect().await?;
+        assert_eq!(t.publish(message("orders", 1)).await, Outcome::Confirmed);
+        let o = t.publish(message("orders", 2)).await;
+        assert!(matches!(&o, Outcome::Failed { reason: "nacked", .. }), "{o:?}");
+        // The channel stays usable after a nack.
+        assert!(matches!(t.publish(message("orders", 3)).await, Outcome::Failed { reason: "nacked", .. }));
+        t.close().await;
+        topo.channel.queue_delete(full.as_str().into(), QueueDeleteOptions::default()).await?;
+        topo.remove().await
+    }
+
+    #[tokio::test]
     async fn rabbitmq_errors_never_show_the_password() -> Result<()> {
         let base = url::Url::parse(&amqp_url())?;
         let mut wrong = base.clone();
