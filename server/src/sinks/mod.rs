@@ -32,6 +32,23 @@ pub struct Publish {
     pub delivery_count: u32,
 }
 
+impl From<crate::store::LeasedDelivery> for Publish {
+    fn from(d: crate::store::LeasedDelivery) -> Self {
+        let m = d.message;
+        Publish {
+            message_id: m.message_id,
+            seq: m.seq,
+            topic: m.topic,
+            type_: m.type_,
+            payload: m.payload,
+            headers: m.headers,
+            ordering_key: m.ordering_key,
+            enqueued_at: m.enqueued_at,
+            delivery_count: d.delivery_count,
+        }
+    }
+}
+
 /// What a target answers for one publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -69,4 +86,36 @@ pub trait Target: Send + Sync + 'static {
 
     /// Closes the connection (on shutdown, or when the sink consumer is deleted).
     fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+pub mod round;
+pub mod runner;
+pub mod supervisor;
+
+/// The target for a sink's configuration (not yet connected).
+pub fn connect(target: &crate::domain::SinkTarget) -> Box<dyn Target> {
+    Box::new(NotBuilt(target.kind()))
+}
+
+/// A target kind this build cannot publish to.
+struct NotBuilt(SinkKind);
+
+impl Target for NotBuilt {
+    fn kind(&self) -> SinkKind {
+        self.0
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Result<(), ConnectError>> {
+        Box::pin(async move { Err(ConnectError(format!("{} sinks are not built into this outboxd", self.0))) })
+    }
+
+    fn publish(&self, _message: Publish) -> BoxFuture<'_, Outcome> {
+        Box::pin(
+            async move { Outcome::Unavailable { error: format!("{} sinks are not built into this outboxd", self.0) } },
+        )
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
