@@ -9,7 +9,8 @@ use crate::{WAIT, conformance, setup, stats};
 
 conformance!(
     an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl,
-    outboxctl_tail_shows_matching_messages_as_they_commit
+    outboxctl_tail_shows_matching_messages_as_they_commit,
+    outboxctl_creates_sinks_shows_them_without_secrets_and_marks_them_in_stats,
 );
 
 fn outboxctl_path() -> PathBuf {
@@ -146,4 +147,121 @@ async fn outboxctl_tail_shows_matching_messages_as_they_commit(backend: Backend)
     assert_eq!(v["topic"], "orders.created");
     assert_eq!(v["payload"], "new");
     Ok(())
+}
+
+async fn outboxctl_creates_sinks_shows_them_without_secrets_and_marks_them_in_stats(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+    // Nothing listens on port 1: the sinks keep reconnecting, which does not matter here.
+    let created = json(
+        server,
+        &[
+            "consumers",
+            "create",
+            "to-rabbit",
+            "--topic",
+            "orders.*",
+            "--sink",
+            "rabbitmq",
+            "--url",
+            "amqp://app:pa55word@127.0.0.1:1/%2f",
+            "--exchange",
+            "events",
+            "--routing-key",
+            "{topic}.{type}",
+            "--max-in-flight",
+            "16",
+        ],
+    )
+    .await?;
+    let sink = &created[0]["sink"];
+    assert_eq!(sink["kind"], "rabbitmq", "{created}");
+    assert_eq!(sink["url"], "amqp://app:***@127.0.0.1:1/%2f");
+    assert_eq!(sink["exchange"], "events");
+    assert_eq!(sink["routing_key"], "{topic}.{type}");
+    assert_eq!(sink["max_in_flight"], 16);
+
+    let secret_file = tempfile_with("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")?;
+    let hook = json(
+        server,
+        &[
+            "consumers",
+            "create",
+            "to-hook",
+            "--topic",
+            "orders.*",
+            "--sink",
+            "webhook",
+            "--url",
+            "http://127.0.0.1:1/hook",
+            "--secret-file",
+            secret_file.to_str().unwrap_or_default(),
+            "--timeout",
+            "3s",
+        ],
+    )
+    .await?;
+    std::fs::remove_file(&secret_file)?;
+    assert_eq!(hook[0]["sink"]["secret"], "***", "{hook}");
+    assert_eq!(hook[0]["sink"]["timeout_s"], 3.0);
+    json(server, &["consumers", "create", "to-nats", "--topic", "t", "--sink", "nats", "--url", "nats://127.0.0.1:1"])
+        .await?;
+
+    // The table shows where each sink goes, never the password.
+    let list = outboxctl(server, &["consumers", "list"]).await?;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    assert!(list.stdout.contains("rabbitmq amqp://app:***@127.0.0.1:1/%2f exchange=events"), "{}", list.stdout);
+    assert!(list.stdout.contains("nats nats://127.0.0.1:1 subject={topic}"), "{}", list.stdout);
+    assert!(!list.stdout.contains("pa55word") && !list.stdout.contains("MfKQ9r8"), "{}", list.stdout);
+
+    let stats = json(server, &["stats"]).await?;
+    let kind = |name: &str| {
+        stats["consumers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["consumer"] == name))
+            .map(|c| c["sink"].clone())
+    };
+    assert_eq!(kind("to-rabbit"), Some(Value::from("rabbitmq")), "{stats}");
+    assert_eq!(kind("to-hook"), Some(Value::from("webhook")));
+    let table = outboxctl(server, &["stats"]).await?;
+    assert!(table.stdout.contains("SINK") && table.stdout.contains("webhook"), "{}", table.stdout);
+
+    // Flags that do not fit the sink are usage errors naming the flag; nothing is created.
+    let bad = outboxctl(
+        server,
+        &["consumers", "create", "x", "--topic", "t", "--sink", "nats", "--url", "nats://h:4222", "--exchange", "e"],
+    )
+    .await?;
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("--exchange is for --sink rabbitmq"), "{}", bad.stderr);
+    let no_secret = outboxctl(
+        server,
+        &["consumers", "create", "x", "--topic", "t", "--sink", "webhook", "--url", "https://p.example/"],
+    )
+    .await?;
+    assert_eq!(no_secret.code, 2, "{}", no_secret.stderr);
+    // The server's refusal names the field.
+    let refused = outboxctl(
+        server,
+        &["consumers", "create", "x", "--topic", "t", "--sink", "rabbitmq", "--url", "http://127.0.0.1:5672"],
+    )
+    .await?;
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(refused.stderr.contains("consumer.sink.rabbitmq.url"), "{}", refused.stderr);
+    let names: Vec<String> = json(server, &["consumers", "list"])
+        .await?
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["to-hook", "to-nats", "to-rabbit"]);
+    Ok(())
+}
+
+/// A file with `contents` that lives as long as the test process.
+fn tempfile_with(contents: &str) -> Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!("outboxctl-secret-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&path, contents)?;
+    Ok(path)
 }
