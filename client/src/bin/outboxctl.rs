@@ -111,7 +111,7 @@ enum ConsumersCmd {
     Get {
         name: String,
     },
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     Delete {
         name: String,
         /// Do not ask for confirmation.
