@@ -2,7 +2,9 @@
 # Runs the whole test suite: unit, store, end-to-end (real outboxd processes) and the Python
 # client test. Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
 # or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and drops its own database).
-# A local cluster that is installed but stopped is started.
+# A local cluster that is installed but stopped is started. The sink tests also need RabbitMQ on
+# 127.0.0.1:5672 (guest/guest) and NATS with JetStream on 127.0.0.1:4222 (or
+# OUTBOX_TEST_AMQP_URL / OUTBOX_TEST_NATS_URL); scripts/brokers.sh starts local ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,8 @@ if ! pg_isready -d "$url" -q 2>/dev/null; then
   echo "PostgreSQL is not reachable at $url; start one or set OUTBOX_TEST_DATABASE_URL" >&2
   exit 1
 fi
+
+bash scripts/brokers.sh
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -22,7 +22,11 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use outbox_server::testing::TestDb;
 
+pub mod brokers;
 pub mod pki;
+pub mod proxy;
+
+pub use proxy::TcpProxy;
 
 /// Where the test binary of outboxd lives; set by cargo for this crate's integration tests.
 pub fn outboxd_path() -> PathBuf {
@@ -33,6 +37,38 @@ pub fn outboxd_path() -> PathBuf {
     // target/<profile>/deps/<test> -> target/<profile>/outboxd-e2e
     let dir = exe.parent().and_then(Path::parent).unwrap();
     dir.join("outboxd-e2e")
+}
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A Python virtualenv under `target/<name>` with the packages of `requirements` (a path in
+/// the repository), made once; returns its interpreter.
+pub fn python_venv(name: &str, requirements: &str) -> Result<PathBuf> {
+    let venv = repo_root().join("target").join(name);
+    let py = venv.join("bin").join("python");
+    let ready = venv.join(".ready");
+    if !ready.exists() {
+        let ok = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("python3 is required for this test")?;
+        if !ok.success() {
+            bail!("python3 -m venv failed");
+        }
+        let ok = std::process::Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(repo_root().join(requirements))
+            .status()?;
+        if !ok.success() {
+            bail!("pip install of {requirements} failed");
+        }
+        std::fs::write(&ready, b"")?;
+    }
+    Ok(py)
 }
 
 /// Credentials every connection of this harness uses (streams, admin and outbox clients): none

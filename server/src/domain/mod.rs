@@ -6,7 +6,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 pub mod sink;
-pub use sink::{Sink, SinkKind, SinkTarget, Template, WebhookSecret};
+pub use sink::{REDACTED, Sink, SinkKind, SinkTarget, Template, WebhookSecret, redact_url};
 
 /// A value at the edge that does not parse; `field` names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

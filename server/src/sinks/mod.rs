@@ -9,12 +9,32 @@
 //! One more target is one more file: a module here with a type that implements [`Target`],
 //! and one arm in [`connect`].
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use crate::domain::{MessageId, SinkKind};
+use crate::domain::{MessageId, SinkKind, SinkTarget, redact_url};
+
+pub mod nats;
+pub mod rabbitmq;
+pub mod round;
+pub mod runner;
+pub mod supervisor;
+pub mod webhook;
+
+/// The target of `target`: builds its client, without touching the network
+/// ([`Target::connect`] does that).
+pub fn connect(target: &SinkTarget) -> Box<dyn Target> {
+    match target {
+        SinkTarget::RabbitMq { url, exchange, routing_key } => {
+            Box::new(rabbitmq::RabbitMq::new(url, exchange, routing_key))
+        }
+        SinkTarget::Nats { url, subject } => Box::new(nats::Nats::new(url, subject)),
+        SinkTarget::Webhook { url, secret, timeout } => Box::new(webhook::Webhook::new(url, secret, *timeout)),
+    }
+}
 
 /// One delivery, as a target publishes it.
 #[derive(Debug, Clone)]
@@ -86,36 +106,125 @@ pub trait Target: Send + Sync + 'static {
 
     /// Closes the connection (on shutdown, or when the sink consumer is deleted).
     fn close(&self) -> BoxFuture<'_, ()>;
+
+    /// Publishes sent whose confirmation was lost with the connection (answered
+    /// [`Outcome::Unavailable`]) so far: each is published again, and may reach the target
+    /// twice. Targets that drop repeats themselves (JetStream's `Nats-Msg-Id`) count none.
+    fn unconfirmed_lost(&self) -> u64 {
+        0
+    }
 }
 
-pub mod round;
-pub mod runner;
-pub mod supervisor;
-
-/// The target for a sink's configuration (not yet connected).
-pub fn connect(target: &crate::domain::SinkTarget) -> Box<dyn Target> {
-    Box::new(NotBuilt(target.kind()))
+/// A connection (with its channel or client) that a [`Current`] holds.
+pub(crate) trait Link: Send + Sync + 'static {
+    fn is_up(&self) -> bool;
+    /// Closes it, bounded in time; called once it is replaced or the target closes.
+    fn shut(&self) -> BoxFuture<'_, ()>;
 }
 
-/// A target kind this build cannot publish to.
-struct NotBuilt(SinkKind);
+/// A target's current connection: replaced whole by `connect` (one at a time), shared by the
+/// publishes in flight, which keep the one they started on.
+pub(crate) struct Current<T> {
+    slot: std::sync::Mutex<Option<std::sync::Arc<T>>>,
+    /// Held by `connect` and `close`.
+    connecting: tokio::sync::Mutex<()>,
+}
 
-impl Target for NotBuilt {
-    fn kind(&self) -> SinkKind {
-        self.0
+impl<T> Current<T> {
+    pub(crate) fn new() -> Self {
+        Self { slot: std::sync::Mutex::new(None), connecting: tokio::sync::Mutex::new(()) }
     }
 
-    fn connect(&self) -> BoxFuture<'_, Result<(), ConnectError>> {
-        Box::pin(async move { Err(ConnectError(format!("{} sinks are not built into this outboxd", self.0))) })
+    pub(crate) fn get(&self) -> Option<std::sync::Arc<T>> {
+        self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    fn publish(&self, _message: Publish) -> BoxFuture<'_, Outcome> {
-        Box::pin(
-            async move { Outcome::Unavailable { error: format!("{} sinks are not built into this outboxd", self.0) } },
-        )
+    /// Puts `next` in place and returns what was there.
+    fn replace(&self, next: Option<T>) -> Option<std::sync::Arc<T>> {
+        let next = next.map(std::sync::Arc::new);
+        std::mem::replace(&mut *self.slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner), next)
+    }
+}
+
+impl<T: Link> Current<T> {
+    /// The connection, if it is up.
+    pub(crate) fn up(&self) -> Option<std::sync::Arc<T>> {
+        self.get().filter(|l| l.is_up())
     }
 
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
+    /// Keeps a connection that is up; else shuts the old one and puts what `open` makes in
+    /// its place.
+    pub(crate) async fn ensure<F>(&self, open: F) -> Result<(), ConnectError>
+    where
+        F: Future<Output = Result<T, ConnectError>>,
+    {
+        let _one = self.connecting.lock().await;
+        if self.up().is_some() {
+            return Ok(());
+        }
+        if let Some(old) = self.replace(None) {
+            old.shut().await;
+        }
+        self.replace(Some(open.await?));
+        Ok(())
     }
+
+    /// Shuts the connection; a later [`Current::ensure`] opens a new one.
+    pub(crate) async fn close(&self) {
+        let _one = self.connecting.lock().await;
+        if let Some(old) = self.replace(None) {
+            old.shut().await;
+        }
+    }
+}
+
+/// Keeps a target's secrets (a URL's password, a webhook secret) out of the text of its
+/// errors, whatever a client library put in them.
+#[derive(Debug, Clone)]
+pub(crate) struct Scrubber {
+    url: String,
+    shown_url: String,
+    secrets: Vec<String>,
+}
+
+impl Scrubber {
+    pub(crate) fn for_url(url: &str) -> Self {
+        let mut secrets = Vec::new();
+        if let Ok(parsed) = url::Url::parse(url)
+            && let Some(password) = parsed.password()
+        {
+            secrets.push(password.to_owned());
+            let decoded = percent_encoding::percent_decode_str(password).decode_utf8_lossy().into_owned();
+            secrets.push(decoded);
+        }
+        Self { url: url.to_owned(), shown_url: redact_url(url), secrets }
+    }
+
+    pub(crate) fn with_secret(mut self, secret: &str) -> Self {
+        secrets_of(secret).for_each(|s| self.secrets.push(s));
+        self
+    }
+
+    /// The URL as logs and errors show it.
+    pub(crate) fn shown_url(&self) -> &str {
+        &self.shown_url
+    }
+
+    /// `text` with the URL shown redacted and every secret replaced by `***`.
+    pub(crate) fn clean(&self, text: &str) -> String {
+        let mut out = text.replace(&self.url, &self.shown_url);
+        for secret in &self.secrets {
+            // A one-character password would blank out the text; such a password is shown as
+            // little as the rest (the URL, redacted).
+            if secret.len() >= 3 {
+                out = out.replace(secret.as_str(), crate::domain::REDACTED);
+            }
+        }
+        out
+    }
+}
+
+/// A webhook secret as written and without its prefix.
+fn secrets_of(secret: &str) -> impl Iterator<Item = String> + '_ {
+    [Some(secret), secret.strip_prefix(crate::domain::WebhookSecret::PREFIX)].into_iter().flatten().map(str::to_owned)
 }

@@ -15,6 +15,7 @@ mod otlp;
 mod outboxctl;
 mod python;
 mod security;
+mod sink_targets;
 mod sinks;
 
 use std::time::Duration;

@@ -2,10 +2,9 @@
 //! time. It enqueues through the SQL function in its own transaction, subscribes, nacks, acks,
 //! over TLS with a bearer token.
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use outbox_tests::{consumer, create_consumer};
 
 use crate::setup_pg;
@@ -16,28 +15,7 @@ fn repo() -> PathBuf {
 
 /// A virtualenv with grpcio, grpcio-tools and psycopg, made once under `target/`.
 fn python() -> Result<PathBuf> {
-    let venv = repo().join("target").join("py-venv");
-    let py = venv.join("bin").join("python");
-    let ready = venv.join(".ready");
-    if !ready.exists() {
-        let ok = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .context("python3 is required for this test")?;
-        if !ok.success() {
-            bail!("python3 -m venv failed");
-        }
-        let ok = Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(repo().join("tests/python/requirements.txt"))
-            .status()?;
-        if !ok.success() {
-            bail!("pip install of tests/python/requirements.txt failed");
-        }
-        std::fs::write(&ready, b"")?;
-    }
-    Ok(py)
+    outbox_tests::python_venv("py-venv", "tests/python/requirements.txt")
 }
 
 /// PostgreSQL: the Python producer calls the SQL function `outbox.enqueue`.

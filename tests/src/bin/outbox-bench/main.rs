@@ -27,6 +27,7 @@
 //! and outboxd's own log go to stderr.
 #![forbid(unsafe_code)]
 
+mod sinks;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -124,6 +125,25 @@ struct Args {
     /// authentication cost.
     #[arg(long)]
     secure: bool,
+    /// Instead of the phases: the sink phase, each broker's own publish-with-confirm rate with a
+    /// plain client publishing directly (RabbitMQ with publisher confirms, JetStream with
+    /// PubAcks), pipelined as a sink is, persistent, the bench's payload size.
+    #[arg(long)]
+    sinks: bool,
+    /// The sink phase's RabbitMQ.
+    #[arg(
+        long,
+        env = "OUTBOX_BENCH_AMQP_URL",
+        hide_env_values = true,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// The sink phase's NATS server (with JetStream).
+    #[arg(long, env = "OUTBOX_BENCH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// Messages per broker in the sink phase [default: 20000, with --quick 5000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    sink_messages: Option<u64>,
 }
 
 /// The files and flags of a `--secure` run; removed when dropped.
@@ -1560,6 +1580,22 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let json = args.json;
+    if args.sinks {
+        let messages = args.sink_messages.unwrap_or(if args.quick { 5_000 } else { 20_000 });
+        let window = usize::try_from(outbox_server::domain::Sink::DEFAULT_MAX_IN_FLIGHT)?;
+        let r = sinks::run(&args.amqp_url, &args.nats_url, messages, window, &payload()).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            println!(
+                "sinks: {} messages of {} B, {} unconfirmed at a time, published directly",
+                r.sink_messages, r.sink_payload_bytes, r.sink_window
+            );
+            println!("  RabbitMQ publish + confirm   {} msg/s", grouped(r.sink_rabbitmq_direct_per_s));
+            println!("  JetStream publish + PubAck   {} msg/s", grouped(r.sink_nats_direct_per_s));
+        }
+        return Ok(());
+    }
     if args.database_url.starts_with("sqlite:") {
         ensure!(args.soak.is_none(), "--soak measures PostgreSQL; give a postgres:// --database-url");
         let report = sqlite::run(&args).await?;
