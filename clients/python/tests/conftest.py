@@ -166,6 +166,12 @@ async def running(sub: outboxd.Subscriber) -> AsyncIterator[asyncio.Task[None]]:
             await asyncio.wait_for(task, 30)
 
 
+async def acked(admin: outboxd.AdminClient, consumer: str, n: int, dead: int = 0) -> bool:
+    """Whether `consumer` has `n` acked and `dead` dead deliveries, and nothing else open."""
+    c = (await admin.get_stats(consumer)).consumers[0]
+    return c.acked == n and c.dead == dead and c.in_flight == 0 and c.backlog == 0
+
+
 def commit_enqueue(url: str, topic: str, n: int = 1, type: str = "T", **kw: Any) -> list[str]:
     """Enqueues `n` messages in one committed transaction; returns their ids."""
     with psycopg.connect(url) as c:

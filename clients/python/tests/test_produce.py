@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import outboxd
-from conftest import Outboxd, eventually, running, topic_for, unique
+from conftest import Outboxd, acked, eventually, running, topic_for, unique
 
 
 async def message_exists(admin: outboxd.AdminClient, message_id: str) -> bool:
@@ -179,7 +179,7 @@ async def test_sqlite_enqueue_in_a_transaction_delivers_what_committed_and_acks_
             seen.append(d)
 
         async with running(outboxd.Subscriber(srv.endpoint, consumer, handler)):
-            await eventually("both committed messages handled", lambda: _stats_acked(admin, consumer, 2))
+            await eventually("both committed messages handled", lambda: acked(admin, consumer, 2))
         assert [d.message_id for d in seen] == [str(first), str(last)]
         assert seen[0].payload == b"first" and seen[0].headers == {"k": "v"} and seen[0].ordering_key == "o"
         assert json.loads(seen[1].payload) == {"n": 3} and seen[1].headers["content-type"] == "application/json"
@@ -202,8 +202,3 @@ async def test_sqlite_enqueue_in_a_transaction_delivers_what_committed_and_acks_
         assert pruned.messages_deleted >= 3, pruned
         assert not await message_exists(admin, str(first))
         conn.close()
-
-
-async def _stats_acked(admin: outboxd.AdminClient, consumer: str, n: int) -> bool:
-    c = (await admin.get_stats(consumer)).consumers[0]
-    return c.acked == n and c.in_flight == 0 and c.backlog == 0

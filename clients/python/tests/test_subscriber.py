@@ -15,18 +15,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import outboxd
-from conftest import Outboxd, commit_enqueue, eventually, running, topic_for, unique
+from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 STATE = outboxd.pb.admin.DeliveryState
 
 
 async def stats(admin: outboxd.AdminClient, consumer: str) -> Any:
     return (await admin.get_stats(consumer)).consumers[0]
-
-
-async def acked(admin: outboxd.AdminClient, consumer: str, n: int) -> bool:
-    c = await stats(admin, consumer)
-    return c.acked == n and c.in_flight == 0 and c.backlog == 0
 
 
 async def test_return_acks_and_the_delivery_carries_the_message(
@@ -69,7 +64,7 @@ async def test_raise_nacks_with_the_error_redelivers_then_dead_letters(
             raise ValueError(f"cannot handle {d.type} " + "x" * 5000)
 
     async with running(outboxd.Subscriber(server.endpoint, consumer, handler)):
-        await eventually("one acked, one dead", lambda: _acked_and_dead(admin, consumer))
+        await eventually("one acked, one dead", lambda: acked(admin, consumer, 1, dead=1))
     assert attempts[flaky] == [1, 2] and attempts[poison] == [1, 2]
     flaky_state = (await admin.get_message(flaky)).deliveries[0]
     assert (flaky_state.state, flaky_state.delivery_count) == (STATE.ACKED, 2)
@@ -77,11 +72,6 @@ async def test_raise_nacks_with_the_error_redelivers_then_dead_letters(
     assert dead.message.message_id == poison and dead.delivery_count == 2
     # The error text, cut to the server's 4096 bytes.
     assert dead.last_error.startswith("cannot handle Poison xxx") and len(dead.last_error.encode()) == 4096
-
-
-async def _acked_and_dead(admin: outboxd.AdminClient, consumer: str) -> bool:
-    c = await stats(admin, consumer)
-    return c.acked == 1 and c.dead == 1 and c.backlog == 0 and c.in_flight == 0
 
 
 async def test_at_most_concurrency_handlers_run_and_the_server_sends_no_more(
@@ -154,7 +144,8 @@ async def test_reconnects_after_outboxd_is_killed_and_restarted_on_the_same_port
         sub = outboxd.Subscriber(own.endpoint, consumer, handler, reconnect_min=0.05, reconnect_max=0.5)
         async with running(sub) as task:
             [before] = commit_enqueue(database_url, topic, 1)
-            await eventually("the first message", lambda: _async(before in seen))
+            await eventually("the first message acked", lambda: acked(admin, consumer, 1))
+            assert seen == [before]
             port = own.port
             own.kill()
             [during] = commit_enqueue(database_url, topic, 1)
