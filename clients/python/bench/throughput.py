@@ -6,7 +6,8 @@ does nothing, against one outboxd on PostgreSQL.
 Creates a database (dropped at the end), starts outboxd on it (OUTBOXD_BIN, default
 target/release/outboxd if built, else target/debug/outboxd), commits the messages before the
 Subscriber starts (so that producers do not share the two cores with it), and times from
-`run()` to the moment outboxd's stats count every message acked. Needs the test extra
+`run()` to the moment outboxd's stats count every message acked. Also prints the CPU time this
+process (the Subscriber, and the stats polls) spent per message. Needs the test extra
 (`pip install './clients/python[test]'`).
 """
 
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import secrets
 import statistics
 import sys
@@ -32,7 +34,13 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from conftest import ADMIN_URL, Outboxd  # noqa: E402  (the tests' process helper)
 
 
-async def one_run(server: Outboxd, database_url: str, n: int, concurrency: int, run: int) -> float:
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def one_run(server: Outboxd, database_url: str, n: int, concurrency: int, run: int) -> tuple[float, float]:
+    """Acked per second, and this process's CPU microseconds per message."""
     consumer, topic = f"bench-{run}", f"bench.run{run}"
     async with outboxd.AdminClient(server.endpoint) as admin:
         await admin.create_consumer(consumer, [topic])
@@ -48,18 +56,18 @@ async def one_run(server: Outboxd, database_url: str, n: int, concurrency: int, 
             handled += 1
 
         sub = outboxd.Subscriber(server.endpoint, consumer, handler, concurrency=concurrency)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_s()
         task = asyncio.create_task(sub.run())
         while (await admin.get_stats(consumer)).consumers[0].acked < n:
             if task.done():
                 task.result()
                 raise RuntimeError("the Subscriber stopped")
             await asyncio.sleep(0.01)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, cpu_s() - cpu
         sub.stop()
         await task
         assert handled >= n, handled
-        return n / elapsed
+        return n / elapsed, cpu / n * 1e6
 
 
 async def main() -> None:
@@ -76,7 +84,7 @@ async def main() -> None:
     url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     server = Outboxd(url).start()
     try:
-        rates = [await one_run(server, url, opts.messages, opts.concurrency, i) for i in range(opts.runs)]
+        runs = [await one_run(server, url, opts.messages, opts.concurrency, i) for i in range(opts.runs)]
     finally:
         server.stop()
         with psycopg.connect(ADMIN_URL, autocommit=True) as c:
@@ -84,7 +92,8 @@ async def main() -> None:
     print(json.dumps({
         "outboxd": os.environ.get("OUTBOXD_BIN", "target/debug/outboxd"),
         "messages": opts.messages, "concurrency": opts.concurrency,
-        "acked_per_s": [round(r) for r in rates], "median_acked_per_s": round(statistics.median(rates)),
+        "acked_per_s": [round(r) for r, _ in runs], "median_acked_per_s": round(statistics.median(r for r, _ in runs)),
+        "client_cpu_us_per_message": [round(c) for _, c in runs],
     }))
 
 
