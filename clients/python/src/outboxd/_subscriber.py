@@ -418,7 +418,8 @@ class Subscriber:
             with _trace.handling(self.consumer, attrs, d.headers):
                 await self._handler(d)
         except Exception as e:
-            log.debug("outboxd subscriber %s: handler failed on %s; nacking: %s", self.consumer, d.message_id, e)
+            log.warning("outboxd subscriber %s: the handler failed on %s (delivery %d); nacking",
+                        self.consumer, d.message_id, d.delivery_count, exc_info=e)
             requests.nack(d.message_id, error_text(e))
         except asyncio.CancelledError as e:
             # The handler's own cancellation (a timeout of its own, say): a failed attempt.
