@@ -31,7 +31,7 @@ import outboxd
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "tests"))
-from conftest import ADMIN_URL, Outboxd  # noqa: E402  (the tests' process helper)
+from support import ADMIN_URL, Outboxd  # noqa: E402  (the tests' process helper)
 
 
 def cpu_s() -> float:

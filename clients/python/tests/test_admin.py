@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 import outboxd
-from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 pb = outboxd.pb.admin
 
