@@ -12,6 +12,7 @@ import pytest
 
 import outboxd
 from support import ADMIN_URL, Outboxd
+import tracing  # noqa: F401  (sets the session's tracer provider)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """What the tests share: real outboxd processes on a real PostgreSQL or a SQLite file (the
 binary is OUTBOXD_BIN, default target/debug/outboxd at the repository root, built with cargo if
-missing), polling with a bound, and a session-wide tracer provider. The fixtures are in
+missing), and polling with a bound. The fixtures are in
 conftest.py; this module is imported once, as `support`."""
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import outboxd
 
@@ -31,12 +27,6 @@ ADMIN_URL = os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgres://postgres@127.
 FAST = ["--relay-poll-max", "50ms", "--stream-poll", "500ms", "--sweep-interval", "500ms"]
 T = TypeVar("T")
 
-# A tracer provider for the whole session (it can be set once per process), before any
-# Subscriber looks for one; every handler then runs in a recorded span.
-SPANS = InMemorySpanExporter()
-PROVIDER = TracerProvider()
-PROVIDER.add_span_processor(SimpleSpanProcessor(SPANS))
-trace.set_tracer_provider(PROVIDER)
 
 
 def outboxd_bin() -> Path:

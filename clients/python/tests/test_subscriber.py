@@ -14,7 +14,8 @@ import pytest
 from opentelemetry import trace
 
 import outboxd
-from support import PROVIDER, SPANS, Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+from tracing import PROVIDER, SPANS
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 STATE = outboxd.pb.admin.DeliveryState
 
