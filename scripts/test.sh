@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit, store, end-to-end (real outboxd processes) and the Python
-# client test. Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
+# Runs the whole test suite: unit, store, end-to-end (real outboxd processes), the Python
+# client test, and the TypeScript client's tests (clients/typescript/test.sh, which needs Node.js
+# 20 or later and npm). Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
 # or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and drops its own database).
 # A local cluster that is installed but stopped is started.
 set -euo pipefail
@@ -29,7 +30,16 @@ set +e
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole suite (cargo prints one per test binary).
+# One closing line for the cargo tests (cargo prints one per test binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "outboxd suite: %d passed, %d failed\n", p, f }' "$log"
+
+# The TypeScript client, against the debug outboxd the cargo tests built.
+set +e
+OUTBOXD_BIN="${OUTBOXD_BIN:-$PWD/target/debug/outboxd}" bash clients/typescript/test.sh
+ts_status=$?
+set -e
+if [ "$status" -eq 0 ]; then
+  status=$ts_status
+fi
 exit "$status"

@@ -1,32 +1,16 @@
 // The Subscriber against a real outboxd on PostgreSQL: ack, nack, dead letters, the concurrency
 // bound, lease extension, graceful stop, reconnect, and errors that end run().
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 
-import { AdminClient, Code, ConnectError, MAX_ERROR_BYTES, Subscriber, enqueue, pb, type Delivery } from "@outboxd/client";
-import type pg from "pg";
+import { Code, ConnectError, MAX_ERROR_BYTES, Subscriber, enqueue, pb, type Delivery } from "@outboxd/client";
 
-import { Outboxd, TestDatabase, eventually, freePort, unique } from "./harness.js";
+import { Outboxd, eventually, freePort, startStack, unique } from "./harness.js";
 
-let db: TestDatabase;
-let outboxd: Outboxd;
-let admin: AdminClient;
-let sql: pg.Client;
-
-before(async () => {
-  db = await TestDatabase.create();
-  // Expired leases are found within 100 ms, so that a lease that was not extended shows.
-  outboxd = await Outboxd.start(db.url, ["--sweep-interval", "100ms"]);
-  admin = new AdminClient(outboxd.endpoint);
-  sql = await db.connect();
-});
-
-after(async () => {
-  await sql?.end();
-  admin?.close();
-  await outboxd?.kill();
-  await db?.drop();
-});
+// Expired leases are found within 100 ms, so that a lease that was not extended shows.
+const stack = await startStack(["--sweep-interval", "100ms"]);
+after(() => stack.close());
+const { db, outboxd, admin, sql } = stack;
 
 /** A consumer of its own topic, and a function that enqueues n messages to it (committed). */
 async function setUp(options: { maxDeliveries?: number; ackDeadline?: number } = {}) {
