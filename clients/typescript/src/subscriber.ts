@@ -306,7 +306,7 @@ export class Subscriber {
    */
   run(): Promise<void> {
     if (this.running !== undefined) {
-      throw new Error("Subscriber.run: already running");
+      throw new Error("Subscriber.run: a Subscriber runs once; make a new one to run again");
     }
     this.running = this.loop().finally(() => this.connection.close());
     return this.running;
