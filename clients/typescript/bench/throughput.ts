@@ -46,9 +46,11 @@ try {
     },
   });
   const started = performance.now();
+  const cpu = process.cpuUsage();
   const running = subscriber.run();
   await eventually("all acked", 600_000, async () => (await admin.getStats("bench")).consumers[0]?.acked === BigInt(messages));
   const seconds = (performance.now() - started) / 1000;
+  const used = process.cpuUsage(cpu);
   await subscriber.stop();
   await running;
   const rss = process.memoryUsage().rss / 2 ** 20;
@@ -59,6 +61,8 @@ try {
       handled,
       seconds: Number(seconds.toFixed(2)),
       acked_per_s: Math.round(messages / seconds),
+      // The client's own CPU while it consumed (1.0 = one core the whole time).
+      client_cpu_share: Number(((used.user + used.system) / 1e6 / seconds).toFixed(2)),
       client_rss_mib: Math.round(rss),
     }),
   );

@@ -197,6 +197,20 @@ test("stop() lets running handlers finish and acks them; what was not started is
   assert.equal((await stats(c.name)).dead, 0n);
 });
 
+test("aborting the `signal` option stops the subscriber like stop()", async () => {
+  const c = await setUp();
+  const abort = new AbortController();
+  const handled: string[] = [];
+  const subscriber = new Subscriber({ server: outboxd.addr, consumer: c.name, signal: abort.signal, handler: (d) => void handled.push(d.messageId) });
+  const running = subscriber.run();
+  const [id] = await c.send(1);
+  await eventually("handled", 10_000, () => handled.includes(id!));
+  abort.abort();
+  await running;
+  assert.equal((await state(id!, c.name))?.state, pb.DeliveryState_State.ACKED);
+  await eventually("the stream closed", 5_000, async () => (await stats(c.name)).streams === 0);
+});
+
 test("the subscriber reconnects after outboxd is killed and started again on the same port", async () => {
   const c = await setUp();
   const port = await freePort();
