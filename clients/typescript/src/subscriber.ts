@@ -231,7 +231,7 @@ function positiveInt(field: string, value: number | undefined, fallback: number,
   return value;
 }
 
-const quiet: Logger = {
+const defaultLogger: Logger = {
   info: () => undefined,
   warn: (message) => console.warn(message),
 };
@@ -289,7 +289,7 @@ export class Subscriber {
     if (this.reconnectMaxMs < this.reconnectMinMs) {
       throw new RangeError(`reconnectMaxMs: ${this.reconnectMaxMs} is below reconnectMinMs ${this.reconnectMinMs}`);
     }
-    this.logger = options.logger ?? quiet;
+    this.logger = options.logger ?? defaultLogger;
     this.connection = new Connection(options.server, options);
     this.rpc = createClient(Outbox, this.connection.transport);
     if (options.signal !== undefined) {
@@ -483,7 +483,9 @@ export class Subscriber {
     };
     // The lease granted: the stream's deadline when we chose it, otherwise what is left of
     // the delivery's as it arrives. Extended by as much every half lease while the handler runs.
-    const lease = this.ackDeadlineMs ?? (delivery.ackDeadline === undefined ? 0 : delivery.ackDeadline.getTime() - Date.now());
+    const left = this.ackDeadlineMs ?? (delivery.ackDeadline === undefined ? 0 : delivery.ackDeadline.getTime() - Date.now());
+    // In steps of 100 ms, so that the extends of deliveries that arrived together batch.
+    const lease = left > 0 ? Math.max(100, Math.floor(left / 100) * 100) : 0;
     let ticker: NodeJS.Timeout | undefined;
     if (lease > 0) {
       ticker = setInterval(() => outgoing.extend(id, lease), Math.max(1, Math.floor(lease / 2)));
