@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit, store, end-to-end (real outboxd processes) and the Python
-# client test. Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
-# or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and drops its own database).
+# Runs the whole test suite: unit, store, end-to-end (real outboxd processes), then the Python
+# client package's checks and tests (clients/python/test.sh). Needs a PostgreSQL that accepts
+# `postgres` without a password on 127.0.0.1:5432, or OUTBOX_TEST_DATABASE_URL pointing at one
+# (each test creates and drops its own database).
 # A local cluster that is installed but stopped is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +29,13 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The Python client (clients/python): generated code, mypy --strict, pytest against real outboxd.
+bash clients/python/test.sh 2>&1 | tee -a "$log"
+py_status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole suite (cargo prints one per test binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+# One closing line for the whole suite (cargo prints one per test binary, pytest one in all).
+awk '/^test result:/ || /^=* *[0-9]+ (passed|failed|error).* in [0-9.]+s/ {
+       for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|error)/) f += $i } }
      END { printf "outboxd suite: %d passed, %d failed\n", p, f }' "$log"
-exit "$status"
+if [ "$status" -ne 0 ]; then exit "$status"; fi
+exit "$py_status"
