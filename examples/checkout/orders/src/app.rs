@@ -59,8 +59,9 @@ impl App {
             db::insert_saga(&mut tx, id, SagaState::ReservingStock).await?;
         }
         send(&mut tx, id, &saga::first_message(self.style, id, line)).await?;
-        Pause::at(self.pause.as_ref(), "place", id).await?;
+        Pause::before_commit(self.pause.as_ref(), "place", id).await?;
         tx.commit().await?;
+        Pause::after_commit(self.pause.as_ref(), "place", id).await?;
         tracing::info!(order_id = %id, style = self.style.as_str(), sku = %line.sku, "order placed");
         Ok(Placed { id, replayed: false })
     }
@@ -105,11 +106,13 @@ impl App {
             for out in &step.send {
                 send(&mut tx, order.id, out).await?;
             }
+            Pause::before_commit(self.pause.as_ref(), "handle", order.id).await?;
+            tx.commit().await?;
+            Pause::after_commit(self.pause.as_ref(), "handle", order.id).await?;
         } else {
             tracing::debug!(order_id = %order.id, r#type = %d.type_, "nothing to do");
+            tx.commit().await?;
         }
-        Pause::at(self.pause.as_ref(), "handle", order.id).await?;
-        tx.commit().await?;
         Ok(())
     }
 }

@@ -71,6 +71,8 @@ async fn shutdown_signal(stop: CancellationToken) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
@@ -85,7 +87,11 @@ async fn main() -> anyhow::Result<()> {
     db::apply_schema(&pool).await.context("cannot create the orders schema")?;
     let pause = pause::Pause::from_env();
     if let Some(p) = &pause {
-        tracing::warn!(step = p.step(), "CHECKOUT_TEST_PAUSE is set: a test hook holds that step in flight");
+        tracing::warn!(
+            step = p.step(),
+            phase = p.phase(),
+            "CHECKOUT_TEST_PAUSE is set: a test hook holds that step in flight"
+        );
     }
     let app = Arc::new(app::App { pool, style: args.style, pause });
 
