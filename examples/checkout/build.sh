@@ -33,14 +33,31 @@ pip=("$venv_python" -m pip install --disable-pip-version-check -q)
 requirements=(-r "$checkout_dir/inventory/requirements.txt")
 [ "${CHECKOUT_TEST:-0}" = 1 ] && requirements+=(-r "$checkout_dir/tests/requirements.txt")
 "${pip[@]}" "${requirements[@]}"
-"${pip[@]}" "$repo/clients/python"
-# The client as the tree has it now (pip may keep an earlier build of the same version).
+# The client as the tree has it now (pip may keep an earlier build of the same version), and
+# its dependencies when some are missing.
 "${pip[@]}" --force-reinstall --no-deps "$repo/clients/python"
+if ! "$venv_python" -m pip check >/dev/null 2>&1; then
+  "${pip[@]}" "$repo/clients/python"
+fi
 
 step "building the TypeScript client and Payments"
+# `npm ci` in a folder, unless its node_modules is as new as its lock file.
+npm_ci() {
+  if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    npm ci --no-audit --no-fund --loglevel=error >/dev/null
+  fi
+}
 # npm does not run the `prepare` of a linked local package here (install scripts need an
-# allowScripts entry in npm 11), so the client is built in its own folder first.
-(cd "$repo/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && npm run -s build >/dev/null)
-(cd "$checkout_dir/payments" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && npm run -s build >/dev/null)
+# allowScripts entry in npm 11), so the client is built in its own folder first, again only
+# when its sources or proto/ changed.
+(
+  cd "$repo/clients/typescript"
+  npm_ci
+  if [ ! -f dist/index.js ] || [ -n "$(find src "$repo/proto" package.json buf.gen.yaml -newer dist/index.js \
+      -not -path 'src/gen/*' -print -quit)" ]; then
+    npm run -s build >/dev/null
+  fi
+)
+(cd "$checkout_dir/payments" && npm_ci && npm run -s build >/dev/null)
 payments_js="$checkout_dir/payments/dist/payments.js"
 export outboxd_bin outboxctl_bin orders_bin venv_python payments_js

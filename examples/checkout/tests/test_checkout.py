@@ -236,3 +236,50 @@ def test_a_service_killed_mid_step_and_restarted_does_every_step_once(
             "WHERE m.ordering_key = %s AND d.consumer = %s", (order_id, service)).fetchone()
         assert counts is not None and counts[0] >= 2, counts
     check_invariants(checkout)
+
+
+def test_a_burst_of_orders_survives_each_service_killed_in_turn(checkout: Checkout) -> None:
+    """Sixty orders from four clients while Inventory, Payments and Orders are SIGKILLed and
+    restarted one after the other, each once the saga has made some progress past the last
+    kill; a client whose request fails retries with the same Idempotency-Key. Every order
+    settles, with each step exactly once."""
+    n = 60
+    keys = [f"burst-{uuid.uuid4()}" for _ in range(n)]
+    amounts = [LIMIT + 50 if i % 4 == 0 else 100 for i in range(n)]
+
+    def submit(i: int) -> str:
+        def attempt() -> str | None:
+            status, _, body = checkout.place("SKU-3", 1, amounts[i], keys[i], timeout=10)
+            return str(body["id"]) if status == 202 else None
+        return poll(f"order {i} accepted", attempt, bound=60)
+
+    def count(sql: str) -> int:
+        row = checkout.db.execute(sql).fetchone()
+        return int(row[0]) if row else 0
+
+    reservations = "SELECT count(*) FROM inventory.reservations"
+    payments = "SELECT count(*) FROM payments.payments"
+    settled = "SELECT count(*) FROM orders.orders WHERE status <> 'PENDING' AND idempotency_key LIKE 'burst-%'"
+    in_flight: list[int] = []
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(submit, i) for i in range(n)]
+        for service, progress in (("inventory", reservations), ("payments", payments), ("orders", settled)):
+            start = count(progress)
+            poll(f"progress before killing {service}", lambda: count(progress) >= start + 5 or None)
+            checkout.kill(service)
+            in_flight.append(n - count(settled))
+            checkout.start(service)
+        ids = [f.result(timeout=90) for f in futures]
+    # The kills landed while the burst flowed: orders were unsettled at each.
+    assert all(unsettled > 0 for unsettled in in_flight), in_flight
+    assert len(set(ids)) == n
+    for order_id, amount in zip(ids, amounts):
+        order = checkout.settled(order_id)
+        assert order["status"] == ("CONFIRMED" if amount <= LIMIT else "CANCELLED"), order
+    checkout.quiet()
+    for order_id, amount in zip(ids, amounts):
+        outcome = "confirmed" if amount <= LIMIT else "declined"
+        assert checkout.messages(order_id) == SAGAS[(checkout.style, outcome)], order_id
+    rows = checkout.db.execute("SELECT count(*) FROM orders.orders WHERE idempotency_key = ANY(%s)", (keys,))
+    assert rows.fetchone() == (n,)
+    check_invariants(checkout)
