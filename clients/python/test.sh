@@ -19,7 +19,7 @@ pip=("$py" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --force-reinstall --no-deps "$here"
 
 "$py" "$here/generate.py" --check
-(cd "$here" && "$py" -m mypy)
+(cd "$here" && "$py" -m mypy && "$py" -m mypy --strict tests bench)
 # The tests import the installed package (src/ is not on the path), as a user would.
 cd "$here"
 "$py" -m pytest -p no:cacheprovider "$@"

@@ -140,15 +140,16 @@ async def eventually(what: str, check: Callable[[], Awaitable[T | None]], within
     """Polls `check` until it returns something other than None/False, for at most `within` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = await check()
+            got = await check()
         except AssertionError as e:
             last = e
         else:
-            if last is not None and last is not False:
-                return last
+            if got is not None and got is not False:
+                return got
+            last = got
         if loop.time() > deadline:
             raise AssertionError(f"{what}: not within {within} s (last: {last!r})")
         await asyncio.sleep(0.02)

@@ -173,6 +173,7 @@ def test_addresses_tls_options_and_tokens_are_checked(tmp_path: Path) -> None:
         ("localhost", None, "port from 1 to 65535"),
         ("localhost:0", None, "port from 1 to 65535"),
         ("localhost:http", None, "port from 1 to 65535"),
+        ("::1:50051", None, r"IPv6 host is written \[addr\]:port"),
         ("grpc://h:1", None, "http:// or https://"),
         ("http://h:1", {"ca": "ca.pem"}, "plaintext http:// address"),
         ("https://h:1", False, "tls=False"),

@@ -8,6 +8,8 @@ import collections
 from typing import Any
 
 import grpc
+import psycopg
+import psycopg_pool
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -20,7 +22,7 @@ from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_
 STATE = outboxd.pb.admin.DeliveryState
 
 
-async def stats(admin: outboxd.AdminClient, consumer: str) -> Any:
+async def stats(admin: outboxd.AdminClient, consumer: str) -> outboxd.pb.admin.ConsumerStats:
     return (await admin.get_stats(consumer)).consumers[0]
 
 
@@ -264,3 +266,46 @@ async def test_the_handler_span_continues_the_producers_trace(
     [span] = [s for s in exporter.get_finished_spans() if s.name == "outbox.handle"]
     assert span.kind == trace.SpanKind.CONSUMER and span.attributes is not None
     assert span.attributes["messaging.message.id"] == mid
+
+
+
+async def test_effect_and_ack_commit_together_so_the_effect_happens_once(
+    admin: outboxd.AdminClient, server: Outboxd, database_url: str,
+) -> None:
+    """The README's consumer: the effect and ack_in in one transaction, from a pool."""
+    consumer = unique("once")
+    topic = topic_for(consumer)
+    await admin.create_consumer(consumer, [topic], backoff_base=0.05, backoff_max=0.1)
+    async with psycopg_pool.AsyncConnectionPool(database_url, min_size=2, open=False) as pool:
+        async with pool.connection() as conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS py_effects (message_id uuid, consumer text)")
+        [mid] = commit_enqueue(database_url, topic, 1)
+        attempts = refused = 0
+
+        async def effect(conn: psycopg.AsyncConnection[Any], d: outboxd.Delivery) -> None:
+            await conn.execute("INSERT INTO py_effects VALUES (%s, %s)", (d.message_id, consumer))
+
+        async def handler(d: outboxd.Delivery) -> None:
+            nonlocal attempts, refused
+            attempts += 1
+            async with pool.connection() as conn, conn.transaction():
+                await effect(conn, d)
+                assert await outboxd.ack_in(conn, consumer, d.message_id)
+                if attempts == 1:
+                    raise RuntimeError("crashed before commit")  # effect and ack roll back together
+            # The same message once more after the commit (as a redelivery whose ack was lost
+            # would be): ack_in refuses and the effect rolls back.
+            async with pool.connection() as conn, conn.transaction():
+                await effect(conn, d)
+                if not await outboxd.ack_in(conn, consumer, d.message_id):
+                    refused += 1
+                    raise psycopg.Rollback()
+
+        async with running(outboxd.Subscriber(server.endpoint, consumer, handler)):
+            await eventually("acked", lambda: acked(admin, consumer, 1))
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM py_effects WHERE consumer = %s", (consumer,))
+            assert await cur.fetchone() == (1,)
+    assert (attempts, refused) == (2, 1)
+    state = (await admin.get_message(mid)).deliveries[0]
+    assert (state.state, state.delivery_count) == (STATE.ACKED, 2)

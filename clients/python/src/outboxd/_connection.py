@@ -113,7 +113,8 @@ def parse_target(server: str, tls: TLSOption = None) -> Target:
     host, colon, port = rest.rpartition(":")
     if not colon or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"server {server!r}: expected host:port with a port from 1 to 65535")
-    if host.startswith("[") != host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not bracketed):
         raise ConfigError(f"server {server!r}: an IPv6 host is written [addr]:port")
     return Target(address=f"{host}:{port}", tls=config)
 

@@ -317,11 +317,10 @@ class Subscriber:
         assert self._stop is not None
         channel = open_channel(self._target)
         handlers: set[asyncio.Task[None]] = set()
-        pending: set[asyncio.Future[Any]] = set()
         call: grpc.aio.StreamStreamCall[pb.SubscribeRequest, pb.SubscribeResponse] | None = None
         requests: _Requests | None = None
-        read: asyncio.Task[Any] | None = None
-        cancelled = False
+        reader: asyncio.Task[_End] | None = None
+        waits: list[asyncio.Future[Any]] = []
         try:
             stub = pb_grpc.OutboxStub(channel)
             call = stub.Subscribe(metadata=self._token.metadata())
@@ -330,86 +329,87 @@ class Subscriber:
                 start.ack_deadline.CopyFrom(duration(self._ack_deadline, "ack_deadline"))
             await call.write(_req(start=start))
             requests = _Requests(call, self._batch, self._interval)
+            reader = asyncio.create_task(self._read(call, requests, permits, handlers, established))
             stop = asyncio.ensure_future(self._stop.wait())
-            headers = asyncio.ensure_future(call.initial_metadata())
-            pending = {stop, headers}
-            metadata: asyncio.Future[Any] | None = headers
-            end: _End
-            while True:
-                if read is None:
-                    read = asyncio.ensure_future(call.read())
-                waiting: set[asyncio.Future[Any]] = {stop, read} | ({metadata} if metadata else set())
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if stop in done:
-                    end = _End.STOPPED
-                    break
-                if metadata is not None and metadata in done:
-                    if metadata.exception() is None and not call.done():
-                        established()
-                        log.info("outboxd subscriber %s: subscribed to %s", self.consumer, self._server)
-                    metadata = None
-                    continue
-                msg = read.result()  # raises AioRpcError when the stream failed
-                read = None
-                if msg is grpc.aio.EOF:
-                    end = _End.SERVER_CLOSED
-                    break
-                if not msg.HasField("delivery"):
-                    continue
-                delivery = Delivery._from_pb(self.consumer, msg.delivery)
-                acquire = asyncio.ensure_future(permits.acquire())
-                done, _ = await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if acquire not in done:
-                    acquire.cancel()
-                    end = _End.STOPPED
-                    break
-                task = asyncio.create_task(self._handle(delivery, requests, permits))
-                handlers.add(task)
-                task.add_done_callback(handlers.discard)
-            return end
+            waits.append(stop)
+            # The reader is never cancelled while the stream lives: cancelling a read cancels
+            # the whole call, and the acks of running handlers still have to go out on it.
+            await asyncio.wait({reader, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.done():
+                self._stop_requested = True
+                return _End.STOPPED
+            return reader.result()  # raises AioRpcError when the stream failed
         except asyncio.CancelledError:
-            cancelled = True
+            self._stop_requested = True
+            log.info("outboxd subscriber %s: cancelled; stopping", self.consumer)
             raise
         finally:
-            for f in pending:
-                f.cancel()
-            await self._finish(call, requests, read, handlers, cancelled)
+            for w in waits:
+                w.cancel()
+            await self._finish(call, requests, reader, handlers)
             await channel.close()
+
+    async def _read(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.SubscribeRequest, pb.SubscribeResponse],
+        requests: _Requests,
+        permits: asyncio.Semaphore,
+        handlers: set[asyncio.Task[None]],
+        established: Callable[[], None],
+    ) -> _End:
+        """Reads deliveries and starts a handler for each, a permit each; once stopping, reads
+        on until the server ends the stream, starting nothing (the server releases those)."""
+        try:
+            await call.initial_metadata()
+        except grpc.aio.AioRpcError:
+            pass  # read() below raises it with the status
+        else:
+            if not call.done():
+                established()
+                log.info("outboxd subscriber %s: subscribed to %s", self.consumer, self._server)
+        while True:
+            msg = await call.read()
+            if not isinstance(msg, pb.SubscribeResponse):  # grpc.aio.EOF
+                return _End.SERVER_CLOSED
+            if self._stop_requested or not msg.HasField("delivery"):
+                continue
+            delivery = Delivery._from_pb(self.consumer, msg.delivery)
+            await permits.acquire()
+            if self._stop_requested:
+                permits.release()
+                continue
+            task = asyncio.create_task(self._handle(delivery, requests, permits))
+            handlers.add(task)
+            task.add_done_callback(handlers.discard)
 
     async def _finish(
         self,
         call: grpc.aio.StreamStreamCall[pb.SubscribeRequest, pb.SubscribeResponse] | None,
         requests: _Requests | None,
-        read: asyncio.Task[Any] | None,
+        reader: asyncio.Task[_End] | None,
         handlers: set[asyncio.Task[None]],
-        cancelled: bool,
     ) -> None:
         """Running handlers finish and their acks go out; then the half-close, and the server's
         end of the stream is awaited (bounded) so that it has applied everything sent."""
-        if handlers:
-            await asyncio.gather(*handlers, return_exceptions=True)
+        while handlers:
+            await asyncio.gather(*list(handlers), return_exceptions=True)
         if requests is not None:
             await requests.close()
-        if call is None:
-            return
         try:
-            if requests is not None and not requests.broken and not call.done():
-                async def drain() -> None:
-                    msg = await read if read is not None else await call.read()
-                    while msg is not grpc.aio.EOF:
-                        msg = await call.read()  # released by the server, not handled
-                await asyncio.wait_for(drain(), 5.0)
+            if reader is not None and requests is not None and not requests.broken:
+                await asyncio.wait_for(asyncio.shield(reader), 5.0)
         except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.CancelledError):
             pass
         finally:
-            if read is not None and not read.done():
-                read.cancel()
-            call.cancel()
-        if cancelled:
-            log.info("outboxd subscriber %s: stopped by cancellation", self.consumer)
+            if reader is not None and not reader.done():
+                reader.cancel()
+            if reader is not None and reader.done() and not reader.cancelled():
+                reader.exception()  # retrieved: a broken stream was reported by the caller
+            if call is not None:
+                call.cancel()
 
     async def _handle(self, d: Delivery, requests: _Requests, permits: asyncio.Semaphore) -> None:
-        keeper = asyncio.create_task(self._keep_lease(d, requests))
+        keeper = _LeaseKeeper(d.message_id, self._lease_for(d), requests)
         try:
             attrs: dict[str, str | int] = {
                 "messaging.message.id": d.message_id, "messaging.destination.name": d.topic,
@@ -418,7 +418,8 @@ class Subscriber:
             with _trace.handling(self.consumer, attrs, d.headers):
                 await self._handler(d)
         except Exception as e:
-            log.debug("outboxd subscriber %s: handler failed on %s; nacking: %s", self.consumer, d.message_id, e)
+            log.warning("outboxd subscriber %s: the handler failed on %s (delivery %d); nacking",
+                        self.consumer, d.message_id, d.delivery_count, exc_info=e)
             requests.nack(d.message_id, error_text(e))
         except asyncio.CancelledError as e:
             # The handler's own cancellation (a timeout of its own, say): a failed attempt.
@@ -432,18 +433,34 @@ class Subscriber:
             keeper.cancel()
             permits.release()
 
-    async def _keep_lease(self, d: Delivery, requests: _Requests) -> None:
-        """Extends the lease every half lease while the handler runs. The lease is the stream's
-        `ack_deadline` when given, else what is left of the delivery's by the local clock (so
-        set `ack_deadline` where the clocks of client and server may disagree)."""
+    def _lease_for(self, d: Delivery) -> float:
+        """The lease to keep: the stream's `ack_deadline` when given, else what is left of the
+        delivery's by the local clock (so set `ack_deadline` where the clocks of client and
+        server may disagree)."""
         lease = self._ack_deadline
         if lease is None:
             left = (d.ack_deadline - dt.datetime.now(dt.timezone.utc)).total_seconds() if d.ack_deadline else 0.0
             lease = left if left >= MIN_ACK_DEADLINE else FALLBACK_LEASE
-        lease = min(max(lease, MIN_ACK_DEADLINE), MAX_ACK_DEADLINE)
-        while True:
-            await asyncio.sleep(lease / 2)
-            requests.extend(d.message_id, lease)
+        return min(max(lease, MIN_ACK_DEADLINE), MAX_ACK_DEADLINE)
+
+
+class _LeaseKeeper:
+    """Extends one delivery's lease by `lease` every half lease until cancelled (a timer, not a
+    task: most handlers end long before the first tick)."""
+
+    def __init__(self, message_id: str, lease: float, requests: _Requests) -> None:
+        self._id, self._lease, self._requests = message_id, lease, requests
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(lease / 2, self._tick)
+
+    def _tick(self) -> None:
+        self._requests.extend(self._id, self._lease)
+        self._timer = self._loop.call_later(self._lease / 2, self._tick)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 __all__ = ["Delivery", "Handler", "Subscriber", "PERMANENT", "error_text"]
