@@ -63,8 +63,8 @@ export function baseUrl(server: string, tls: TlsOptions | undefined): URL {
   return url;
 }
 
-// RFC 6750's token68 characters, which an HTTP header carries as they are.
-const TOKEN_CHARS = /^[A-Za-z0-9\-._~+/]+=*$/;
+// What an HTTP/2 header value carries as it is, without spaces: visible ASCII.
+const TOKEN_CHARS = /^[\x21-\x7e]+$/;
 
 function checkToken(raw: unknown): string {
   if (typeof raw !== "string") {
@@ -75,7 +75,7 @@ function checkToken(raw: unknown): string {
     throw new TypeError("token: the token is empty");
   }
   if (!TOKEN_CHARS.test(token)) {
-    throw new TypeError("token: the token has characters a bearer token cannot carry (letters, digits and -._~+/ only)");
+    throw new TypeError("token: the token has characters a header cannot carry (visible ASCII only, no spaces)");
   }
   return token;
 }

@@ -21,6 +21,5 @@ export {
 export type { ConnectionOptions, TlsOptions, TokenSource } from "./connection.js";
 // Errors from outboxd are ConnectErrors: `err.code === Code.NotFound`, `err.rawMessage`.
 export { Code, ConnectError } from "@connectrpc/connect";
-// The generated wire types, for whoever needs the raw messages.
-export * as pb from "./gen/outbox/v1/admin_pb.js";
-export * as pbOutbox from "./gen/outbox/v1/outbox_pb.js";
+// The generated wire types (admin answers are these), for whoever needs the raw messages.
+export * as pb from "./pb.js";

@@ -238,6 +238,8 @@ const quiet: Logger = {
 
 type SessionEnd = "stopped" | "server-closed";
 
+const STOP = Symbol("stop");
+
 /**
  * Consumes one consumer's deliveries with `handler` until `stop()`:
  *
@@ -257,8 +259,10 @@ export class Subscriber {
   private readonly logger: Logger;
   private readonly connection: Connection;
   private readonly rpc: Client<typeof Outbox>;
-  private readonly stopped: Promise<void>;
-  private signalStop!: () => void;
+  // Who waits for stop(): each waits on a promise of its own, dropped when its wait ends, so
+  // that waiting once per delivery keeps nothing alive (racing one long-lived promise would
+  // add a reaction to it per delivery).
+  private readonly stopWaiters = new Set<() => void>();
   private stopping = false;
   private running: Promise<void> | undefined;
   private warnedSkew = false;
@@ -288,11 +292,9 @@ export class Subscriber {
     this.logger = options.logger ?? quiet;
     this.connection = new Connection(options.server, options);
     this.rpc = createClient(Outbox, this.connection.transport);
-    this.stopped = new Promise((resolve) => (this.signalStop = resolve));
     if (options.signal !== undefined) {
       if (options.signal.aborted) {
         this.stopping = true;
-        this.signalStop();
       } else {
         options.signal.addEventListener("abort", () => void this.stop(), { once: true });
       }
@@ -306,7 +308,7 @@ export class Subscriber {
    */
   run(): Promise<void> {
     if (this.running !== undefined) {
-      throw new Error("Subscriber.run: already running");
+      throw new Error("Subscriber.run: a Subscriber runs once; make a new one to run again");
     }
     this.running = this.loop().finally(() => this.connection.close());
     return this.running;
@@ -318,8 +320,26 @@ export class Subscriber {
    */
   async stop(): Promise<void> {
     this.stopping = true;
-    this.signalStop();
+    for (const wake of this.stopWaiters) {
+      wake();
+    }
+    this.stopWaiters.clear();
     await this.running?.catch(() => undefined);
+  }
+
+  /** Resolves with STOP once stop() is called, or `other` first; forgets its waiter after. */
+  private async unlessStopped<T>(other: Promise<T>): Promise<T | typeof STOP> {
+    let wake!: () => void;
+    const stopped = new Promise<typeof STOP>((resolve) => (wake = () => resolve(STOP)));
+    if (this.stopping) {
+      return STOP;
+    }
+    this.stopWaiters.add(wake);
+    try {
+      return await Promise.race([other, stopped]);
+    } finally {
+      this.stopWaiters.delete(wake);
+    }
   }
 
   private async loop(): Promise<void> {
@@ -344,7 +364,7 @@ export class Subscriber {
       // same server do not all come back at the same instant.
       const wait = backoff / 2 + Math.random() * (backoff / 2);
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([this.stopped, new Promise((resolve) => (timer = setTimeout(resolve, wait)))]);
+      await this.unlessStopped(new Promise((resolve) => (timer = setTimeout(resolve, wait))));
       clearTimeout(timer);
       backoff = Math.min(backoff * 2, this.reconnectMaxMs);
     }
@@ -376,14 +396,13 @@ export class Subscriber {
     })[Symbol.asyncIterator]();
 
     const running = new Set<Promise<void>>();
-    const STOP = Symbol("stop");
     let pending: Promise<IteratorResult<SubscribeResponse>> | undefined;
     let end: SessionEnd = "stopped";
     let failure: unknown;
     try {
       while (!this.stopping) {
         pending ??= responses.next();
-        const next = await Promise.race([pending, this.stopped.then((): typeof STOP => STOP)]);
+        const next = await this.unlessStopped(pending);
         if (next === STOP) {
           break;
         }
@@ -399,7 +418,7 @@ export class Subscriber {
         // outboxd sends at most `concurrency` unacked deliveries; this holds the bound even
         // against one that did not.
         while (running.size >= this.concurrency && !this.stopping) {
-          await Promise.race([...running, this.stopped]);
+          await this.unlessStopped(Promise.race(running));
         }
         if (this.stopping) {
           break;

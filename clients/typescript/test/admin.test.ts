@@ -1,39 +1,14 @@
 // Every AdminClient method against a real outboxd on PostgreSQL.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 
-import { AdminClient, Code, ConnectError, Subscriber, ackIn, enqueue, pb } from "@outboxd/client";
-import type pg from "pg";
+import { Code, ConnectError, Subscriber, ackIn, enqueue, pb } from "@outboxd/client";
 
-import { Outboxd, TestDatabase, eventually } from "./harness.js";
+import { eventually, failure, startStack } from "./harness.js";
 
-let db: TestDatabase;
-let outboxd: Outboxd;
-let admin: AdminClient;
-let sql: pg.Client;
-
-before(async () => {
-  db = await TestDatabase.create();
-  outboxd = await Outboxd.start(db.url);
-  admin = new AdminClient(`http://${outboxd.addr}`);
-  sql = await db.connect();
-});
-
-after(async () => {
-  await sql?.end();
-  admin?.close();
-  await outboxd?.kill();
-  await db?.drop();
-});
-
-async function failure(p: Promise<unknown>): Promise<ConnectError> {
-  try {
-    await p;
-  } catch (e) {
-    return ConnectError.from(e);
-  }
-  throw new Error("expected the call to fail");
-}
+const stack = await startStack();
+after(() => stack.close());
+const { outboxd, admin, sql } = stack;
 
 test("consumers: create (durations in ms, startFrom), get, list, pause, resume, delete", async () => {
   const created = await admin.createConsumer({

@@ -8,6 +8,7 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 
+import { AdminClient, ConnectError } from "@outboxd/client";
 import pg from "pg";
 
 /** The repository root: the nearest folder above this file that holds proto/outbox/v1. */
@@ -177,4 +178,42 @@ export async function eventually<T>(what: string, withinMs: number, check: () =>
 /** A unique name for a consumer or topic segment. */
 export function unique(prefix: string): string {
   return `${prefix}-${randomBytes(4).toString("hex")}`;
+}
+
+/** A database, an outboxd on it, an admin client, and a SQL connection; `close()` ends them all. */
+export interface Stack {
+  db: TestDatabase;
+  outboxd: Outboxd;
+  admin: AdminClient;
+  sql: pg.Client;
+  close(): Promise<void>;
+}
+
+export async function startStack(flags: string[] = []): Promise<Stack> {
+  const db = await TestDatabase.create();
+  const outboxd = await Outboxd.start(db.url, flags);
+  const admin = new AdminClient(outboxd.endpoint);
+  const sql = await db.connect();
+  return {
+    db,
+    outboxd,
+    admin,
+    sql,
+    close: async () => {
+      await sql.end();
+      admin.close();
+      await outboxd.kill();
+      await db.drop();
+    },
+  };
+}
+
+/** The error a call that must fail failed with. */
+export async function failure(p: Promise<unknown>): Promise<ConnectError> {
+  try {
+    await p;
+  } catch (e) {
+    return ConnectError.from(e);
+  }
+  throw new Error("expected the call to fail");
 }

@@ -1,32 +1,16 @@
 // enqueue and ackIn in the caller's node-postgres transaction, against a real outboxd.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 
-import { AdminClient, Code, ConnectError, ackIn, enqueue, pb } from "@outboxd/client";
-import type pg from "pg";
+import { Code, ConnectError, ackIn, enqueue, pb } from "@outboxd/client";
 
-import { Outboxd, TestDatabase, eventually } from "./harness.js";
+import { eventually, startStack } from "./harness.js";
 
-let db: TestDatabase;
-let outboxd: Outboxd;
-let admin: AdminClient;
-let client: pg.Client;
-
-before(async () => {
-  db = await TestDatabase.create();
-  outboxd = await Outboxd.start(db.url);
-  admin = new AdminClient(outboxd.addr);
-  await admin.createConsumer({ name: "billing", topics: ["orders.>"] });
-  client = await db.connect();
-  await client.query("CREATE TABLE orders (id int PRIMARY KEY)");
-});
-
-after(async () => {
-  await client?.end();
-  admin?.close();
-  await outboxd?.kill();
-  await db?.drop();
-});
+const stack = await startStack();
+after(() => stack.close());
+const { admin, sql: client } = stack;
+await admin.createConsumer({ name: "billing", topics: ["orders.>"] });
+await client.query("CREATE TABLE orders (id int PRIMARY KEY)");
 
 async function exists(id: string): Promise<boolean> {
   try {

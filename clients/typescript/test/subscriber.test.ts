@@ -1,32 +1,16 @@
 // The Subscriber against a real outboxd on PostgreSQL: ack, nack, dead letters, the concurrency
 // bound, lease extension, graceful stop, reconnect, and errors that end run().
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 
-import { AdminClient, Code, ConnectError, MAX_ERROR_BYTES, Subscriber, enqueue, pb, type Delivery } from "@outboxd/client";
-import type pg from "pg";
+import { Code, ConnectError, MAX_ERROR_BYTES, Subscriber, enqueue, pb, type Delivery } from "@outboxd/client";
 
-import { Outboxd, TestDatabase, eventually, freePort, unique } from "./harness.js";
+import { Outboxd, eventually, freePort, startStack, unique } from "./harness.js";
 
-let db: TestDatabase;
-let outboxd: Outboxd;
-let admin: AdminClient;
-let sql: pg.Client;
-
-before(async () => {
-  db = await TestDatabase.create();
-  // Expired leases are found within 100 ms, so that a lease that was not extended shows.
-  outboxd = await Outboxd.start(db.url, ["--sweep-interval", "100ms"]);
-  admin = new AdminClient(outboxd.endpoint);
-  sql = await db.connect();
-});
-
-after(async () => {
-  await sql?.end();
-  admin?.close();
-  await outboxd?.kill();
-  await db?.drop();
-});
+// Expired leases are found within 100 ms, so that a lease that was not extended shows.
+const stack = await startStack(["--sweep-interval", "100ms"]);
+after(() => stack.close());
+const { db, outboxd, admin, sql } = stack;
 
 /** A consumer of its own topic, and a function that enqueues n messages to it (committed). */
 async function setUp(options: { maxDeliveries?: number; ackDeadline?: number } = {}) {
@@ -211,6 +195,20 @@ test("stop() lets running handlers finish and acks them; what was not started is
   await again;
   assert.deepEqual(new Set(seen), new Set(rest));
   assert.equal((await stats(c.name)).dead, 0n);
+});
+
+test("aborting the `signal` option stops the subscriber like stop()", async () => {
+  const c = await setUp();
+  const abort = new AbortController();
+  const handled: string[] = [];
+  const subscriber = new Subscriber({ server: outboxd.addr, consumer: c.name, signal: abort.signal, handler: (d) => void handled.push(d.messageId) });
+  const running = subscriber.run();
+  const [id] = await c.send(1);
+  await eventually("handled", 10_000, () => handled.includes(id!));
+  abort.abort();
+  await running;
+  assert.equal((await state(id!, c.name))?.state, pb.DeliveryState_State.ACKED);
+  await eventually("the stream closed", 5_000, async () => (await stats(c.name)).streams === 0);
 });
 
 test("the subscriber reconnects after outboxd is killed and started again on the same port", async () => {

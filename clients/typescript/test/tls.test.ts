@@ -10,7 +10,7 @@ import { after, before, test } from "node:test";
 
 import { AdminClient, Code, ConnectError, Subscriber, enqueue } from "@outboxd/client";
 
-import { Outboxd, TestDatabase, eventually } from "./harness.js";
+import { Outboxd, TestDatabase, eventually, failure } from "./harness.js";
 
 let dir: string;
 let db: TestDatabase;
@@ -71,15 +71,6 @@ const https = (d: Outboxd) => `https://${d.addr}`;
 
 async function code(p: Promise<unknown>): Promise<Code> {
   return (await failure(p)).code;
-}
-
-async function failure(p: Promise<unknown>): Promise<ConnectError> {
-  try {
-    await p;
-  } catch (e) {
-    return ConnectError.from(e);
-  }
-  throw new Error("expected the call to fail");
 }
 
 test("over TLS with a token: the admin client and a Subscriber work; the token goes on every call", async () => {
