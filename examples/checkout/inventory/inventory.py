@@ -20,6 +20,7 @@ import os
 import pathlib
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import outboxd
@@ -233,7 +234,8 @@ def http_app(inventory: Inventory) -> web.Application:
         return web.json_response({"status": "ok"})
 
     @web.middleware
-    async def store_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def store_errors(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         try:
             return await handler(request)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
