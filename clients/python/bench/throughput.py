@@ -1,7 +1,7 @@
 """The Subscriber's throughput: messages acked per second by one `outboxd.Subscriber` whose handler
 does nothing, against one outboxd on PostgreSQL.
 
-    python clients/python/bench/throughput.py [--messages 20000] [--concurrency 64] [--runs 3]
+    python clients/python/bench/throughput.py [--messages 20000] [--concurrency 64] [--runs 3] [--max-in-flight N]
 
 Creates a database (dropped at the end), starts outboxd on it (OUTBOXD_BIN, default
 target/release/outboxd if built, else target/debug/outboxd), commits the messages before the
@@ -31,7 +31,7 @@ import outboxd
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "tests"))
-from conftest import ADMIN_URL, Outboxd  # noqa: E402  (the tests' process helper)
+from support import ADMIN_URL, Outboxd  # noqa: E402  (the tests' process helper)
 
 
 def cpu_s() -> float:
@@ -39,7 +39,10 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def one_run(server: Outboxd, database_url: str, n: int, concurrency: int, run: int) -> tuple[float, float]:
+async def one_run(
+    server: Outboxd, database_url: str, n: int, concurrency: int, max_in_flight: int | None, batch: int | None,
+    run: int,
+) -> tuple[float, float]:
     """Acked per second, and this process's CPU microseconds per message."""
     consumer, topic = f"bench-{run}", f"bench.run{run}"
     async with outboxd.AdminClient(server.endpoint) as admin:
@@ -55,7 +58,8 @@ async def one_run(server: Outboxd, database_url: str, n: int, concurrency: int, 
             nonlocal handled
             handled += 1
 
-        sub = outboxd.Subscriber(server.endpoint, consumer, handler, concurrency=concurrency)
+        sub = outboxd.Subscriber(server.endpoint, consumer, handler, concurrency=concurrency, max_in_flight=max_in_flight,
+                                 ack_batch_size=batch)
         started, cpu = time.perf_counter(), cpu_s()
         task = asyncio.create_task(sub.run())
         while (await admin.get_stats(consumer)).consumers[0].acked < n:
@@ -75,6 +79,8 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-in-flight", type=int, default=None, help="default: the concurrency")
+    parser.add_argument("--ack-batch-size", type=int, default=None, help="default: half of max-in-flight")
     opts = parser.parse_args()
     if "OUTBOXD_BIN" not in os.environ and (REPO / "target/release/outboxd").exists():
         os.environ["OUTBOXD_BIN"] = str(REPO / "target/release/outboxd")
@@ -84,14 +90,14 @@ async def main() -> None:
     url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     server = Outboxd(url).start()
     try:
-        runs = [await one_run(server, url, opts.messages, opts.concurrency, i) for i in range(opts.runs)]
+        runs = [await one_run(server, url, opts.messages, opts.concurrency, opts.max_in_flight, opts.ack_batch_size, i) for i in range(opts.runs)]
     finally:
         server.stop()
         with psycopg.connect(ADMIN_URL, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(json.dumps({
         "outboxd": os.environ.get("OUTBOXD_BIN", "target/debug/outboxd"),
-        "messages": opts.messages, "concurrency": opts.concurrency,
+        "messages": opts.messages, "concurrency": opts.concurrency, "max_in_flight": opts.max_in_flight or opts.concurrency,
         "acked_per_s": [round(r) for r, _ in runs], "median_acked_per_s": round(statistics.median(r for r, _ in runs)),
         "client_cpu_us_per_message": [round(c) for _, c in runs],
     }))

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 import outboxd
-from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 pb = outboxd.pb.admin
 
@@ -41,6 +41,13 @@ async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.Admi
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await admin.create_consumer("bad name!", ["t"])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name" in (e.value.details() or "")
+    # A sink consumer: outboxd delivers it itself; the secret is write-only.
+    hooked = unique("hooked")
+    sink = pb.Sink(webhook=pb.WebhookSink(url="http://127.0.0.1:9/hook", secret="whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"))
+    got = await admin.create_consumer(hooked, [topic_for(hooked)], sink=sink)
+    assert got.sink.webhook.url == "http://127.0.0.1:9/hook" and got.sink.webhook.secret == "***"
+    assert (await admin.get_stats(hooked)).consumers[0].sink == "webhook"
+    await admin.delete_consumer(hooked)
     with pytest.raises(ValueError, match="start_from"):
         await admin.create_consumer(name, ["t"], start_from="latest")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="list of topics"):

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import outboxd
-from conftest import Outboxd, acked, eventually, running, topic_for, unique
+from support import Outboxd, acked, eventually, running, topic_for, unique
 
 
 async def message_exists(admin: outboxd.AdminClient, message_id: str) -> bool:

@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 import outboxd
 from outboxd._connection import parse_target
 from outboxd._subscriber import error_text
-from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 
 class Pki:

@@ -12,12 +12,10 @@ import psycopg
 import psycopg_pool
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import outboxd
-from conftest import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+from tracing import PROVIDER, SPANS
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
 
 STATE = outboxd.pb.admin.DeliveryState
 
@@ -242,14 +240,10 @@ async def test_errors_that_retrying_cannot_fix_end_run(server: Outboxd, admin: o
 async def test_the_handler_span_continues_the_producers_trace(
     admin: outboxd.AdminClient, server: Outboxd, database_url: str,
 ) -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
     consumer = unique("trace")
     topic = topic_for(consumer)
     await admin.create_consumer(consumer, [topic])
-    tracer = provider.get_tracer("test")
+    tracer = PROVIDER.get_tracer("test")
     with tracer.start_as_current_span("checkout") as producer:
         [mid] = commit_enqueue(database_url, topic, 1)
     seen: list[tuple[int, str]] = []
@@ -263,7 +257,8 @@ async def test_the_handler_span_continues_the_producers_trace(
     want = producer.get_span_context().trace_id
     assert seen and seen[0][0] == want, (seen, want)
     assert f"{want:032x}" in seen[0][1]
-    [span] = [s for s in exporter.get_finished_spans() if s.name == "outbox.handle"]
+    [span] = [s for s in SPANS.get_finished_spans()
+              if s.name == "outbox.handle" and s.attributes and s.attributes.get("messaging.message.id") == mid]
     assert span.kind == trace.SpanKind.CONSUMER and span.attributes is not None
     assert span.attributes["messaging.message.id"] == mid
 

@@ -39,7 +39,12 @@ def timestamp(value: dt.datetime, field: str) -> timestamp_pb2.Timestamp:
     return ts
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
 def from_timestamp(ts: timestamp_pb2.Timestamp, present: bool) -> dt.datetime | None:
+    """A timezone-aware UTC datetime (to the microsecond), or None for an unset field."""
     if not present:
         return None
-    return ts.ToDatetime(tzinfo=dt.timezone.utc)
+    # A tenth of Timestamp.ToDatetime's cost, which matters once per delivery.
+    return _EPOCH + dt.timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)

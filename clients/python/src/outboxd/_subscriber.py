@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -439,7 +440,7 @@ class Subscriber:
         server may disagree)."""
         lease = self._ack_deadline
         if lease is None:
-            left = (d.ack_deadline - dt.datetime.now(dt.timezone.utc)).total_seconds() if d.ack_deadline else 0.0
+            left = d.ack_deadline.timestamp() - time.time() if d.ack_deadline else 0.0
             lease = left if left >= MIN_ACK_DEADLINE else FALLBACK_LEASE
         return min(max(lease, MIN_ACK_DEADLINE), MAX_ACK_DEADLINE)
 
