@@ -47,9 +47,9 @@ npm_ci() {
     npm ci --no-audit --no-fund --loglevel=error >/dev/null
   fi
 }
-# npm does not run the `prepare` of a linked local package here (install scripts need an
-# allowScripts entry in npm 11), so the client is built in its own folder first, again only
-# when its sources or proto/ changed.
+# Payments links to the client folder (a file: dependency). The client is built there first,
+# from its own lock file, so the link points at a build of the tree as it is now with locked
+# dependencies; again only when its sources or proto/ changed.
 (
   cd "$repo/clients/typescript"
   npm_ci
