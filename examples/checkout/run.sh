@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --style=*) style="${1#*=}"; shift ;;
     --limit) limit="${2:-}"; shift 2 || usage ;;
     --limit=*) limit="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
 done
