@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit, store, end-to-end (real outboxd processes) and the Python
-# client test. Needs a PostgreSQL that accepts `postgres` without a password on 127.0.0.1:5432,
-# or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and drops its own database).
-# A local cluster that is installed but stopped is started. The sink tests also need RabbitMQ on
-# 127.0.0.1:5672 (guest/guest) and NATS with JetStream on 127.0.0.1:4222 (or
-# OUTBOX_TEST_AMQP_URL / OUTBOX_TEST_NATS_URL); scripts/brokers.sh starts local ones.
+# Runs the whole test suite: unit, store, end-to-end (real outboxd processes), the Python
+# client package's checks and tests (clients/python/test.sh), the TypeScript client's tests
+# (clients/typescript/test.sh, which needs Node.js 20 or later and npm), and the checkout demo
+# end to end (examples/checkout/test.sh). Needs a PostgreSQL that accepts `postgres` without a
+# password on 127.0.0.1:5432, or OUTBOX_TEST_DATABASE_URL pointing at one (each test creates and
+# drops its own database). A local cluster that is installed but stopped is started. The sink
+# tests also need RabbitMQ on 127.0.0.1:5672 (guest/guest) and NATS with JetStream on
+# 127.0.0.1:4222 (or OUTBOX_TEST_AMQP_URL / OUTBOX_TEST_NATS_URL); scripts/brokers.sh starts
+# local ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +35,22 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The Python client (clients/python): generated code, mypy --strict, pytest against real outboxd.
+bash clients/python/test.sh 2>&1 | tee -a "$log"
+py_status=${PIPESTATUS[0]}
+# The TypeScript client, against the debug outboxd the cargo tests built.
+OUTBOXD_BIN="${OUTBOXD_BIN:-$PWD/target/debug/outboxd}" bash clients/typescript/test.sh 2>&1 | tee -a "$log"
+ts_status=${PIPESTATUS[0]}
+# The checkout demo end to end (examples/checkout): outboxd and its three services as real
+# processes, both saga styles, each service SIGKILLed mid-step.
+bash examples/checkout/test.sh 2>&1 | tee -a "$log"
+checkout_status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole suite (cargo prints one per test binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+# One closing line for the cargo and pytest tests (cargo prints one per test binary, pytest one
+# per run).
+awk '/^test result:/ || /^=* *[0-9]+ (passed|failed|error).* in [0-9.]+s/ {
+       for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|error)/) f += $i } }
      END { printf "outboxd suite: %d passed, %d failed\n", p, f }' "$log"
-exit "$status"
+for s in "$status" "$py_status" "$ts_status" "$checkout_status"; do
+  if [ "$s" -ne 0 ]; then exit "$s"; fi
+done

@@ -28,6 +28,7 @@ use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::Replayer;
 use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
+use crate::sinks::supervisor::SinkSupervisor;
 use crate::store::{self, SharedStore, StoreError, WorkHint};
 use crate::tls::TlsState;
 
@@ -143,6 +144,7 @@ impl App {
             .max_decoding_message_size(max_decode);
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
             .with_shutdown(shutdown.clone());
+        let sinks = config.sinks.then(|| SinkSupervisor::new(ctx.clone(), config.sink_poll));
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
 
         let stop_accepting = shutdown.clone();
@@ -208,6 +210,11 @@ impl App {
         }
         tasks.spawn(auth.watch(config.security.reload_interval, loops.clone()));
         tasks.spawn(sweeper.run(loops.clone()));
+        if let Some(sinks) = sinks {
+            // Each sink drains like a stream when the server shuts down; the supervisor stops
+            // with the background loops, after that.
+            tasks.spawn(sinks.run(loops.clone()));
+        }
         tasks.spawn(pruner.run(loops.clone()));
         if !config.vacuum_interval.is_zero() {
             tasks.spawn(

@@ -32,6 +32,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Run one relay pass (fan-out of committed messages) and one round of due sink
+    /// deliveries, print what moved, and exit: for running the relay from a scheduler. Exit
+    /// codes: 0 something moved, 3 nothing to do, 4 the database is unreachable, 1 any other
+    /// error.
+    Relay(crate::once::RelayArgs),
     /// Ask a running outboxd whether it is serving (gRPC health); exit 0 only if it is.
     Healthcheck(crate::healthcheck::HealthcheckArgs),
 }
@@ -91,6 +96,14 @@ pub struct ServeArgs {
     /// in other replicas).
     #[arg(long, env = "OUTBOXD_NO_RELAY")]
     pub no_relay: bool,
+    /// Deliver no sink consumers from this process (other replicas do, or `outboxd relay
+    /// --once` from a scheduler).
+    #[arg(long, env = "OUTBOXD_NO_SINKS")]
+    pub no_sinks: bool,
+    /// How often this process looks for sink consumers created or deleted on other replicas
+    /// (its own changes take effect at once).
+    #[arg(long, env = "OUTBOXD_SINK_POLL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sink_poll: Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -159,6 +172,8 @@ pub struct ServeConfig {
     pub stream_poll: Duration,
     pub listen_notify: bool,
     pub relay: bool,
+    pub sinks: bool,
+    pub sink_poll: Duration,
     pub metrics_listen: Option<SocketAddr>,
     pub health_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
@@ -215,6 +230,8 @@ impl ServeConfig {
             stream_poll: Duration::from_secs(2),
             listen_notify: true,
             relay: true,
+            sinks: true,
+            sink_poll: Duration::from_secs(30),
             metrics_listen: None,
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
@@ -241,6 +258,7 @@ impl ServeConfig {
             ("--relay-poll-max", self.relay_poll_max),
             ("--sweep-interval", self.sweep_interval),
             ("--stream-poll", self.stream_poll),
+            ("--sink-poll", self.sink_poll),
             ("--retention", self.retention),
             ("--metrics-interval", self.metrics_interval),
             ("--reload-interval", self.security.reload_interval),
@@ -297,6 +315,8 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.stream_poll = a.stream_poll;
         c.listen_notify = !a.no_listen;
         c.relay = !a.no_relay;
+        c.sinks = !a.no_sinks;
+        c.sink_poll = a.sink_poll;
         c.metrics_listen = a.metrics_listen;
         c.health_listen = a.health_listen;
         c.metrics_interval = a.metrics_interval;

@@ -18,6 +18,7 @@ pub struct Hub(Arc<Inner>);
 struct Inner {
     enqueued: Signal,
     relay_backlog: Signal,
+    consumers_changed: Signal,
     consumers: Mutex<HashMap<String, Entry>>,
 }
 
@@ -188,6 +189,12 @@ impl Hub {
     /// Signalled when a message was enqueued through this process; wakes the relay.
     pub fn enqueued(&self) -> &Signal {
         &self.0.enqueued
+    }
+
+    /// Signalled when this process created, deleted, paused or resumed a consumer: the sink
+    /// supervisor looks again.
+    pub fn consumers_changed(&self) -> &Signal {
+        &self.0.consumers_changed
     }
 
     /// Signalled when a relay pass claimed a full batch: there is a backlog to share.

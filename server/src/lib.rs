@@ -19,6 +19,8 @@
 //! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop and its in-flight
 //!   [`delivery::window`] (held leases, room, expiry, late acks).
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
+//! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a
+//!   scheduler.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
 //!   managed replay, and the vacuum of outboxd's own tables.
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
@@ -47,6 +49,7 @@ pub mod hub;
 pub mod limits;
 pub mod maintenance;
 pub mod metrics;
+pub mod once;
 pub mod relay;
 pub mod reload;
 pub mod sinks;

@@ -5,7 +5,7 @@ use clap::Parser as _;
 use outbox_server::app::App;
 use outbox_server::clock::SystemClock;
 use outbox_server::config::{Cli, Command, ServeConfig};
-use outbox_server::{store, telemetry};
+use outbox_server::{once, store, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -49,9 +49,42 @@ async fn main() -> anyhow::Result<()> {
             store.migrate().await.context("applying migrations")?;
             tracing::info!("migrations applied");
         }
+        Command::Relay(args) => {
+            let code = relay_once(&args).await;
+            telemetry.shutdown();
+            std::process::exit(code);
+        }
     }
     telemetry.shutdown();
     Ok(())
+}
+
+/// `outboxd relay --once`: prints what moved (stdout) or what failed (stderr), returns the exit code.
+async fn relay_once(args: &once::RelayArgs) -> i32 {
+    let clock: outbox_server::clock::SharedClock = Arc::new(SystemClock);
+    let result = async {
+        let store = store::connect(&args.database.database_url, 4).await?;
+        if !args.no_migrate {
+            store.migrate().await?;
+        }
+        let report = once::run(&store, &clock, args.batch, !args.no_sinks).await;
+        store.close().await;
+        report
+    }
+    .await;
+    let code = once::exit_code(&result);
+    match (&result, args.output) {
+        (Ok(report), once::Output::Json) => {
+            println!("{}", serde_json::to_string(report).unwrap_or_else(|_| "{}".to_owned()))
+        }
+        (Ok(report), once::Output::Text) => println!("{}", report.text()),
+        (Err(e), once::Output::Json) => {
+            let kind = if e.is_unreachable() { "database_unreachable" } else { "error" };
+            println!("{}", serde_json::json!({ "error": e.to_string(), "kind": kind }));
+        }
+        (Err(e), once::Output::Text) => eprintln!("outboxd relay --once: {e}"),
+    }
+    code
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {

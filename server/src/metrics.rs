@@ -25,6 +25,12 @@ pub const COMMIT_TO_DELIVERY: &str = "outboxd_commit_to_delivery_seconds";
 pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
 pub const RELAY_BATCH_SIZE: &str = "outboxd_relay_batch_messages";
 pub const RELAY_BATCH_DURATION: &str = "outboxd_relay_batch_duration_seconds";
+pub const SINK_PUBLISHED: &str = "outboxd_sink_published_total";
+pub const SINK_CONFIRMED: &str = "outboxd_sink_confirmed_total";
+pub const SINK_FAILED: &str = "outboxd_sink_failed_total";
+pub const SINK_UNAVAILABLE: &str = "outboxd_sink_unavailable_total";
+pub const SINK_CONFIRM: &str = "outboxd_sink_confirm_seconds";
+pub const SINK_CONNECTED: &str = "outboxd_sink_connected";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
@@ -59,6 +65,15 @@ fn describe() {
     describe_counter!("outboxd_tls_handshake_failures_total", "TLS handshakes that failed or timed out.");
     describe_histogram!(COMMIT_TO_DELIVERY, Unit::Seconds, "From enqueue to being sent on a stream.");
     describe_histogram!(COMMIT_TO_ACK, Unit::Seconds, "From enqueue to the ack arriving.");
+    describe_counter!(SINK_PUBLISHED, "Deliveries a sink published to its target (each redelivery counts).");
+    describe_counter!(SINK_CONFIRMED, "Publishes the sink's target confirmed (acked).");
+    describe_counter!(SINK_FAILED, "Publishes the target refused or failed, by reason (nacked).");
+    describe_counter!(
+        SINK_UNAVAILABLE,
+        "Publishes left unconfirmed when the target became unreachable (released, published again)."
+    );
+    describe_histogram!(SINK_CONFIRM, Unit::Seconds, "From publish to the target's confirmation.");
+    describe_gauge!(SINK_CONNECTED, "1 while this process's sink is connected to its target.");
     describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
     describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
     describe_gauge!("outboxd_unrelayed_messages", "Committed messages not yet fanned out.");
@@ -164,5 +179,44 @@ impl GaugeCollector {
                 _ = tokio::time::sleep(self.interval) => {}
             }
         }
+    }
+}
+
+/// One sink's metrics, labelled with its consumer and target kind.
+#[derive(Debug, Clone)]
+pub struct SinkMetrics {
+    consumer: String,
+    sink: &'static str,
+}
+
+impl SinkMetrics {
+    pub fn new(consumer: &str, sink: &'static str) -> Self {
+        Self { consumer: consumer.to_owned(), sink }
+    }
+
+    pub fn published(&self) {
+        counter!(SINK_PUBLISHED, "consumer" => self.consumer.clone(), "sink" => self.sink).increment(1);
+    }
+
+    pub fn confirmed(&self, took: Duration) {
+        counter!(SINK_CONFIRMED, "consumer" => self.consumer.clone(), "sink" => self.sink).increment(1);
+        histogram!(SINK_CONFIRM, "consumer" => self.consumer.clone(), "sink" => self.sink).record(took.as_secs_f64());
+    }
+
+    pub fn failed(&self, reason: &'static str) {
+        counter!(SINK_FAILED, "consumer" => self.consumer.clone(), "sink" => self.sink, "reason" => reason)
+            .increment(1);
+    }
+
+    pub fn unavailable(&self) {
+        counter!(SINK_UNAVAILABLE, "consumer" => self.consumer.clone(), "sink" => self.sink).increment(1);
+    }
+
+    pub fn connected(&self, up: bool) {
+        gauge!(SINK_CONNECTED, "consumer" => self.consumer.clone(), "sink" => self.sink).set(if up {
+            1.0
+        } else {
+            0.0
+        });
     }
 }

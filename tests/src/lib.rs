@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 pub use outbox_server::testing::TestDb;
 
+pub mod brokers;
 pub mod pki;
 pub mod proxy;
 

@@ -142,129 +142,147 @@ struct CreateArgs {
     ack_deadline: Duration,
     #[arg(long, value_enum, default_value_t = StartFrom::New)]
     start_from: StartFrom,
-    /// Make it a sink: outboxd publishes each delivery to this target itself (no Subscribe
-    /// streams) and acks it once the target has confirmed it.
-    #[arg(long, value_enum, requires = "url", help_heading = "Sink")]
-    sink: Option<SinkArg>,
-    /// The sink's URL: amqp:// or amqps:// (rabbitmq), nats:// (nats), https:// (webhook; http://
-    /// only to loopback). A password in it is write-only: outboxd shows it as ***.
-    #[arg(long, requires = "sink", help_heading = "Sink")]
-    url: Option<String>,
-    /// rabbitmq: the exchange ("" or absent: the default exchange). It must exist.
-    #[arg(long, help_heading = "Sink")]
-    exchange: Option<String>,
-    /// rabbitmq: the routing key, a template with {topic}, {type}, {ordering_key} [default: {topic}].
-    #[arg(long, help_heading = "Sink")]
-    routing_key: Option<String>,
-    /// nats: the subject, a template as for --routing-key [default: {topic}]; a JetStream stream
-    /// must capture it.
-    #[arg(long, help_heading = "Sink")]
-    subject: Option<String>,
-    /// webhook: the signing secret, "whsec_" + base64 (Standard Webhooks). Write-only.
-    #[arg(long, env = "OUTBOXCTL_WEBHOOK_SECRET", hide_env_values = true, help_heading = "Sink")]
-    secret: Option<String>,
-    /// webhook: how long the partner may take to answer [default: 10s, at most 5m].
-    #[arg(long, value_parser = humantime::parse_duration, help_heading = "Sink")]
-    timeout: Option<Duration>,
-    /// Concurrent unconfirmed publishes of the sink [default: 64].
-    #[arg(long, requires = "sink", help_heading = "Sink")]
-    max_in_flight: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum SinkArg {
-    Rabbitmq,
-    Nats,
-    Webhook,
-}
-
-impl CreateArgs {
-    /// The sink the flags describe, or what is wrong with them (a flag that belongs to another
-    /// target, a missing one).
-    fn sink(&self) -> Result<Option<pb::Sink>, Failure> {
-        let bad = |message: String| Failure { code: 2, message };
-        let given = [
-            ("--exchange", self.exchange.is_some(), SinkArg::Rabbitmq),
-            ("--routing-key", self.routing_key.is_some(), SinkArg::Rabbitmq),
-            ("--subject", self.subject.is_some(), SinkArg::Nats),
-            ("--secret", self.secret.is_some(), SinkArg::Webhook),
-            ("--timeout", self.timeout.is_some(), SinkArg::Webhook),
-        ];
-        let Some(kind) = self.sink else {
-            if let Some((flag, ..)) = given.iter().find(|(_, set, _)| *set) {
-                return Err(bad(format!("{flag} is a sink's flag: give --sink and --url too")));
-            }
-            return Ok(None);
-        };
-        for (flag, set, owner) in given {
-            // --secret may come from the environment; it only counts for a webhook.
-            if set && owner != kind && flag != "--secret" {
-                return Err(bad(format!("{flag} belongs to --sink {}, not --sink {}", name(owner), name(kind))));
-            }
-        }
-        let url = self.url.clone().unwrap_or_default();
-        let target = match kind {
-            SinkArg::Rabbitmq => pb::sink::Target::Rabbitmq(pb::RabbitMqSink {
-                url,
-                exchange: self.exchange.clone().unwrap_or_default(),
-                routing_key: self.routing_key.clone().unwrap_or_default(),
-            }),
-            SinkArg::Nats => {
-                pb::sink::Target::Nats(pb::NatsSink { url, subject: self.subject.clone().unwrap_or_default() })
-            }
-            SinkArg::Webhook => {
-                let Some(secret) = self.secret.clone() else {
-                    return Err(bad("--sink webhook needs --secret (or OUTBOXCTL_WEBHOOK_SECRET)".into()));
-                };
-                pb::sink::Target::Webhook(pb::WebhookSink { url, secret, timeout: self.timeout.map(pb_duration) })
-            }
-        };
-        Ok(Some(pb::Sink { target: Some(target), max_in_flight: self.max_in_flight.unwrap_or(0) }))
-    }
-}
-
-fn name(kind: SinkArg) -> &'static str {
-    match kind {
-        SinkArg::Rabbitmq => "rabbitmq",
-        SinkArg::Nats => "nats",
-        SinkArg::Webhook => "webhook",
-    }
-}
-
-/// A consumer's sink as JSON (secrets as the server shows them: `***`), null for a stream consumer.
-fn sink_json(sink: Option<&pb::Sink>) -> Value {
-    let Some(s) = sink else { return Value::Null };
-    let mut v = match &s.target {
-        Some(pb::sink::Target::Rabbitmq(r)) => {
-            json!({ "kind": "rabbitmq", "url": r.url, "exchange": r.exchange, "routing_key": r.routing_key })
-        }
-        Some(pb::sink::Target::Nats(n)) => json!({ "kind": "nats", "url": n.url, "subject": n.subject }),
-        Some(pb::sink::Target::Webhook(w)) => json!({
-            "kind": "webhook", "url": w.url, "secret": w.secret, "timeout_s": secs(w.timeout.as_ref()),
-        }),
-        None => json!({ "kind": null }),
-    };
-    v["max_in_flight"] = json!(s.max_in_flight);
-    v
-}
-
-/// One table cell for a consumer's sink: its kind and where it publishes.
-fn sink_cell(sink: Option<&pb::Sink>) -> String {
-    match sink.and_then(|s| s.target.as_ref()) {
-        None => "-".to_owned(),
-        Some(pb::sink::Target::Rabbitmq(r)) => {
-            let exchange = if r.exchange.is_empty() { "(default)" } else { r.exchange.as_str() };
-            format!("rabbitmq {} exchange={exchange} key={}", r.url, r.routing_key)
-        }
-        Some(pb::sink::Target::Nats(n)) => format!("nats {} subject={}", n.url, n.subject),
-        Some(pb::sink::Target::Webhook(w)) => format!("webhook {}", w.url),
-    }
+    #[command(flatten)]
+    sink: SinkArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum StartFrom {
     New,
     Earliest,
+}
+
+/// A sink: outboxd delivers the consumer itself, to a broker or a webhook.
+#[derive(Debug, Args)]
+struct SinkArgs {
+    /// Make this consumer a sink to this target (outboxd publishes, acks on the target's
+    /// confirmation; it takes no Subscribe streams).
+    #[arg(long, value_enum, requires = "url")]
+    sink: Option<SinkKind>,
+    /// The target: amqp:// or amqps:// (rabbitmq), nats:// (nats), https:// (webhook; http://
+    /// only to loopback). A password in it is never shown again.
+    #[arg(long, requires = "sink")]
+    url: Option<String>,
+    /// RabbitMQ exchange ("" = the default exchange).
+    #[arg(long, requires = "sink")]
+    exchange: Option<String>,
+    /// RabbitMQ routing key template: {topic} {type} {ordering_key} (default "{topic}").
+    #[arg(long, requires = "sink")]
+    routing_key: Option<String>,
+    /// NATS subject template: {topic} {type} {ordering_key} (default "{topic}"); a JetStream
+    /// stream must capture it.
+    #[arg(long, requires = "sink")]
+    subject: Option<String>,
+    /// Webhook signing secret, "whsec_" + base64 (Standard Webhooks). Prefer --secret-file or
+    /// the environment: a command line is visible to other users of the host.
+    #[arg(long, env = "OUTBOXD_SINK_SECRET", hide_env_values = true, conflicts_with = "secret_file")]
+    secret: Option<String>,
+    /// A file holding the webhook signing secret.
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// Webhook request timeout (default 10s).
+    #[arg(long, value_parser = humantime::parse_duration, requires = "sink")]
+    timeout: Option<Duration>,
+    /// Concurrent unconfirmed publishes (default 64).
+    #[arg(long, requires = "sink")]
+    max_in_flight: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SinkKind {
+    Rabbitmq,
+    Nats,
+    Webhook,
+}
+
+impl SinkArgs {
+    /// The sink on the wire, or a usage error naming the flag that does not fit.
+    fn to_pb(&self) -> Result<Option<pb::Sink>, Failure> {
+        let usage = |m: String| Failure { code: 2, message: m };
+        let Some(kind) = self.sink else {
+            return Ok(None);
+        };
+        let only = |flag: &str, set: bool, for_kind: SinkKind| {
+            if set && kind != for_kind {
+                Err(usage(format!("{flag} is for --sink {}", for_kind.name())))
+            } else {
+                Ok(())
+            }
+        };
+        only("--exchange", self.exchange.is_some(), SinkKind::Rabbitmq)?;
+        only("--routing-key", self.routing_key.is_some(), SinkKind::Rabbitmq)?;
+        only("--subject", self.subject.is_some(), SinkKind::Nats)?;
+        // --secret may come from the environment, so it is only read for a webhook.
+        only("--secret-file", self.secret_file.is_some(), SinkKind::Webhook)?;
+        only("--timeout", self.timeout.is_some(), SinkKind::Webhook)?;
+        let url = self.url.clone().unwrap_or_default();
+        use pb::sink::Target;
+        let target = match kind {
+            SinkKind::Rabbitmq => Target::Rabbitmq(pb::RabbitMqSink {
+                url,
+                exchange: self.exchange.clone().unwrap_or_default(),
+                routing_key: self.routing_key.clone().unwrap_or_default(),
+            }),
+            SinkKind::Nats => Target::Nats(pb::NatsSink { url, subject: self.subject.clone().unwrap_or_default() }),
+            SinkKind::Webhook => {
+                let secret = match (&self.secret, &self.secret_file) {
+                    (Some(s), _) => s.clone(),
+                    (None, Some(path)) => std::fs::read_to_string(path)
+                        .map_err(|e| usage(format!("--secret-file {}: {e}", path.display())))?
+                        .trim()
+                        .to_owned(),
+                    (None, None) => {
+                        return Err(usage(
+                            "--sink webhook needs --secret, --secret-file or OUTBOXD_SINK_SECRET".into(),
+                        ));
+                    }
+                };
+                Target::Webhook(pb::WebhookSink { url, secret, timeout: self.timeout.map(pb_duration) })
+            }
+        };
+        Ok(Some(pb::Sink { target: Some(target), max_in_flight: self.max_in_flight.unwrap_or(0) }))
+    }
+}
+
+impl SinkKind {
+    fn name(self) -> &'static str {
+        match self {
+            SinkKind::Rabbitmq => "rabbitmq",
+            SinkKind::Nats => "nats",
+            SinkKind::Webhook => "webhook",
+        }
+    }
+}
+
+/// The sink as the server answered it (secrets already `***`).
+fn sink_json(s: &pb::Sink) -> Value {
+    use pb::sink::Target;
+    let mut v = match &s.target {
+        Some(Target::Rabbitmq(r)) => {
+            json!({ "kind": "rabbitmq", "url": r.url, "exchange": r.exchange, "routing_key": r.routing_key })
+        }
+        Some(Target::Nats(n)) => json!({ "kind": "nats", "url": n.url, "subject": n.subject }),
+        Some(Target::Webhook(w)) => {
+            json!({ "kind": "webhook", "url": w.url, "secret": w.secret, "timeout_s": secs(w.timeout.as_ref()) })
+        }
+        None => json!({ "kind": "" }),
+    };
+    v["max_in_flight"] = json!(s.max_in_flight);
+    v
+}
+
+/// One short line: the kind, where, and how it routes.
+fn sink_text(s: Option<&pb::Sink>) -> String {
+    use pb::sink::Target;
+    match s.and_then(|s| s.target.as_ref()) {
+        None => String::new(),
+        Some(Target::Rabbitmq(r)) => {
+            let exchange = if r.exchange.is_empty() { "(default)" } else { r.exchange.as_str() };
+            format!("rabbitmq {} exchange={exchange} key={}", r.url, r.routing_key)
+        }
+        Some(Target::Nats(n)) => format!("nats {} subject={}", n.url, n.subject),
+        Some(Target::Webhook(w)) => format!("webhook {}", w.url),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -399,10 +417,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Auth(AuthCmd::NewToken) = cli.command {
         return new_token(cli.output);
     }
-    // Flags that do not fit together fail before any connection is made.
-    if let Command::Consumers(ConsumersCmd::Create(a)) = &cli.command {
-        a.sink()?;
-    }
     let creds = outbox_client::Credentials::from(cli.credentials);
     let mut admin = grpc::admin_with(&cli.server, &creds).await.context("connecting to outboxd")?;
     let out = cli.output;
@@ -528,7 +542,7 @@ fn consumer_json(c: &pb::Consumer) -> Value {
         "paused": c.paused,
         "start_from": if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" },
         "created_at": time_json(c.created_at.as_ref()),
-        "sink": sink_json(c.sink.as_ref()),
+        "sink": c.sink.as_ref().map(sink_json),
     })
 }
 
@@ -549,7 +563,7 @@ fn print_consumers(out: Output, cs: &[pb::Consumer]) {
             fmt_duration(c.ack_deadline.as_ref()),
             c.paused.to_string(),
             if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" }.to_owned(),
-            sink_cell(c.sink.as_ref()),
+            sink_text(c.sink.as_ref()),
         ]);
     }
     println!("{t}");
@@ -567,7 +581,7 @@ async fn consumers(admin: &mut AdminClient, out: Output, cmd: ConsumersCmd) -> R
             admin.get_consumer(pb::GetConsumerRequest { consumer: name }).await.map_err(st)?.into_inner().consumer
         }
         ConsumersCmd::Create(a) => {
-            let sink = a.sink()?;
+            let sink = a.sink.to_pb()?;
             let c = pb::Consumer {
                 name: a.name,
                 topics: a.topics,
@@ -626,7 +640,7 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
                     "oldest_unacked_age_s": secs(c.oldest_unacked_age.as_ref()),
                     "paused": c.paused,
                     "streams": c.streams,
-                    "sink": if c.sink.is_empty() { Value::Null } else { json!(c.sink) },
+                    "sink": c.sink,
                 })
             })
             .collect();
@@ -673,7 +687,7 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
             c.acked.to_string(),
             c.streams.to_string(),
             c.paused.to_string(),
-            if c.sink.is_empty() { "-".to_owned() } else { c.sink.clone() },
+            c.sink.clone(),
         ]);
     }
     println!("{t}");

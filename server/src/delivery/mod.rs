@@ -1,4 +1,34 @@
-//! Delivery to `Subscribe` streams: the [`session`] loop of one stream and its in-flight
-//! [`window`] (held leases, room, expiry), a plain struct that tests drive with a manual clock.
+//! Delivery of leased messages: the [`session`] loop that serves one `Subscribe` stream (or
+//! one sink), its in-flight [`window`] (held leases, room, expiry), a plain struct that tests
+//! drive with a manual clock, and the [`failed`] rule every failed attempt follows.
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::clock;
+use crate::domain::{ConsumerSpec, DeliveryState, MessageId};
+use crate::store::Release;
+
 pub mod session;
 pub mod window;
+
+/// What a failed attempt (a nack, a refused publish) makes of a delivery: due again after
+/// `retry_after` or the consumer's backoff, or dead once it has had `max_deliveries`.
+pub fn failed(
+    spec: &ConsumerSpec,
+    id: MessageId,
+    delivery_count: u32,
+    error: String,
+    retry_after: Option<Duration>,
+    now: DateTime<Utc>,
+) -> Release {
+    let dead = delivery_count >= spec.max_deliveries;
+    let due = clock::add(now, retry_after.unwrap_or_else(|| spec.backoff.delay(delivery_count)));
+    Release {
+        consumer: spec.name.clone(),
+        message_id: id,
+        state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
+        available_at: if dead { now } else { due },
+        error: Some(error),
+    }
+}

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{FutureExt, Stream, StreamExt};
-use outbox_proto::v1 as pb;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +27,7 @@ use tonic::Status;
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
-use crate::grpc::stream::{self, Command};
+use crate::grpc::stream::Command;
 use crate::hub::{Hub, PushGuard, PushSlot};
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
@@ -74,7 +73,9 @@ pub enum Rejected {
     Broken(Status),
 }
 
-pub type Outbound = mpsc::Sender<Result<pb::SubscribeResponse, Status>>;
+/// Where a session sends what it leased: a `Subscribe` stream (the edge turns each delivery
+/// into its wire form) or a sink's publisher. An `Err` ends the stream with that status.
+pub type Outbound = mpsc::Sender<Result<LeasedDelivery, Status>>;
 
 #[derive(Debug)]
 pub struct Session {
@@ -414,7 +415,7 @@ impl Session {
             // Open until the delivery is handed to the stream.
             let _span = deliver_span(self.consumer().as_str(), &mut d);
             tokio::select! {
-                sent = out.send(Ok(stream::delivery(d))) => if sent.is_err() { return false },
+                sent = out.send(Ok(d)) => if sent.is_err() { return false },
                 // A client that stopped reading must not hold up a shutdown.
                 _ = self.ctx.shutdown.cancelled() => return true,
             }
@@ -466,15 +467,8 @@ impl Session {
         };
         let now = self.ctx.clock.now();
         let spec = &self.start.consumer.spec;
-        let dead = held.delivery_count >= spec.max_deliveries;
-        let due = clock::add(now, retry_after.unwrap_or_else(|| spec.backoff.delay(held.delivery_count)));
-        let release = Release {
-            consumer: spec.name.clone(),
-            message_id: id,
-            state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
-            available_at: if dead { now } else { due },
-            error: Some(error),
-        };
+        let release = super::failed(spec, id, held.delivery_count, error, retry_after, now);
+        let (dead, due) = (release.state == DeliveryState::Dead, release.available_at);
         match self.ctx.store.delivery_release_many(&[release], ReleaseGuard::Session(&self.id), now).await {
             Ok(0) => {}
             Ok(_) if dead => {

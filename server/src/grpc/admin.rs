@@ -41,57 +41,14 @@ struct Audit {
     request: String,
 }
 
-/// What an audit line shows of a request: its fields, with a sink's secrets (a URL's password,
-/// a webhook secret) as `***`, since they are write-only everywhere.
-trait AuditText {
-    fn audit_text(&self) -> String;
-}
-
-macro_rules! audit_as_debug {
-    ($($t:ty),* $(,)?) => {
-        $(impl AuditText for $t {
-            fn audit_text(&self) -> String {
-                format!("{self:?}")
-            }
-        })*
-    };
-}
-
-audit_as_debug!(
-    pb::DeleteConsumerRequest,
-    pb::PauseConsumerRequest,
-    pb::ResumeConsumerRequest,
-    pb::ReplayRequest,
-    pb::PruneRequest,
-);
-
-impl AuditText for pb::CreateConsumerRequest {
-    fn audit_text(&self) -> String {
-        use crate::domain::{REDACTED, redact_url};
-        use pb::sink::Target;
-        let mut shown = self.clone();
-        if let Some(target) = shown.consumer.as_mut().and_then(|c| c.sink.as_mut()).and_then(|s| s.target.as_mut()) {
-            match target {
-                Target::Rabbitmq(r) => r.url = redact_url(&r.url),
-                Target::Nats(n) => n.url = redact_url(&n.url),
-                Target::Webhook(w) => {
-                    w.url = redact_url(&w.url);
-                    w.secret = REDACTED.to_owned();
-                }
-            }
-        }
-        format!("{shown:?}")
-    }
-}
-
 impl Audit {
-    fn of<T: AuditText>(action: &'static str, request: &Request<T>) -> Result<Self, Status> {
-        Ok(Self {
-            action,
-            caller: auth::caller(request)?,
-            peer: request.remote_addr(),
-            request: request.get_ref().audit_text(),
-        })
+    fn of<T: std::fmt::Debug>(action: &'static str, request: &Request<T>) -> Result<Self, Status> {
+        Self::showing(action, request, format!("{:?}", request.get_ref()))
+    }
+
+    /// With the request as `shown` (secrets already taken out).
+    fn showing<T>(action: &'static str, request: &Request<T>, shown: String) -> Result<Self, Status> {
+        Ok(Self { action, caller: auth::caller(request)?, peer: request.remote_addr(), request: shown })
     }
 
     /// A permission that depends on the request; a refusal is audited too.
@@ -179,13 +136,19 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         &self,
         request: Request<pb::CreateConsumerRequest>,
     ) -> Result<Response<pb::CreateConsumerResponse>, Status> {
-        let audit = Audit::of("create_consumer", &request)?;
+        // A sink's passwords and secrets are write-only: not in the audit log either.
+        let mut shown = request.get_ref().clone();
+        if let Some(sink) = shown.consumer.as_mut().and_then(|c| c.sink.as_mut()) {
+            convert::redact_pb_sink(sink);
+        }
+        let audit = Audit::showing("create_consumer", &request, format!("{shown:?}"))?;
         let result = async {
             let Some(c) = request.into_inner().consumer else {
                 return Err(invalid(InvalidField::new("consumer", "required")));
             };
             let spec = convert::consumer_spec(c).map_err(invalid)?;
             let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
+            self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
         }
         .await;
@@ -218,6 +181,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             let n = name("consumer", &request.into_inner().consumer)?;
             self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
             self.ctx.hub.notify_consumer(n.as_str());
+            self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::DeleteConsumerResponse {}))
         }
         .await;

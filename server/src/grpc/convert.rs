@@ -282,6 +282,21 @@ pub fn sink(s: &pb::Sink) -> Result<Sink, InvalidField> {
     Ok(Sink { target, max_in_flight })
 }
 
+/// Takes the secrets out of a sink as it came over the wire (for logs), whether or not it parses.
+pub fn redact_pb_sink(s: &mut pb::Sink) {
+    use crate::domain::sink::{REDACTED, redact_url};
+    use pb::sink::Target;
+    match &mut s.target {
+        Some(Target::Rabbitmq(r)) => r.url = redact_url(&r.url),
+        Some(Target::Nats(n)) => n.url = redact_url(&n.url),
+        Some(Target::Webhook(w)) => {
+            w.url = redact_url(&w.url);
+            w.secret = REDACTED.to_owned();
+        }
+        None => {}
+    }
+}
+
 /// A sink as answered: its secrets shown as `***`.
 pub fn pb_sink(s: &Sink) -> pb::Sink {
     use pb::sink::Target;

@@ -84,7 +84,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         }))
     }
 
-    type SubscribeStream = ReceiverStream<Result<pb::SubscribeResponse, Status>>;
+    type SubscribeStream = futures::stream::BoxStream<'static, Result<pb::SubscribeResponse, Status>>;
 
     /// Validates the `start` before answering, so a client whose call returned knows its
     /// stream is attached (or got NOT_FOUND / INVALID_ARGUMENT).
@@ -112,6 +112,13 @@ impl pb::outbox_server::Outbox for OutboxService {
         // Before the lookup: a caller without the permission learns nothing of the consumer.
         caller.check(Need::Consume(start.consumer.as_str()))?;
         let consumer = self.ctx.store.consumer_get(&start.consumer).await.map_err(store_status)?;
+        if let Some(sink) = &consumer.spec.sink {
+            return Err(Status::failed_precondition(format!(
+                "consumer {:?} is a {} sink: outboxd delivers it itself, so it takes no Subscribe streams",
+                consumer.spec.name.as_str(),
+                sink.kind()
+            )));
+        }
         let max_in_flight = start.max_in_flight;
         let ack_deadline = start.ack_deadline.unwrap_or(consumer.spec.ack_deadline);
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
@@ -126,6 +133,6 @@ impl pb::outbox_server::Outbox for OutboxService {
             let _permit = permit;
             session.run(commands, tx).await
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(ReceiverStream::new(rx).map(|d| d.map(stream::delivery)).boxed()))
     }
 }

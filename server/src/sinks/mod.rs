@@ -19,6 +19,9 @@ use crate::domain::{MessageId, SinkKind, SinkTarget, redact_url};
 
 pub mod nats;
 pub mod rabbitmq;
+pub mod round;
+pub mod runner;
+pub mod supervisor;
 pub mod webhook;
 
 /// The target of `target`: builds its client, without touching the network
@@ -47,6 +50,23 @@ pub struct Publish {
     pub enqueued_at: DateTime<Utc>,
     /// 1 on the first delivery.
     pub delivery_count: u32,
+}
+
+impl From<crate::store::LeasedDelivery> for Publish {
+    fn from(d: crate::store::LeasedDelivery) -> Self {
+        let m = d.message;
+        Publish {
+            message_id: m.message_id,
+            seq: m.seq,
+            topic: m.topic,
+            type_: m.type_,
+            payload: m.payload,
+            headers: m.headers,
+            ordering_key: m.ordering_key,
+            enqueued_at: m.enqueued_at,
+            delivery_count: d.delivery_count,
+        }
+    }
 }
 
 /// What a target answers for one publish.

@@ -225,6 +225,25 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+impl StoreError {
+    /// The database could not be reached (refused, timed out, restarting), as opposed to a
+    /// statement that failed.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            StoreError::Database(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => match e {
+                sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+                // connection_exception (08xxx), cannot_connect_now (57P03), admin shutdown.
+                sqlx::Error::Database(db) => {
+                    let code = db.code().unwrap_or_default();
+                    code.starts_with("08") || code == "57P03" || code == "57P01"
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A message to enqueue, already validated.

@@ -16,6 +16,7 @@ mod outboxctl;
 mod python;
 mod security;
 mod sink_targets;
+mod sinks;
 
 use std::time::Duration;
 

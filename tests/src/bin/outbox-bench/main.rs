@@ -1583,7 +1583,9 @@ async fn main() -> Result<()> {
     if args.sinks {
         let messages = args.sink_messages.unwrap_or(if args.quick { 5_000 } else { 20_000 });
         let window = usize::try_from(outbox_server::domain::Sink::DEFAULT_MAX_IN_FLIGHT)?;
-        let r = sinks::run(&args.amqp_url, &args.nats_url, messages, window, &payload()).await?;
+        let bin = find_outboxd(args.outboxd.clone())?;
+        let through = sinks::Through { outboxd: &bin, database_url: &args.database_url };
+        let r = sinks::run(through, &args.amqp_url, &args.nats_url, messages, window, &payload()).await?;
         if json {
             println!("{}", serde_json::to_string_pretty(&r)?);
         } else {
@@ -1591,8 +1593,18 @@ async fn main() -> Result<()> {
                 "sinks: {} messages of {} B, {} unconfirmed at a time, published directly",
                 r.sink_messages, r.sink_payload_bytes, r.sink_window
             );
-            println!("  RabbitMQ publish + confirm   {} msg/s", grouped(r.sink_rabbitmq_direct_per_s));
-            println!("  JetStream publish + PubAck   {} msg/s", grouped(r.sink_nats_direct_per_s));
+            println!(
+                "  RabbitMQ publish + confirm   {} msg/s directly, {} msg/s committed → confirmed through outboxd ({:.2} ×)",
+                grouped(r.sink_rabbitmq_direct_per_s),
+                grouped(r.sink_rabbitmq_per_s),
+                r.sink_rabbitmq_ratio_to_direct
+            );
+            println!(
+                "  JetStream publish + PubAck   {} msg/s directly, {} msg/s committed → confirmed through outboxd ({:.2} ×)",
+                grouped(r.sink_nats_direct_per_s),
+                grouped(r.sink_nats_per_s),
+                r.sink_nats_ratio_to_direct
+            );
         }
         return Ok(());
     }

@@ -1,0 +1,238 @@
+"""The admin API (`outbox.v1.OutboxAdmin`), one async method per RPC."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import Literal, TypedDict, Unpack
+
+import grpc.aio
+
+from outboxd._connection import StrPath, TLSOption, Token, open_channel, parse_target
+from outboxd._convert import Seconds, duration, timestamp
+from outboxd._proto.outbox.v1 import admin_pb2 as pb
+from outboxd._proto.outbox.v1 import admin_pb2_grpc as pb_grpc
+
+StartFrom = Literal["new", "earliest"]
+
+
+class ReplaySelection(TypedDict, total=False):
+    """What `replay` and `replay_stream` select: `message_ids` (alone), or `dead_letters`
+    and/or `enqueued_after` (inclusive) .. `enqueued_before` (exclusive); `types` and `topics`
+    (names or patterns) narrow it. `dry_run` counts without changing anything;
+    `allow_beyond_retention` replays messages past the dedup horizon (they may take effect
+    twice); `max_per_second` paces it (0: the server's `--replay-rate`)."""
+
+    message_ids: Iterable[str]
+    dead_letters: bool
+    enqueued_after: dt.datetime
+    enqueued_before: dt.datetime
+    types: Iterable[str]
+    topics: Iterable[str]
+    dry_run: bool
+    allow_beyond_retention: bool
+    max_per_second: int
+_START_FROM = {"new": pb.Consumer.NEW, "earliest": pb.Consumer.EARLIEST}
+
+
+class AdminClient:
+    """Consumers, stats, dead letters, messages, replay, prune and tail, over gRPC.
+
+    `server`, `tls`, `token` and `token_file` are as for `Subscriber`. Every method is a
+    coroutine (or an async iterator, for the streaming RPCs) that raises
+    `grpc.aio.AioRpcError` with outboxd's status on failure. Unary calls give up after
+    `timeout` seconds (None: never), except `replay`, which takes as long as the replay does.
+    The channel opens at the first call; `close()` it, or use `async with`.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        token: str | None = None,
+        tls: TLSOption = None,
+        *,
+        token_file: StrPath | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        self._target = parse_target(server, tls)
+        self._token = Token(token, token_file)
+        self._token.metadata()
+        self._timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.OutboxAdminAsyncStub | None = None
+
+    def _rpc(self) -> tuple[pb_grpc.OutboxAdminAsyncStub, tuple[tuple[str, str], ...]]:
+        if self._stub is None:
+            self._channel = open_channel(self._target)
+            self._stub = pb_grpc.OutboxAdminStub(self._channel)
+        assert self._stub is not None
+        return self._stub, self._token.metadata()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # Consumers
+
+    async def create_consumer(
+        self,
+        name: str,
+        topics: Iterable[str],
+        *,
+        max_deliveries: int = 0,
+        backoff_base: Seconds | None = None,
+        backoff_max: Seconds | None = None,
+        ack_deadline: Seconds | None = None,
+        start_from: StartFrom = "new",
+        paused: bool = False,
+        sink: pb.Sink | None = None,
+    ) -> pb.Consumer:
+        """Creates a durable consumer; creating it again with the same definition returns it,
+        a different definition is ALREADY_EXISTS. Zero and None mean the server's defaults
+        (10 deliveries, backoff 1 s to 5 min, ack deadline 30 s). `sink` makes outboxd deliver
+        the consumer itself (`pb.admin.Sink`, see the proto)."""
+        if start_from not in _START_FROM:
+            raise ValueError(f"start_from must be 'new' or 'earliest', got {start_from!r}")
+        if isinstance(topics, str):
+            raise TypeError("topics must be a list of topics or patterns, not one string")
+        c = pb.Consumer(name=name, topics=list(topics), max_deliveries=max_deliveries, paused=paused,
+                        start_from=_START_FROM[start_from])
+        if backoff_base is not None:
+            c.backoff_base.CopyFrom(duration(backoff_base, "backoff_base"))
+        if backoff_max is not None:
+            c.backoff_max.CopyFrom(duration(backoff_max, "backoff_max"))
+        if ack_deadline is not None:
+            c.ack_deadline.CopyFrom(duration(ack_deadline, "ack_deadline"))
+        if sink is not None:
+            c.sink.CopyFrom(sink)
+        stub, md = self._rpc()
+        resp = await stub.CreateConsumer(pb.CreateConsumerRequest(consumer=c), metadata=md, timeout=self._timeout)
+        return resp.consumer
+
+    async def get_consumer(self, name: str) -> pb.Consumer:
+        stub, md = self._rpc()
+        resp = await stub.GetConsumer(pb.GetConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
+        return resp.consumer
+
+    async def list_consumers(self) -> list[pb.Consumer]:
+        stub, md = self._rpc()
+        resp = await stub.ListConsumers(pb.ListConsumersRequest(), metadata=md, timeout=self._timeout)
+        return list(resp.consumers)
+
+    async def delete_consumer(self, name: str) -> None:
+        """Deletes a consumer and its inbox rows."""
+        stub, md = self._rpc()
+        await stub.DeleteConsumer(pb.DeleteConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
+
+    async def pause_consumer(self, name: str) -> pb.Consumer:
+        stub, md = self._rpc()
+        resp = await stub.PauseConsumer(pb.PauseConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
+        return resp.consumer
+
+    async def resume_consumer(self, name: str) -> pb.Consumer:
+        stub, md = self._rpc()
+        resp = await stub.ResumeConsumer(pb.ResumeConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
+        return resp.consumer
+
+    # Watching
+
+    async def get_stats(self, consumer: str | None = None) -> pb.GetStatsResponse:
+        """Unrelayed messages and per consumer backlog, in flight, retrying, dead, acked; only
+        `consumer`'s when given."""
+        stub, md = self._rpc()
+        return await stub.GetStats(pb.GetStatsRequest(consumer=consumer or ""), metadata=md, timeout=self._timeout)
+
+    async def list_dead_letters(
+        self, consumer: str, *, page_size: int = 0, page_token: str = "",
+    ) -> pb.ListDeadLettersResponse:
+        """One page (`page_size` at most 1000; 0 means 100); `next_page_token` is empty on the
+        last. `dead_letters()` walks every page."""
+        stub, md = self._rpc()
+        req = pb.ListDeadLettersRequest(consumer=consumer, page_size=page_size, page_token=page_token)
+        return await stub.ListDeadLetters(req, metadata=md, timeout=self._timeout)
+
+    async def dead_letters(self, consumer: str, *, page_size: int = 0) -> AsyncIterator[pb.DeadLetter]:
+        """Every dead letter of `consumer`, page by page."""
+        token = ""
+        while True:
+            page = await self.list_dead_letters(consumer, page_size=page_size, page_token=token)
+            for d in page.dead_letters:
+                yield d
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def get_message(self, message_id: str) -> pb.GetMessageResponse:
+        """A message with its delivery row per consumer."""
+        stub, md = self._rpc()
+        return await stub.GetMessage(pb.GetMessageRequest(message_id=str(message_id)), metadata=md,
+                                     timeout=self._timeout)
+
+    async def tail(self, topics: Iterable[str] | None = None) -> AsyncIterator[pb.Message]:
+        """Messages as they commit (best effort, consuming nothing), until the caller stops
+        iterating."""
+        stub, md = self._rpc()
+        call = stub.Tail(pb.TailRequest(topics=list(topics or [])), metadata=md)
+        try:
+            async for m in call:
+                yield m
+        finally:
+            call.cancel()
+
+    # Replay and prune
+
+    async def replay(
+        self, consumer: str, *, timeout: float | None = None, **selection: Unpack[ReplaySelection],
+    ) -> pb.ReplayResponse:
+        """Makes deliveries due again for `consumer`, bypassing its inbox: by `message_ids`
+        (alone), or by `dead_letters` and/or the enqueue-time range, narrowed by `types` and
+        `topics` (see `ReplaySelection`). Returns when done, with how many were replayed."""
+        stub, md = self._rpc()
+        return await stub.Replay(_replay_request(consumer, selection), metadata=md, timeout=timeout)
+
+    async def replay_stream(
+        self, consumer: str, **selection: Unpack[ReplaySelection],
+    ) -> AsyncIterator[pb.ReplayProgress]:
+        """`replay` with progress after the count and after each batch, the last with
+        `done=True`. Leaving the iteration early stops the replay after the current batch."""
+        stub, md = self._rpc()
+        call = stub.ReplayStream(_replay_request(consumer, selection), metadata=md)
+        try:
+            async for p in call:
+                yield p
+        finally:
+            call.cancel()
+
+    async def prune(self, older_than: Seconds | None = None) -> pb.PruneResponse:
+        """Deletes relayed, fully acked messages older than `older_than` (default: the server's
+        retention, 7 days unless configured)."""
+        req = pb.PruneRequest()
+        if older_than is not None:
+            req.older_than.CopyFrom(duration(older_than, "older_than"))
+        stub, md = self._rpc()
+        return await stub.Prune(req, metadata=md, timeout=self._timeout)
+
+
+def _replay_request(consumer: str, sel: ReplaySelection) -> pb.ReplayRequest:
+    req = pb.ReplayRequest(
+        consumer=consumer, message_ids=[str(i) for i in sel.get("message_ids", [])],
+        dead_letters=sel.get("dead_letters", False), dry_run=sel.get("dry_run", False),
+        allow_beyond_retention=sel.get("allow_beyond_retention", False), types=list(sel.get("types", [])),
+        topics=list(sel.get("topics", [])), max_per_second=sel.get("max_per_second", 0),
+    )
+    if (after := sel.get("enqueued_after")) is not None:
+        req.enqueued_after.CopyFrom(timestamp(after, "enqueued_after"))
+    if (before := sel.get("enqueued_before")) is not None:
+        req.enqueued_before.CopyFrom(timestamp(before, "enqueued_before"))
+    return req

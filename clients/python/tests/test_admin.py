@@ -1,0 +1,131 @@
+"""Every AdminClient method against a real outboxd (prune is in test_produce, on a server of its
+own, since it deletes what other tests' messages would be)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import grpc
+import pytest
+
+import outboxd
+from support import Outboxd, acked, commit_enqueue, eventually, running, topic_for, unique
+
+pb = outboxd.pb.admin
+
+
+async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.AdminClient) -> None:
+    name = unique("admin")
+    topics = [topic_for(name), "py.admin.*"]
+    c = await admin.create_consumer(name, topics, max_deliveries=3, backoff_base=dt.timedelta(milliseconds=200),
+                                    backoff_max=2, ack_deadline=5.5, start_from="earliest")
+    assert (c.name, list(c.topics), c.max_deliveries, c.start_from) == (name, topics, 3, pb.Consumer.EARLIEST)
+    assert (c.backoff_base.ToMilliseconds(), c.backoff_max.seconds, c.ack_deadline.ToMilliseconds()) == (200, 2, 5500)
+    assert c.HasField("created_at") and not c.paused
+    # The same definition again is fine (safe at every start); another one is refused.
+    assert (await admin.create_consumer(name, topics, max_deliveries=3, backoff_base=0.2, backoff_max=2,
+                                        ack_deadline=5.5, start_from="earliest")).name == name
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await admin.create_consumer(name, ["other.topic"])
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert (await admin.get_consumer(name)).topics == topics
+    assert name in [x.name for x in await admin.list_consumers()]
+    assert (await admin.pause_consumer(name)).paused
+    assert (await admin.get_stats(name)).consumers[0].paused
+    assert not (await admin.resume_consumer(name)).paused
+    await admin.delete_consumer(name)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await admin.get_consumer(name)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await admin.create_consumer("bad name!", ["t"])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name" in (e.value.details() or "")
+    # A sink consumer: outboxd delivers it itself; the secret is write-only.
+    hooked = unique("hooked")
+    sink = pb.Sink(webhook=pb.WebhookSink(url="http://127.0.0.1:9/hook", secret="whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"))
+    got = await admin.create_consumer(hooked, [topic_for(hooked)], sink=sink)
+    assert got.sink.webhook.url == "http://127.0.0.1:9/hook" and got.sink.webhook.secret == "***"
+    assert (await admin.get_stats(hooked)).consumers[0].sink == "webhook"
+    await admin.delete_consumer(hooked)
+    with pytest.raises(ValueError, match="start_from"):
+        await admin.create_consumer(name, ["t"], start_from="latest")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of topics"):
+        await admin.create_consumer(name, "t")
+
+
+async def test_stats_dead_letters_message_and_replay(
+    admin: outboxd.AdminClient, server: Outboxd, database_url: str,
+) -> None:
+    name = unique("dead")
+    topic = topic_for(name)
+    await admin.create_consumer(name, [topic], max_deliveries=1)
+    ids = commit_enqueue(database_url, topic, 3, type="Poison")
+    fail = True
+
+    async def handler(d: outboxd.Delivery) -> None:
+        if fail:
+            raise RuntimeError("poison")
+
+    async with running(outboxd.Subscriber(server.endpoint, name, handler)):
+        await eventually("three dead", lambda: _dead(admin, name, 3))
+    stats = await admin.get_stats(name)
+    assert len(stats.consumers) == 1 and stats.consumers[0].consumer == name and stats.unrelayed >= 0
+    assert name in [c.consumer for c in (await admin.get_stats()).consumers]
+
+    page = await admin.list_dead_letters(name, page_size=2)
+    assert len(page.dead_letters) == 2 and page.next_page_token
+    every = [d async for d in admin.dead_letters(name, page_size=2)]
+    assert sorted(d.message.message_id for d in every) == sorted(ids)
+    assert all(d.last_error == "poison" and d.delivery_count == 1 and d.consumer == name for d in every)
+
+    got = await admin.get_message(ids[0])
+    assert got.message.type == "Poison" and got.deliveries[0].state == pb.DeliveryState.DEAD
+
+    dry = await admin.replay(name, dead_letters=True, dry_run=True)
+    assert (dry.dry_run, dry.replayed, dry.selected) == (True, 3, 3)
+    one = await admin.replay(name, message_ids=[ids[0]])
+    assert one.replayed == 1
+    progress = [p async for p in admin.replay_stream(name, dead_letters=True, types=["Poison"], topics=[topic],
+                                                      enqueued_after=dt.datetime.now(dt.timezone.utc)
+                                                      - dt.timedelta(hours=1))]
+    assert progress[-1].done and progress[-1].replayed == 2 and progress[0].selected == 2
+    fail = False
+    async with running(outboxd.Subscriber(server.endpoint, name, handler)):
+        await eventually("replayed ones acked", lambda: acked(admin, name, 3))
+    assert (await admin.get_message(ids[0])).deliveries[0].delivery_count == 1
+    with pytest.raises(ValueError, match="time zone"):
+        await admin.replay(name, enqueued_after=dt.datetime(2026, 1, 1))
+
+
+async def _dead(admin: outboxd.AdminClient, name: str, n: int) -> bool:
+    c = (await admin.get_stats(name)).consumers[0]
+    return c.dead == n and c.in_flight == 0
+
+
+async def test_tail_shows_messages_as_they_commit(admin: outboxd.AdminClient, database_url: str) -> None:
+    topic = topic_for(unique("tail"))
+    got: asyncio.Queue[outboxd.pb.admin.Message] = asyncio.Queue()
+
+    async def watch() -> None:
+        async for m in admin.tail([topic]):
+            await got.put(m)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        # Tail starts at the newest message: enqueue until one shows (the stream may not be
+        # open yet when the first commits).
+        async def shown() -> outboxd.pb.admin.Message | None:
+            commit_enqueue(database_url, topic, 1, type="Tailed")
+            try:
+                return await asyncio.wait_for(got.get(), 0.5)
+            except TimeoutError:
+                return None
+        m = await eventually("a tailed message", shown)
+        assert m.topic == topic and m.type == "Tailed"
+        commit_enqueue(database_url, "py.other.topic", 1)
+        [last] = commit_enqueue(database_url, topic, 1, type="Last")
+        while (m := await asyncio.wait_for(got.get(), 10)).message_id != last:
+            assert m.topic == topic, "only the tailed topic"
+    finally:
+        watcher.cancel()

@@ -1,0 +1,251 @@
+// The admin client: one method per OutboxAdmin RPC, camelCase, each returning a promise (the
+// two streaming RPCs an async iterable). Answers are the generated message types.
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { DurationSchema, durationFromMs, timestampFromDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { createClient, type Client } from "@connectrpc/connect";
+
+import { Connection, type ConnectionOptions } from "./connection.js";
+import {
+  ConsumerSchema,
+  Consumer_StartFrom,
+  OutboxAdmin,
+  type Consumer,
+  type DeadLetter,
+  type GetMessageResponse,
+  type GetStatsResponse,
+  type ListDeadLettersResponse,
+  type Message,
+  type PruneResponse,
+  type ReplayProgress,
+  type ReplayResponse,
+} from "./gen/outbox/v1/admin_pb.js";
+
+/** A duration: milliseconds, or a `google.protobuf.Duration`. */
+export type DurationInput = number | Duration | { seconds?: bigint | number; nanos?: number };
+/** An instant: a `Date`, or a `google.protobuf.Timestamp`. */
+export type TimestampInput = Date | Timestamp;
+
+/**
+ * A consumer to create: `name` and `topics` (exact names or patterns, `orders.*` one segment,
+ * `orders.>` the rest), and optionally the retry policy, ack deadline, start and sink.
+ */
+export type ConsumerInput = Omit<
+  MessageInitShape<typeof ConsumerSchema>,
+  "backoffBase" | "backoffMax" | "ackDeadline" | "startFrom" | "createdAt" | "$typeName"
+> & {
+  name: string;
+  topics: string[];
+  /** Retry n waits backoffBase · 2^(n−1), capped at backoffMax; defaults 1 s and 5 min. */
+  backoffBase?: DurationInput;
+  backoffMax?: DurationInput;
+  /** How long a stream may hold a delivery unacked; default 30 s. */
+  ackDeadline?: DurationInput;
+  /** `NEW` (the default): messages enqueued from now on; `EARLIEST`: all retained. */
+  startFrom?: Consumer_StartFrom | "NEW" | "EARLIEST";
+};
+
+/** Which messages `replay` makes due again for a consumer (see ReplayRequest in admin.proto). */
+export interface ReplayOptions {
+  messageIds?: string[];
+  deadLetters?: boolean;
+  /** Inclusive. */
+  enqueuedAfter?: TimestampInput;
+  /** Exclusive. */
+  enqueuedBefore?: TimestampInput;
+  dryRun?: boolean;
+  allowBeyondRetention?: boolean;
+  types?: string[];
+  topics?: string[];
+  maxPerSecond?: number;
+}
+
+/** Options of a streaming call: an `AbortSignal` ends it. */
+export interface StreamOptions {
+  signal?: AbortSignal;
+}
+
+function duration(field: string, d: DurationInput | undefined): Duration | undefined {
+  if (d === undefined) {
+    return undefined;
+  }
+  if (typeof d === "number") {
+    if (!Number.isFinite(d) || d < 0) {
+      throw new RangeError(`${field}: ${d} is not a duration in milliseconds (a finite number >= 0)`);
+    }
+    return durationFromMs(d);
+  }
+  return create(DurationSchema, { seconds: BigInt(d.seconds ?? 0), nanos: d.nanos ?? 0 });
+}
+
+function timestamp(t: TimestampInput | undefined): Timestamp | undefined {
+  if (t === undefined || !(t instanceof Date)) {
+    return t;
+  }
+  if (Number.isNaN(t.getTime())) {
+    throw new RangeError("timestamp: an invalid Date");
+  }
+  return timestampFromDate(t);
+}
+
+function startFrom(s: ConsumerInput["startFrom"]): Consumer_StartFrom | undefined {
+  switch (s) {
+    case undefined:
+      return undefined;
+    case "NEW":
+      return Consumer_StartFrom.NEW;
+    case "EARLIEST":
+      return Consumer_StartFrom.EARLIEST;
+    default:
+      if (s !== Consumer_StartFrom.NEW && s !== Consumer_StartFrom.EARLIEST) {
+        throw new TypeError(`startFrom: ${JSON.stringify(s)} is not NEW or EARLIEST`);
+      }
+      return s;
+  }
+}
+
+function consumerName(field: string, name: unknown): string {
+  if (typeof name !== "string" || name === "") {
+    throw new TypeError(`${field}: a consumer name is required`);
+  }
+  return name;
+}
+
+/**
+ * The admin API of one outboxd: `new AdminClient("https://outboxd:50051", { token, tls })`.
+ * Errors are `ConnectError`s with the server's gRPC code (`Code.NotFound`, …) and message.
+ */
+export class AdminClient {
+  private readonly connection: Connection;
+  private readonly rpc: Client<typeof OutboxAdmin>;
+
+  constructor(server: string, options: ConnectionOptions = {}) {
+    this.connection = new Connection(server, options);
+    this.rpc = createClient(OutboxAdmin, this.connection.transport);
+  }
+
+  /** Creates a consumer; the same definition again returns it, a different one is ALREADY_EXISTS. */
+  async createConsumer(consumer: ConsumerInput): Promise<Consumer> {
+    if (consumer === null || typeof consumer !== "object") {
+      throw new TypeError("createConsumer: a consumer {name, topics, …} is required");
+    }
+    const { backoffBase, backoffMax, ackDeadline, startFrom: from, ...rest } = consumer;
+    const res = await this.rpc.createConsumer({
+      consumer: {
+        ...rest,
+        name: consumerName("name", consumer.name),
+        backoffBase: duration("backoffBase", backoffBase),
+        backoffMax: duration("backoffMax", backoffMax),
+        ackDeadline: duration("ackDeadline", ackDeadline),
+        startFrom: startFrom(from),
+      },
+    });
+    return required(res.consumer, "CreateConsumer");
+  }
+
+  async getConsumer(name: string): Promise<Consumer> {
+    const res = await this.rpc.getConsumer({ consumer: consumerName("name", name) });
+    return required(res.consumer, "GetConsumer");
+  }
+
+  async listConsumers(): Promise<Consumer[]> {
+    return (await this.rpc.listConsumers({})).consumers;
+  }
+
+  /** Deletes a consumer and its inbox rows. */
+  async deleteConsumer(name: string): Promise<void> {
+    await this.rpc.deleteConsumer({ consumer: consumerName("name", name) });
+  }
+
+  /** A paused consumer keeps collecting deliveries, and streams get none of them. */
+  async pauseConsumer(name: string): Promise<Consumer> {
+    const res = await this.rpc.pauseConsumer({ consumer: consumerName("name", name) });
+    return required(res.consumer, "PauseConsumer");
+  }
+
+  async resumeConsumer(name: string): Promise<Consumer> {
+    const res = await this.rpc.resumeConsumer({ consumer: consumerName("name", name) });
+    return required(res.consumer, "ResumeConsumer");
+  }
+
+  /** The relay's backlog, each consumer's counts, and outboxd's tables; one consumer if named. */
+  async getStats(consumer?: string): Promise<GetStatsResponse> {
+    return this.rpc.getStats({ consumer: consumer ?? "" });
+  }
+
+  /** One page of a consumer's dead letters; pass `nextPageToken` back for the next. */
+  async listDeadLetters(
+    consumer: string,
+    page: { pageSize?: number; pageToken?: string } = {},
+  ): Promise<ListDeadLettersResponse> {
+    return this.rpc.listDeadLetters({
+      consumer: consumerName("consumer", consumer),
+      pageSize: page.pageSize ?? 0,
+      pageToken: page.pageToken ?? "",
+    });
+  }
+
+  /** Every dead letter of a consumer, page after page. */
+  async *deadLetters(consumer: string, pageSize = 100): AsyncGenerator<DeadLetter> {
+    let pageToken = "";
+    do {
+      const page = await this.listDeadLetters(consumer, { pageSize, pageToken });
+      yield* page.deadLetters;
+      pageToken = page.nextPageToken;
+    } while (pageToken !== "");
+  }
+
+  /** A message and its delivery state for each consumer; NOT_FOUND if unknown. */
+  async getMessage(messageId: string): Promise<GetMessageResponse> {
+    return this.rpc.getMessage({ messageId });
+  }
+
+  /** Makes the selected deliveries due again, bypassing the inbox; resolves when done. */
+  async replay(consumer: string, options: ReplayOptions): Promise<ReplayResponse> {
+    return this.rpc.replay(replayRequest(consumer, options));
+  }
+
+  /** `replay` with progress: one `ReplayProgress` after the count and after each batch. */
+  replayStream(consumer: string, options: ReplayOptions, call: StreamOptions = {}): AsyncIterable<ReplayProgress> {
+    return this.rpc.replayStream(replayRequest(consumer, options), { signal: call.signal });
+  }
+
+  /** Deletes relayed messages older than `olderThan` (default: the server's retention). */
+  async prune(options: { olderThan?: DurationInput } = {}): Promise<PruneResponse> {
+    return this.rpc.prune({ olderThan: duration("olderThan", options.olderThan) });
+  }
+
+  /** Messages as they are committed, for watching (best effort); end it with `signal`. */
+  tail(options: { topics?: string[] } & StreamOptions = {}): AsyncIterable<Message> {
+    return this.rpc.tail({ topics: options.topics ?? [] }, { signal: options.signal });
+  }
+
+  /** Closes the connection (and any stream still open on it). */
+  close(): void {
+    this.connection.close();
+  }
+}
+
+function replayRequest(consumer: string, o: ReplayOptions) {
+  if (o === null || typeof o !== "object") {
+    throw new TypeError("replay: options {messageIds | deadLetters | enqueuedAfter/enqueuedBefore, …} are required");
+  }
+  return {
+    consumer: consumerName("consumer", consumer),
+    messageIds: o.messageIds ?? [],
+    deadLetters: o.deadLetters ?? false,
+    enqueuedAfter: timestamp(o.enqueuedAfter),
+    enqueuedBefore: timestamp(o.enqueuedBefore),
+    dryRun: o.dryRun ?? false,
+    allowBeyondRetention: o.allowBeyondRetention ?? false,
+    types: o.types ?? [],
+    topics: o.topics ?? [],
+    maxPerSecond: o.maxPerSecond ?? 0,
+  };
+}
+
+function required<T>(value: T | undefined, rpc: string): T {
+  if (value === undefined) {
+    throw new Error(`${rpc} answered without a consumer`);
+  }
+  return value;
+}

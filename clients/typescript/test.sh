@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The TypeScript client's tests: installs the locked packages (which runs `prepare`: code
+# generated from proto/ and dist/ compiled), then `node --test` against real outboxd processes
+# and PostgreSQL (OUTBOX_TEST_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres;
+# OUTBOXD_BIN, default target/debug/outboxd, built if missing).
+set -euo pipefail
+cd "$(dirname "$0")"
+npm ci --no-audit --no-fund
+npm test

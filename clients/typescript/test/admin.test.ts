@@ -1,0 +1,150 @@
+// Every AdminClient method against a real outboxd on PostgreSQL.
+import assert from "node:assert/strict";
+import { after, test } from "node:test";
+
+import { Code, ConnectError, Subscriber, ackIn, enqueue, pb } from "@outboxd/client";
+
+import { eventually, failure, startStack } from "./harness.js";
+
+const stack = await startStack();
+after(() => stack.close());
+const { outboxd, admin, sql } = stack;
+
+test("consumers: create (durations in ms, startFrom), get, list, pause, resume, delete", async () => {
+  const created = await admin.createConsumer({
+    name: "inventory",
+    topics: ["orders.*", "stock.>"],
+    maxDeliveries: 5,
+    backoffBase: 250,
+    backoffMax: { seconds: 60n },
+    ackDeadline: 45_000,
+    startFrom: "EARLIEST",
+  });
+  assert.equal(created.name, "inventory");
+  assert.deepEqual(created.topics, ["orders.*", "stock.>"]);
+  assert.equal(created.maxDeliveries, 5);
+  assert.equal(created.backoffBase?.nanos, 250_000_000);
+  assert.equal(created.backoffMax?.seconds, 60n);
+  assert.equal(created.ackDeadline?.seconds, 45n);
+  assert.equal(created.startFrom, pb.Consumer_StartFrom.EARLIEST);
+  assert.ok(created.createdAt !== undefined);
+
+  // The same definition again is a success; a different one is ALREADY_EXISTS.
+  assert.equal((await admin.createConsumer({ ...created, backoffBase: 250, backoffMax: 60_000, ackDeadline: 45_000, startFrom: "EARLIEST" })).name, "inventory");
+  assert.equal((await failure(admin.createConsumer({ name: "inventory", topics: ["other"] }))).code, Code.AlreadyExists);
+
+  assert.equal((await admin.getConsumer("inventory")).maxDeliveries, 5);
+  assert.ok((await admin.listConsumers()).some((c) => c.name === "inventory"));
+  assert.equal((await admin.pauseConsumer("inventory")).paused, true);
+  assert.equal((await admin.getStats("inventory")).consumers[0]?.paused, true);
+  assert.equal((await admin.resumeConsumer("inventory")).paused, false);
+  await admin.deleteConsumer("inventory");
+  assert.equal((await failure(admin.getConsumer("inventory"))).code, Code.NotFound);
+});
+
+test("bad requests are INVALID_ARGUMENT naming the field; bad input is refused before the call", async () => {
+  const e = await failure(admin.createConsumer({ name: "bad name!", topics: ["t"] }));
+  assert.equal(e.code, Code.InvalidArgument);
+  assert.match(e.rawMessage, /consumer\.name/);
+  await assert.rejects(admin.createConsumer({ name: "x", topics: ["t"], ackDeadline: -1 }), /ackDeadline: -1 is not a duration/);
+  await assert.rejects(admin.createConsumer({ name: "x", topics: ["t"], startFrom: "LATEST" as never }), /startFrom: "LATEST" is not NEW or EARLIEST/);
+  await assert.rejects(admin.getConsumer(""), /name: a consumer name is required/);
+});
+
+test("stats, dead letters page by page, getMessage, replay, replayStream", async () => {
+  await admin.createConsumer({ name: "fragile", topics: ["fragile.>"], maxDeliveries: 1, backoffBase: 10, backoffMax: 10 });
+  await sql.query("BEGIN");
+  const ids: string[] = [];
+  for (let i = 0; i < 3; i++) {
+    ids.push(await enqueue(sql, { topic: "fragile.x", type: "Poison", payload: `${i}` }));
+  }
+  await sql.query("COMMIT");
+  const failing = new Subscriber({
+    server: outboxd.addr,
+    consumer: "fragile",
+    handler: () => {
+      throw new Error("cannot");
+    },
+  });
+  const running = failing.run();
+  await eventually("3 dead", 10_000, async () => (await admin.getStats("fragile")).consumers[0]?.dead === 3n);
+  await failing.stop();
+  await running;
+
+  const stats = await admin.getStats();
+  assert.ok(stats.consumers.some((c) => c.consumer === "fragile" && c.dead === 3n));
+  assert.ok(stats.tables.length > 0, "outboxd's tables are listed");
+
+  const first = await admin.listDeadLetters("fragile", { pageSize: 2 });
+  assert.equal(first.deadLetters.length, 2);
+  assert.notEqual(first.nextPageToken, "");
+  const all: string[] = [];
+  for await (const d of admin.deadLetters("fragile", 2)) {
+    assert.equal(d.lastError, "cannot");
+    all.push(d.message!.messageId);
+  }
+  assert.deepEqual(new Set(all), new Set(ids));
+
+  const message = await admin.getMessage(ids[0]!);
+  assert.equal(message.message?.type, "Poison");
+  assert.equal(message.deliveries[0]?.state, pb.DeliveryState_State.DEAD);
+  assert.equal((await failure(admin.getMessage("0193a0b4-7c1e-7d2a-9f00-00000000ffff"))).code, Code.NotFound);
+
+  const dry = await admin.replay("fragile", { deadLetters: true, dryRun: true });
+  assert.equal(dry.dryRun, true);
+  assert.equal(dry.replayed, 3n);
+  assert.equal((await admin.getStats("fragile")).consumers[0]?.dead, 3n, "a dry run changes nothing");
+
+  const one = await admin.replay("fragile", { messageIds: [ids[0]!] });
+  assert.equal(one.replayed, 1n);
+  const progress = [];
+  for await (const p of admin.replayStream("fragile", { deadLetters: true, enqueuedAfter: new Date(Date.now() - 3_600_000) })) {
+    progress.push(p);
+  }
+  assert.equal(progress.at(-1)?.done, true);
+  assert.equal(progress.at(-1)?.replayed, 2n);
+  const after = (await admin.getStats("fragile")).consumers[0];
+  assert.equal(after?.dead, 0n);
+  assert.equal(after?.backlog, 3n, "all three due again");
+});
+
+test("tail shows messages as they commit; prune deletes acked ones older than the retention", async () => {
+  await admin.createConsumer({ name: "audit", topics: ["audit.>"] });
+  const abort = new AbortController();
+  const seen: string[] = [];
+  const tailing = (async () => {
+    try {
+      for await (const m of admin.tail({ topics: ["audit.>"], signal: abort.signal })) {
+        seen.push(m.messageId);
+      }
+    } catch (e) {
+      if (ConnectError.from(e).code !== Code.Canceled) {
+        throw e;
+      }
+    }
+  })();
+  // Tail starts at the newest message: enqueue until one is seen.
+  const ids: string[] = [];
+  await eventually("a tailed message", 10_000, async () => {
+    ids.push(await enqueue(sql, { topic: "audit.login", type: "Login", payload: "{}" }));
+    return seen.length > 0;
+  });
+  abort.abort();
+  await tailing;
+  assert.ok(seen.every((id) => ids.includes(id)));
+
+  await eventually("delivered to audit", 10_000, async () =>
+    (await Promise.all(ids.map((id) => admin.getMessage(id)))).every((m) => m.deliveries.length === 1),
+  );
+  await sql.query("BEGIN");
+  for (const id of ids) {
+    assert.equal(await ackIn(sql, "audit", id), true);
+  }
+  await sql.query("COMMIT");
+  const pruned = await eventually("the acked messages pruned", 10_000, async () => {
+    const r = await admin.prune({ olderThan: 1 });
+    return r.messagesDeleted > 0n ? r : undefined;
+  });
+  assert.ok(pruned.deliveriesDeleted >= 0n);
+  assert.equal((await failure(admin.getMessage(ids[0]!))).code, Code.NotFound);
+});
