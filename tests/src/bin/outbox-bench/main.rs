@@ -127,9 +127,18 @@ struct Args {
     secure: bool,
     /// Instead of the phases: the sink phase, each broker's own publish-with-confirm rate with a
     /// plain client publishing directly (RabbitMQ with publisher confirms, JetStream with
-    /// PubAcks), pipelined as a sink is, persistent, the bench's payload size.
+    /// PubAcks), pipelined as a sink is, persistent, the bench's payload size; and the committed
+    /// → confirmed rate through a sink to each, as a ratio to it.
     #[arg(long)]
     sinks: bool,
+    /// Instead of the phases: the Rust `outbox_client::Subscriber`'s throughput, measured as the
+    /// Python and TypeScript clients' benches measure theirs (`clients/*/bench`): N messages
+    /// committed first, one Subscriber whose handler does nothing, `--subscriber-concurrency`
+    /// (64) handlers and as many in flight, timed until outboxd counts all of them acked.
+    #[arg(long)]
+    subscriber: bool,
+    #[arg(long, default_value_t = 64)]
+    subscriber_concurrency: u32,
     /// The sink phase's RabbitMQ.
     #[arg(
         long,
@@ -1568,6 +1577,56 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
     })
 }
 
+/// One `outbox_client::Subscriber` with a handler that does nothing: acked per second, from
+/// `run()` to outboxd counting every message acked.
+async fn subscriber_throughput(bin: &std::path::Path, url: &str, messages: u64, concurrency: u32) -> Result<f64> {
+    recreate_database(url).await?;
+    let db = pool(url, 2).await?;
+    let outboxd = Outboxd::start_binary(bin, url, OUTBOXD_FLAGS).await?;
+    let mut admin = outboxd.admin().await?;
+    admin
+        .create_consumer(outbox_proto::v1::CreateConsumerRequest {
+            consumer: Some(outbox_tests::consumer("bench-subscriber", &["bench.subscriber"])),
+        })
+        .await?;
+    sqlx::query("SELECT count(outbox.enqueue('bench.subscriber', 'Tick', $1)) FROM generate_series(1, $2::bigint)")
+        .bind(&payload()[..])
+        .bind(i64::try_from(messages)?)
+        .execute(&db)
+        .await?;
+    let within = budget(messages);
+    let started = Instant::now();
+    loop {
+        let s = admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: "bench-subscriber".into() }).await?;
+        if s.into_inner().consumers.first().is_some_and(|c| u64::try_from(c.backlog).unwrap_or(0) >= messages) {
+            break;
+        }
+        ensure!(started.elapsed() < within, "the relay did not fan out {messages} messages within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut config = outbox_client::SubscriberConfig::new(outboxd.endpoint.clone(), "bench-subscriber");
+    config.concurrency = usize::try_from(concurrency)?;
+    config.max_in_flight = concurrency;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let started = Instant::now();
+    let run = tokio::spawn(
+        outbox_client::Subscriber::new(config)
+            .run(|_d| async { Ok::<(), outbox_client::HandlerError>(()) }, stop.clone()),
+    );
+    loop {
+        let s = admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: "bench-subscriber".into() }).await?;
+        if s.into_inner().consumers.first().is_some_and(|c| u64::try_from(c.acked).unwrap_or(0) >= messages) {
+            break;
+        }
+        ensure!(started.elapsed() < within, "the Subscriber did not ack {messages} messages within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    run.await??;
+    Ok(per_second(messages, elapsed))
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -1580,6 +1639,24 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let json = args.json;
+    if args.subscriber {
+        let messages = args.sink_messages.unwrap_or(20_000);
+        let bin = find_outboxd(args.outboxd.clone())?;
+        let per_s = subscriber_throughput(&bin, &args.database_url, messages, args.subscriber_concurrency).await?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "subscriber_rust_acked_per_s": round(per_s, 1), "messages": messages, "concurrency": args.subscriber_concurrency })
+            );
+        } else {
+            println!(
+                "Rust Subscriber: {} msg/s acked ({messages} messages, concurrency {})",
+                grouped(per_s),
+                args.subscriber_concurrency
+            );
+        }
+        return Ok(());
+    }
     if args.sinks {
         let messages = args.sink_messages.unwrap_or(if args.quick { 5_000 } else { 20_000 });
         let window = usize::try_from(outbox_server::domain::Sink::DEFAULT_MAX_IN_FLIGHT)?;
