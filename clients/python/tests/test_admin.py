@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+from typing import Any
+
 import grpc
 import pytest
 
@@ -129,3 +131,22 @@ async def test_tail_shows_messages_as_they_commit(admin: outboxd.AdminClient, da
             assert m.topic == topic, "only the tailed topic"
     finally:
         watcher.cancel()
+
+
+def test_the_admin_client_works_from_synchronous_code(server: Outboxd) -> None:
+    """No event loop: each method returns its result, as a script or a REPL expects."""
+    name = unique("sync")
+    with outboxd.AdminClient(server.endpoint) as client:
+        # Type checkers see the asyncio signatures; here each call returns its result.
+        admin: Any = client
+        created = admin.create_consumer(name=name, topics=["sync.t"], max_deliveries=3)
+        assert created.name == name and created.max_deliveries == 3
+        assert name in [c.name for c in admin.list_consumers()]
+        assert admin.pause_consumer(name).paused
+        stats = admin.get_stats(name)
+        assert stats.consumers[0].consumer == name and stats.consumers[0].paused
+        assert list(admin.list_dead_letters(name).dead_letters) == []
+        admin.delete_consumer(name)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            admin.get_consumer(name)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND

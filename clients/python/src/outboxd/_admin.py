@@ -1,11 +1,15 @@
-"""The admin API (`outbox.v1.OutboxAdmin`), one async method per RPC."""
+"""The admin API (`outbox.v1.OutboxAdmin`), one method per RPC, for asyncio code and for plain
+synchronous code alike."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Iterable
+import functools
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from types import TracebackType
-from typing import Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack
 
 import grpc.aio
 
@@ -35,15 +39,40 @@ class ReplaySelection(TypedDict, total=False):
     max_per_second: int
 _START_FROM = {"new": pb.Consumer.NEW, "earliest": pb.Consumer.EARLIEST}
 
+_F = TypeVar("_F", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+if TYPE_CHECKING:
+    # Type checkers see the asyncio signatures; synchronous callers get the awaited value.
+    def _either(fn: _F) -> _F: ...
+else:
+
+    def _either(fn):
+        """In a running event loop, the coroutine (await it); with none (plain synchronous code),
+        the result: the call runs on the client's own event-loop thread, and waits for it."""
+
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            coro = fn(self, *args, **kwargs)
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return self._run_sync(coro)
+            return coro
+
+        return call
+
 
 class AdminClient:
     """Consumers, stats, dead letters, messages, replay, prune and tail, over gRPC.
 
-    `server`, `tls`, `token` and `token_file` are as for `Subscriber`. Every method is a
-    coroutine (or an async iterator, for the streaming RPCs) that raises
-    `grpc.aio.AioRpcError` with outboxd's status on failure. Unary calls give up after
-    `timeout` seconds (None: never), except `replay`, which takes as long as the replay does.
-    The channel opens at the first call; `close()` it, or use `async with`.
+    `server`, `tls`, `token` and `token_file` are as for `Subscriber`. In asyncio code every
+    method is a coroutine (await it), and the streaming RPCs (`tail`, `replay_stream`,
+    `dead_letters`) are async iterators. From plain synchronous code (no running event loop) the
+    unary methods return their result directly: they run on the client's own event-loop thread.
+    A client is used in one of the two ways, not both. Failures raise `grpc.aio.AioRpcError`
+    with outboxd's status. Unary calls give up after `timeout` seconds (None: never), except
+    `replay`, which takes as long as the replay does. The channel opens at the first call;
+    `close()` it, or use `async with` (or `with`, from synchronous code).
     """
 
     def __init__(
@@ -61,6 +90,8 @@ class AdminClient:
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.OutboxAdminAsyncStub | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     def _rpc(self) -> tuple[pb_grpc.OutboxAdminAsyncStub, tuple[tuple[str, str], ...]]:
         if self._stub is None:
@@ -69,11 +100,42 @@ class AdminClient:
         assert self._stub is not None
         return self._stub, self._token.metadata()
 
+    @_either
     async def close(self) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
         self._channel = None
         self._stub = None
+
+    def _run_sync(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Runs `coro` on this client's event-loop thread (started at the first synchronous call)
+        and returns its result: the channel then lives on that loop."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="outboxd-admin", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        finally:
+            if self._channel is None and self._loop is not None:
+                # Closed: the thread is not needed any more.
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                if self._thread is not None:
+                    self._thread.join()
+                self._loop.close()
+                self._loop, self._thread = None, None
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        self._run_sync(self._close())
 
     async def __aenter__(self) -> AdminClient:
         return self
@@ -81,10 +143,11 @@ class AdminClient:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self._close()
 
     # Consumers
 
+    @_either
     async def create_consumer(
         self,
         name: str,
@@ -120,26 +183,31 @@ class AdminClient:
         resp = await stub.CreateConsumer(pb.CreateConsumerRequest(consumer=c), metadata=md, timeout=self._timeout)
         return resp.consumer
 
+    @_either
     async def get_consumer(self, name: str) -> pb.Consumer:
         stub, md = self._rpc()
         resp = await stub.GetConsumer(pb.GetConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
         return resp.consumer
 
+    @_either
     async def list_consumers(self) -> list[pb.Consumer]:
         stub, md = self._rpc()
         resp = await stub.ListConsumers(pb.ListConsumersRequest(), metadata=md, timeout=self._timeout)
         return list(resp.consumers)
 
+    @_either
     async def delete_consumer(self, name: str) -> None:
         """Deletes a consumer and its inbox rows."""
         stub, md = self._rpc()
         await stub.DeleteConsumer(pb.DeleteConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
 
+    @_either
     async def pause_consumer(self, name: str) -> pb.Consumer:
         stub, md = self._rpc()
         resp = await stub.PauseConsumer(pb.PauseConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
         return resp.consumer
 
+    @_either
     async def resume_consumer(self, name: str) -> pb.Consumer:
         stub, md = self._rpc()
         resp = await stub.ResumeConsumer(pb.ResumeConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
@@ -147,12 +215,14 @@ class AdminClient:
 
     # Watching
 
+    @_either
     async def get_stats(self, consumer: str | None = None) -> pb.GetStatsResponse:
         """Unrelayed messages and per consumer backlog, in flight, retrying, dead, acked; only
         `consumer`'s when given."""
         stub, md = self._rpc()
         return await stub.GetStats(pb.GetStatsRequest(consumer=consumer or ""), metadata=md, timeout=self._timeout)
 
+    @_either
     async def list_dead_letters(
         self, consumer: str, *, page_size: int = 0, page_token: str = "",
     ) -> pb.ListDeadLettersResponse:
@@ -173,6 +243,7 @@ class AdminClient:
             if not token:
                 return
 
+    @_either
     async def get_message(self, message_id: str) -> pb.GetMessageResponse:
         """A message with its delivery row per consumer."""
         stub, md = self._rpc()
@@ -192,6 +263,7 @@ class AdminClient:
 
     # Replay and prune
 
+    @_either
     async def replay(
         self, consumer: str, *, timeout: float | None = None, **selection: Unpack[ReplaySelection],
     ) -> pb.ReplayResponse:
@@ -214,6 +286,7 @@ class AdminClient:
         finally:
             call.cancel()
 
+    @_either
     async def prune(self, older_than: Seconds | None = None) -> pb.PruneResponse:
         """Deletes relayed, fully acked messages older than `older_than` (default: the server's
         retention, 7 days unless configured)."""
