@@ -14,8 +14,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -146,26 +146,36 @@ impl SinkRunner {
                     // The session is over: everything it held is acked or released.
                     None => break,
                 },
-                Some((id, outcome, took)) = in_flight.next() => {
-                    let command = match outcome {
-                        Outcome::Confirmed => {
-                            self.metrics.confirmed(took);
-                            Some(Command::Ack(vec![id]))
+                Some(first) = in_flight.next() => {
+                    // Every outcome that is ready now goes back in one pass: the acks as one
+                    // command, so the session writes them in one statement.
+                    let mut acks = Vec::new();
+                    let mut nacks = Vec::new();
+                    let mut next = Some(first);
+                    while let Some((id, outcome, took)) = next.take() {
+                        match outcome {
+                            Outcome::Confirmed => {
+                                self.metrics.confirmed(took);
+                                acks.push(id);
+                            }
+                            Outcome::Failed { reason, error, retry_after } => {
+                                self.metrics.failed(reason);
+                                tracing::debug!(consumer = %self.consumer.spec.name, message_id = %id, reason, %error, "sink publish failed");
+                                nacks.push(Command::Nack { id, error, retry_after });
+                            }
+                            Outcome::Unavailable { error } => {
+                                self.metrics.unavailable();
+                                lost.get_or_insert(error);
+                            }
                         }
-                        Outcome::Failed { reason, error, retry_after } => {
-                            self.metrics.failed(reason);
-                            tracing::debug!(consumer = %self.consumer.spec.name, message_id = %id, reason, %error, "sink publish failed");
-                            Some(Command::Nack { id, error, retry_after })
+                        next = in_flight.next().now_or_never().flatten();
+                    }
+                    if let Some(tx) = &commands {
+                        let commands = (!acks.is_empty()).then_some(Command::Ack(acks)).into_iter().chain(nacks);
+                        for command in commands {
+                            // Fails only when the session has ended, which then releases the lease.
+                            let _ = tx.send(Ok(command)).await;
                         }
-                        Outcome::Unavailable { error } => {
-                            self.metrics.unavailable();
-                            lost.get_or_insert(error);
-                            None
-                        }
-                    };
-                    if let (Some(command), Some(tx)) = (command, &commands) {
-                        // Fails only when the session has ended, which then releases the lease.
-                        let _ = tx.send(Ok(command)).await;
                     }
                 },
                 _ = stop.cancelled(), if !stopping => stopping = true,
