@@ -34,13 +34,6 @@ impl SinkSupervisor {
         Self { ctx, interval, running: HashMap::new() }
     }
 
-    /// The sink consumers this process runs now.
-    pub fn running(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.running.keys().cloned().collect();
-        names.sort();
-        names
-    }
-
     /// Starts a runner for each sink consumer without one, restarts one whose sink changed
     /// (deleted and created again), and stops those whose consumer is gone.
     pub async fn run_once(&mut self) -> Result<(), StoreError> {

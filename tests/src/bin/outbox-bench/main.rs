@@ -1595,15 +1595,25 @@ async fn subscriber_throughput(bin: &std::path::Path, url: &str, messages: u64, 
         .execute(&db)
         .await?;
     let within = budget(messages);
-    let started = Instant::now();
-    loop {
-        let s = admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: "bench-subscriber".into() }).await?;
-        if s.into_inner().consumers.first().is_some_and(|c| u64::try_from(c.backlog).unwrap_or(0) >= messages) {
-            break;
+    // Polls the consumer's stats until `done` holds, for at most `within`.
+    async fn until(
+        admin: &mut AdminClient,
+        within: Duration,
+        what: &str,
+        done: impl Fn(&outbox_proto::v1::ConsumerStats) -> bool,
+    ) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let s = admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: "bench-subscriber".into() }).await?;
+            if s.into_inner().consumers.first().is_some_and(&done) {
+                return Ok(());
+            }
+            ensure!(started.elapsed() < within, "{what} within {within:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        ensure!(started.elapsed() < within, "the relay did not fan out {messages} messages within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let all = |n: i64| u64::try_from(n).unwrap_or(0) >= messages;
+    until(&mut admin, within, "the relay did not fan out every message", |c| all(c.backlog)).await?;
     let mut config = outbox_client::SubscriberConfig::new(outboxd.endpoint.clone(), "bench-subscriber");
     config.concurrency = usize::try_from(concurrency)?;
     config.max_in_flight = concurrency;
@@ -1613,14 +1623,7 @@ async fn subscriber_throughput(bin: &std::path::Path, url: &str, messages: u64, 
         outbox_client::Subscriber::new(config)
             .run(|_d| async { Ok::<(), outbox_client::HandlerError>(()) }, stop.clone()),
     );
-    loop {
-        let s = admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: "bench-subscriber".into() }).await?;
-        if s.into_inner().consumers.first().is_some_and(|c| u64::try_from(c.acked).unwrap_or(0) >= messages) {
-            break;
-        }
-        ensure!(started.elapsed() < within, "the Subscriber did not ack {messages} messages within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut admin, within, "the Subscriber did not ack every message", |c| all(c.acked)).await?;
     let elapsed = started.elapsed();
     stop.cancel();
     run.await??;
