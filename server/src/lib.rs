@@ -26,9 +26,12 @@
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
 //!   per target (RabbitMQ, NATS JetStream, webhooks).
 //! - [`hub`]: in-process wake-ups and push slots between the relay, the sweeper and the sessions.
-//! - [`store`]: every SQL statement: the [`store::Store`] seam, `store::postgres` (with its
-//!   LISTEN for other replicas' work) and the embedded `store::sqlite`, each with its
-//!   migrations. The store returns data and [`store::WorkHint`]s; it wakes nobody itself.
+//! - [`store`]: every SQL statement. The [`store::Store`] seam the rest of the server calls;
+//!   [`store::driver::Driver`], the narrow entity-first statements each backend implements
+//!   (`store::postgres`, with its LISTEN for other replicas' work, and the embedded
+//!   `store::sqlite`, each with its migrations); [`store::composite::DriverStore`], `Store`
+//!   written once over any driver; [`store::records`], rows decoded into the domain. The store
+//!   returns data and [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
 //! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
 //! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.

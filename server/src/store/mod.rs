@@ -1,7 +1,10 @@
 //! The storage layer: every SQL statement of the server lives below this module.
 //!
-//! Query functions are named entity-first (`message_insert`, `delivery_lease_batch`,
-//! `delivery_ack_many`); writes that a producer joins take the caller's executor.
+//! Three layers: [`Store`], the seam the rest of the server calls; [`driver::Driver`], the
+//! narrow entity-first statements each backend implements (`postgres`, `sqlite`), decoded into
+//! plain [`records`]; and [`composite::DriverStore`], `Store` written once over any driver
+//! (operations of several statements, decoding into the domain). Writes that a producer joins
+//! take the caller's executor.
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -9,9 +12,14 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
 
+pub mod composite;
+pub mod driver;
+#[cfg(test)]
+mod driver_tests;
 #[cfg(test)]
 mod limits_tests;
 pub mod postgres;
+pub mod records;
 pub mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -22,8 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Consumer, ConsumerSpec};
 
-pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
+pub use composite::DriverStore;
+pub use driver::Driver;
+pub use postgres::{PgDriver, PgStore};
+pub use sqlite::{SqliteDriver, SqliteStore};
 
 /// The storage seam: everything the relay, the delivery sessions, the maintenance loops and
 /// the admin service ask of a database. Each implementation gives the same semantics; the

@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::PgStore;
+use super::PgDriver;
 use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
 pub struct WorkListener {
-    store: PgStore,
+    store: PgDriver,
     hints: HintSender,
 }
 
 impl WorkListener {
-    pub fn new(store: PgStore, hints: HintSender) -> Self {
+    pub fn new(store: PgDriver, hints: HintSender) -> Self {
         Self { store, hints }
     }
 

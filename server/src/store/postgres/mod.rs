@@ -1,25 +1,27 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::MigrateDatabase;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
-use sqlx::{Executor, PgConnection, Postgres, QueryBuilder, Row};
+use sqlx::{Executor, PgConnection, Postgres, QueryBuilder, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::composite::DriverStore;
+use super::driver::Driver;
+use super::records::{
+    ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
+};
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned,
-    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage, TableHealth,
+    ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
 };
-use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, Sink, StartFrom, TopicPattern,
-};
+use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
 
 mod listener;
@@ -29,11 +31,7 @@ mod listener;
 const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
 
 /// Held (per transaction) by the replica that is pruning.
-const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
-
-/// Rows read per round trip when a consumer starting from EARLIEST, or a replay by range,
-/// walks the messages table.
-const SCAN_BATCH: i64 = 5_000;
+pub(crate) const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
 
 /// The channel on which relays announce new deliveries: the payload is a comma-separated list
 /// of consumer names, or empty for "all".
@@ -167,9 +165,9 @@ static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The PostgreSQL store. Cheap to clone (a pool handle).
+/// The PostgreSQL driver. Cheap to clone (pool handles).
 #[derive(Debug, Clone)]
-pub struct PgStore {
+pub struct PgDriver {
     pool: PgPool,
     /// For relay passes only: commits without waiting for the WAL flush (see `relay_batch`).
     relay_pool: PgPool,
@@ -180,34 +178,8 @@ pub struct PgStore {
     lease_pool: PgPool,
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn from_ms(v: i64) -> Duration {
-    Duration::from_millis(u64::try_from(v).unwrap_or(0))
-}
-
-fn count(v: i32) -> u32 {
-    u32::try_from(v).unwrap_or(0)
-}
-
-fn headers_from_json(v: serde_json::Value) -> BTreeMap<String, String> {
-    match v {
-        serde_json::Value::Object(map) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        _ => BTreeMap::new(),
-    }
-}
-
-fn headers_to_json(h: &BTreeMap<String, String>) -> serde_json::Value {
-    serde_json::Value::Object(h.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect())
-}
+/// The PostgreSQL store: the composites of [`DriverStore`] over [`PgDriver`].
+pub type PgStore = DriverStore<PgDriver>;
 
 const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, m.enqueued_at, m.available_at, outbox.message_relayed_at(m.seq, m.relayed_at) AS relayed_at";
 
@@ -226,40 +198,27 @@ fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
     })
 }
 
-fn consumer_from_row(row: &PgRow) -> Result<Consumer> {
-    let name: String = row.try_get("name")?;
-    let topics: Vec<String> = row.try_get("topics")?;
-    let topics = topics
-        .iter()
-        .map(|t| TopicPattern::parse("topics", t))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
-    let name =
-        ConsumerName::parse("name", &name).map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
-    Ok(Consumer {
-        spec: ConsumerSpec {
-            name,
-            topics,
-            max_deliveries: count(row.try_get("max_deliveries")?),
-            backoff: Backoff {
-                base: from_ms(row.try_get("backoff_base_ms")?),
-                max: from_ms(row.try_get("backoff_max_ms")?),
-            },
-            ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
-            start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
-            sink: row.try_get::<Option<Json<Sink>>, _>("sink")?.map(|s| s.0),
-        },
+fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
+    Ok(ConsumerRecord {
+        name: row.try_get("name")?,
+        topics: row.try_get("topics")?,
+        max_deliveries: i64::from(row.try_get::<i32, _>("max_deliveries")?),
+        backoff_base_ms: row.try_get("backoff_base_ms")?,
+        backoff_max_ms: row.try_get("backoff_max_ms")?,
+        ack_deadline_ms: row.try_get("ack_deadline_ms")?,
+        start_from: row.try_get("start_from")?,
+        sink: row.try_get::<Option<Json<serde_json::Value>>, _>("sink")?.map(|s| s.0),
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
         created_at: row.try_get("created_at")?,
     })
 }
 
-fn delivery_from_row(row: &PgRow) -> Result<DeliveryRow> {
-    Ok(DeliveryRow {
+fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord> {
+    Ok(DeliveryRecord {
         consumer: row.try_get("consumer")?,
-        state: DeliveryState::try_from(row.try_get::<&str, _>("state")?)?,
-        delivery_count: count(row.try_get("delivery_count")?),
+        state: row.try_get("state")?,
+        delivery_count: i64::from(row.try_get::<i32, _>("delivery_count")?),
         available_at: row.try_get("available_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         last_error: row.try_get("last_error")?,
@@ -268,6 +227,10 @@ fn delivery_from_row(row: &PgRow) -> Result<DeliveryRow> {
         acked_at: row.try_get("acked_at")?,
         dead_at: row.try_get("dead_at")?,
     })
+}
+
+fn count(row: &PgRow, column: &str) -> Result<u32> {
+    delivery_count(i64::from(row.try_get::<i32, _>(column)?))
 }
 
 /// Inserts one message through `outbox.enqueue_message`, on the caller's executor (a pool, a
@@ -297,89 +260,7 @@ where
     })
 }
 
-/// A delivery row to create (pending, due at the message's `available_at`).
-struct NewDelivery {
-    message_id: Uuid,
-    consumer: String,
-    seq: i64,
-    ordering_key: Option<String>,
-    available_at: DateTime<Utc>,
-}
-
-impl NewDelivery {
-    fn from_message_row(row: &PgRow, consumer: &str) -> Result<Self> {
-        Ok(Self {
-            message_id: row.try_get("message_id")?,
-            consumer: consumer.to_owned(),
-            seq: row.try_get("seq")?,
-            ordering_key: row.try_get("ordering_key")?,
-            available_at: row.try_get("available_at")?,
-        })
-    }
-}
-
-/// Inserts pending delivery rows (an EARLIEST consumer's backfill); existing
-/// `(message_id, consumer)` rows are left alone. Relay passes fan out in `outbox.relay_pass`.
-async fn delivery_insert_many(conn: &mut PgConnection, rows: &[NewDelivery], now: DateTime<Utc>) -> Result<u64> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut consumers = Vec::with_capacity(rows.len());
-    let mut seqs = Vec::with_capacity(rows.len());
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut available = Vec::with_capacity(rows.len());
-    for r in rows {
-        ids.push(r.message_id);
-        consumers.push(r.consumer.as_str());
-        seqs.push(r.seq);
-        keys.push(r.ordering_key.as_deref());
-        available.push(r.available_at);
-    }
-    let done = sqlx::query(
-        "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-         SELECT r.message_id, r.consumer, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
-           FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
-                AS r(message_id, consumer, seq, ordering_key, available_at)
-         ON CONFLICT (message_id, consumer) DO NOTHING",
-    )
-    .bind(&ids)
-    .bind(&consumers)
-    .bind(&seqs)
-    .bind(&keys)
-    .bind(&available)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-/// Upserts deliveries back to due for a replay: bypasses the inbox on purpose and restarts the
-/// delivery count. A delivery currently leased is left to its stream.
-async fn delivery_replay_ids(conn: &mut PgConnection, consumer: &str, ids: &[Uuid], now: DateTime<Utc>) -> Result<u64> {
-    let done = sqlx::query(
-        "INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-         SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
-           FROM outbox.messages m WHERE m.message_id = ANY($2)
-         ON CONFLICT (message_id, consumer) DO UPDATE
-            SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
-                acked_at = NULL, dead_at = NULL, updated_at = $3
-          WHERE d.state <> 'leased'",
-    )
-    .bind(consumer)
-    .bind(ids)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-async fn consumers_on(conn: &mut PgConnection) -> Result<Vec<Consumer>> {
-    let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&mut *conn).await?;
-    rows.iter().map(consumer_from_row).collect()
-}
-
-impl PgStore {
+impl PgDriver {
     /// Connects, creating the database first if it does not exist.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         if !Postgres::database_exists(url).await? {
@@ -415,10 +296,6 @@ impl PgStore {
         Ok(Self { pool, relay_pool, lease_pool })
     }
 
-    pub fn from_pool(pool: PgPool) -> Self {
-        Self { relay_pool: pool.clone(), lease_pool: pool.clone(), pool }
-    }
-
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -432,7 +309,9 @@ impl PgStore {
 }
 
 #[async_trait::async_trait]
-impl Store for PgStore {
+impl Driver for PgDriver {
+    type Db = Postgres;
+
     fn backend(&self) -> &'static str {
         "postgres"
     }
@@ -451,6 +330,21 @@ impl Store for PgStore {
         WorkListener::new(self.clone(), hints).run(cancel).await;
     }
 
+    async fn read(&self) -> Result<PoolConnection<Postgres>> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Holds [`CONSUMERS_LOCK`] exclusively until the transaction ends.
+    async fn begin_consumer_change(&self) -> Result<Transaction<'static, Postgres>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
+        Ok(tx)
+    }
+
     /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
     /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
     async fn migrate(&self) -> Result<()> {
@@ -463,19 +357,49 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+    async fn message_insert(&self, conn: &mut PgConnection, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        message_insert(conn, msg, Some(now)).await
+    }
+
+    /// One autocommit statement.
+    async fn message_insert_one(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         message_insert(&self.pool, msg, Some(now)).await
     }
 
-    /// All or nothing: one transaction for the whole batch.
-    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
-        let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(msgs.len());
-        for msg in msgs {
-            out.push(message_insert(&mut *tx, msg, Some(now)).await?);
-        }
-        tx.commit().await?;
-        Ok(out)
+    async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.message_id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(&self.pool).await?;
+        row.as_ref().map(message_from_row).transpose()
+    }
+
+    async fn message_page(&self, conn: &mut PgConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
+        let rows = sqlx::query(
+            "SELECT message_id, seq, topic, ordering_key, available_at FROM outbox.messages
+              WHERE seq > $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MessageRef {
+                    message_id: MessageId(r.try_get("message_id")?),
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    available_at: r.try_get("available_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
+        let row =
+            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.unrelayed_messages")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((row.try_get("unrelayed")?, row.try_get("oldest")?))
     }
 
     /// One relay pass: claims up to `limit` unrelayed messages (skipping rows another relay has
@@ -551,23 +475,22 @@ impl Store for PgStore {
         Ok(out)
     }
 
-    /// Creates a consumer. An existing consumer with the same definition is returned as is; a
-    /// different one is a conflict. EARLIEST backfills the inbox from every retained message.
-    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
-        if let Some(row) = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
-            .bind(spec.name.as_str())
-            .fetch_optional(&mut *tx)
-            .await?
-        {
-            let existing = consumer_from_row(&row)?;
-            return if existing.spec == *spec {
-                Ok(existing)
-            } else {
-                Err(StoreError::ConsumerConflict(spec.name.to_string()))
-            };
-        }
+    async fn consumer_find(&self, conn: &mut PgConnection, name: &str) -> Result<Option<ConsumerRecord>> {
+        let row = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1").bind(name).fetch_optional(conn).await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
+        let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter().map(consumer_from_row).collect()
+    }
+
+    async fn consumer_insert(
+        &self,
+        conn: &mut PgConnection,
+        spec: &ConsumerSpec,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(
             "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
@@ -586,75 +509,57 @@ impl Store for PgStore {
         .bind(spec.start_from.as_str())
         .bind(now)
         .bind(spec.sink.as_ref().map(Json))
-        .fetch_one(&mut *tx)
+        .fetch_one(conn)
         .await?;
-        let consumer = consumer_from_row(&row)?;
-        if spec.start_from == StartFrom::Earliest {
-            // Every retained message, relayed or not: an unrelayed one gets its row here and the
-            // relay's insert later finds it there.
-            let mut after = 0i64;
-            loop {
-                let batch = sqlx::query(
-                    "SELECT message_id, seq, topic, ordering_key, available_at FROM outbox.messages
-                      WHERE seq > $1 ORDER BY seq LIMIT $2",
-                )
-                .bind(after)
-                .bind(SCAN_BATCH)
-                .fetch_all(&mut *tx)
-                .await?;
-                let Some(last) = batch.last() else { break };
-                after = last.try_get("seq")?;
-                let mut rows = Vec::new();
-                for row in &batch {
-                    if spec.matches(row.try_get("topic")?) {
-                        rows.push(NewDelivery::from_message_row(row, spec.name.as_str())?);
-                    }
-                }
-                delivery_insert_many(&mut tx, &rows, now).await?;
-                if (batch.len() as i64) < SCAN_BATCH {
-                    break;
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(consumer)
-    }
-
-    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
-        let row = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1")
-            .bind(name.as_str())
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
         consumer_from_row(&row)
     }
 
-    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
-        let mut conn = self.pool.acquire().await?;
-        consumers_on(&mut conn).await
+    /// Its inbox rows go by cascade.
+    async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM outbox.consumers WHERE name = $1").bind(name).execute(conn).await?;
+        Ok(done.rows_affected() > 0)
     }
 
-    /// Deletes a consumer and, by cascade, its inbox rows.
-    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
-        let done =
-            sqlx::query("DELETE FROM outbox.consumers WHERE name = $1").bind(name.as_str()).execute(&mut *tx).await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::ConsumerNotFound(name.to_string()));
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+    async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
         let row = sqlx::query("UPDATE outbox.consumers SET paused = $2 WHERE name = $1 RETURNING *")
-            .bind(name.as_str())
+            .bind(name)
             .bind(paused)
             .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
-        consumer_from_row(&row)
+            .await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    /// Inserts pending rows from arrays (`unnest`), one statement for the page.
+    async fn delivery_insert_pending(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        messages: &[MessageRef],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id.0).collect();
+        let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
+        let keys: Vec<Option<&str>> = messages.iter().map(|m| m.ordering_key.as_deref()).collect();
+        let available: Vec<DateTime<Utc>> = messages.iter().map(|m| m.available_at).collect();
+        let done = sqlx::query(
+            "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+             SELECT r.message_id, $1, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
+               FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::timestamptz[])
+                    AS r(message_id, seq, ordering_key, available_at)
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(&ids)
+        .bind(&seqs)
+        .bind(&keys)
+        .bind(&available)
+        .bind(now)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// Leases up to `limit` due deliveries of one consumer to a delivery session (see
@@ -677,17 +582,16 @@ impl Store for PgStore {
             .bind(keys_after)
             .fetch_all(&self.lease_pool)
             .await?;
-        let mut out = rows
+        let out = rows
             .iter()
             .map(|row| {
                 Ok(LeasedDelivery {
                     message: message_from_row(row)?,
-                    delivery_count: count(row.try_get("delivery_count")?),
+                    delivery_count: count(row, "delivery_count")?,
                     lease_expires_at: lease_until,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        out.sort_by_key(|d| d.message.seq);
         Ok(out)
     }
 
@@ -716,9 +620,6 @@ impl Store for PgStore {
         guard: ReleaseGuard<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
-        if releases.is_empty() {
-            return Ok(0);
-        }
         let consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
         let ids: Vec<Uuid> = releases.iter().map(|r| r.message_id.0).collect();
         let states: Vec<&str> = releases.iter().map(|r| r.state.as_str()).collect();
@@ -762,7 +663,7 @@ impl Store for PgStore {
     }
 
     /// Leases whose deadline has passed, oldest first.
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
         let rows = sqlx::query(
             "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
                FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
@@ -775,15 +676,13 @@ impl Store for PgStore {
         .await?;
         rows.iter()
             .map(|row| {
-                let consumer: String = row.try_get("consumer")?;
-                Ok(ExpiredLease {
-                    consumer: ConsumerName::parse("consumer", &consumer)
-                        .map_err(|e| StoreError::InvalidValue(e.to_string()))?,
+                Ok(ExpiredRecord {
+                    consumer: row.try_get("consumer")?,
                     message_id: MessageId(row.try_get("message_id")?),
-                    delivery_count: count(row.try_get("delivery_count")?),
-                    max_deliveries: count(row.try_get("max_deliveries")?),
-                    backoff_base: from_ms(row.try_get("backoff_base_ms")?),
-                    backoff_max: from_ms(row.try_get("backoff_max_ms")?),
+                    delivery_count: i64::from(row.try_get::<i32, _>("delivery_count")?),
+                    max_deliveries: i64::from(row.try_get::<i32, _>("max_deliveries")?),
+                    backoff_base_ms: row.try_get("backoff_base_ms")?,
+                    backoff_max_ms: row.try_get("backoff_max_ms")?,
                 })
             })
             .collect()
@@ -819,14 +718,14 @@ impl Store for PgStore {
         Ok(done.rows_affected())
     }
 
-    /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then;
-    /// `ConsumerNotFound` once the consumer has been deleted.
-    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
-        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer.as_str()).fetch_one(&self.lease_pool).await?;
+    /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then
+    /// (see [`NEXT_DUE_SQL`]).
+    async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
+        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer).fetch_one(&self.lease_pool).await?;
         if !row.try_get::<bool, _>("present")? {
-            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
+            return Ok(None);
         }
-        Ok(row.try_get("due")?)
+        Ok(Some(row.try_get("due")?))
     }
 
     /// From `pg_stat_user_tables` (the statistics collector's counts, no scan) and the
@@ -857,9 +756,6 @@ impl Store for PgStore {
     /// connection holding a session advisory lock, so that of several replicas one vacuums at a
     /// time and the others skip the round.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
-        if tables.is_empty() {
-            return Ok(Vec::new());
-        }
         let mut conn = self.pool.acquire().await?;
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
@@ -889,11 +785,7 @@ impl Store for PgStore {
         }
     }
 
-    async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats> {
-        let head =
-            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.unrelayed_messages")
-                .fetch_one(&self.pool)
-                .await?;
+    async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>> {
         let rows = sqlx::query(
             // Each figure comes from the partial index for its state, so the cost follows the
             // pending work, not the history. Only `acked` reads history, and only when asked.
@@ -913,17 +805,11 @@ impl Store for PgStore {
               WHERE $1::text IS NULL OR c.name = $1
               ORDER BY c.name",
         )
-        .bind(only.map(|c| c.as_str()))
+        .bind(only)
         .bind(include_acked)
         .fetch_all(&self.pool)
         .await?;
-        if let Some(name) = only
-            && rows.is_empty()
-        {
-            return Err(StoreError::ConsumerNotFound(name.to_string()));
-        }
-        let consumers = rows
-            .iter()
+        rows.iter()
             .map(|r| {
                 Ok(ConsumerStats {
                     consumer: r.try_get("name")?,
@@ -936,13 +822,11 @@ impl Store for PgStore {
                     oldest_unacked_at: r.try_get("oldest")?,
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Stats { unrelayed: head.try_get("unrelayed")?, oldest_unrelayed_at: head.try_get("oldest")?, consumers })
+            .collect()
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
-        self.consumer_get(consumer).await?;
+    async fn dead_letter_page(&self, consumer: &str, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
@@ -950,7 +834,7 @@ impl Store for PgStore {
               ORDER BY d.seq LIMIT $3"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(consumer.as_str())
+            .bind(consumer)
             .bind(after_seq)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -960,7 +844,7 @@ impl Store for PgStore {
                 Ok(DeadLetter {
                     message: message_from_row(r)?,
                     consumer: r.try_get("consumer")?,
-                    delivery_count: count(r.try_get("delivery_count")?),
+                    delivery_count: count(r, "delivery_count")?,
                     last_error: r.try_get("last_error")?,
                     dead_at: r.try_get("dead_at")?,
                 })
@@ -968,21 +852,12 @@ impl Store for PgStore {
             .collect()
     }
 
-    /// A message and its inbox row for every consumer that has one.
-    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.message_id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id.0)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::MessageNotFound(id))?;
-        let message = message_from_row(&row)?;
+    async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
         let rows = sqlx::query("SELECT * FROM outbox.deliveries WHERE message_id = $1 ORDER BY consumer")
             .bind(id.0)
             .fetch_all(&self.pool)
             .await?;
-        let deliveries = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>>>()?;
-        Ok((message, deliveries))
+        rows.iter().map(delivery_from_row).collect()
     }
 
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
@@ -1049,58 +924,79 @@ impl Store for PgStore {
             .collect()
     }
 
-    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
+    async fn delivery_replay(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        ids: &[MessageId],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        let mut conn = self.pool.acquire().await?;
-        delivery_replay_ids(&mut conn, consumer.as_str(), &ids, now).await
+        let done = sqlx::query(
+            "INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+             SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
+               FROM outbox.messages m WHERE m.message_id = ANY($2)
+             ON CONFLICT (message_id, consumer) DO UPDATE
+                SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
+                    acked_at = NULL, dead_at = NULL, updated_at = $3
+              WHERE d.state <> 'leased'",
+        )
+        .bind(consumer)
+        .bind(&ids)
+        .bind(now)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
     }
 
-    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
-        let mut total = Pruned::default();
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let mine: bool =
-                sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
-            if !mine {
-                tx.rollback().await?;
-                return Ok(total);
-            }
-            let row = sqlx::query(
-                "WITH doomed AS (
-                    SELECT m.message_id FROM outbox.messages m
-                     WHERE m.enqueued_at < $1
-                       AND outbox.seq_relayed(m.seq)
-                       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
-                                        WHERE d.message_id = m.message_id AND d.state <> 'acked')
-                     ORDER BY m.enqueued_at LIMIT $2
-                     FOR UPDATE SKIP LOCKED),
-                 del AS (DELETE FROM outbox.deliveries d USING doomed
-                          WHERE d.message_id = doomed.message_id RETURNING 1),
-                 msg AS (DELETE FROM outbox.messages m USING doomed
-                          WHERE m.message_id = doomed.message_id RETURNING 1)
-                 SELECT (SELECT count(*) FROM msg) AS messages, (SELECT count(*) FROM del) AS deliveries",
-            )
-            .bind(cutoff)
-            .bind(batch)
-            .fetch_one(&mut *tx)
-            .await?;
-            let messages: i64 = row.try_get("messages")?;
-            if messages > 0 {
-                // The relay log's rows that name only pruned messages.
-                sqlx::query(
-                    "DELETE FROM outbox.relay_log l
-                      WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
-                                                      (SELECT c.position + 1 FROM outbox.relay_cursor c))",
-                )
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
-            total.messages += messages;
-            total.deliveries += row.try_get::<i64, _>("deliveries")?;
-            if messages < batch {
-                return Ok(total);
-            }
+    /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.
+    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
+        let mut tx = self.pool.begin().await?;
+        let mine: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
+        if !mine {
+            tx.rollback().await?;
+            return Ok(None);
         }
+        let row = sqlx::query(
+            "WITH doomed AS (
+                SELECT m.message_id FROM outbox.messages m
+                 WHERE m.enqueued_at < $1
+                   AND outbox.seq_relayed(m.seq)
+                   AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
+                                    WHERE d.message_id = m.message_id AND d.state <> 'acked')
+                 ORDER BY m.enqueued_at LIMIT $2
+                 FOR UPDATE SKIP LOCKED),
+             del AS (DELETE FROM outbox.deliveries d USING doomed
+                      WHERE d.message_id = doomed.message_id RETURNING 1),
+             msg AS (DELETE FROM outbox.messages m USING doomed
+                      WHERE m.message_id = doomed.message_id RETURNING 1)
+             SELECT (SELECT count(*) FROM msg) AS messages, (SELECT count(*) FROM del) AS deliveries",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .fetch_one(&mut *tx)
+        .await?;
+        let messages: i64 = row.try_get("messages")?;
+        if messages > 0 {
+            // The relay log's rows that name only pruned messages.
+            sqlx::query(
+                "DELETE FROM outbox.relay_log l
+                  WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
+                                                  (SELECT c.position + 1 FROM outbox.relay_cursor c))",
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(Pruned { messages, deliveries: row.try_get("deliveries")? }))
+    }
+}
+
+impl DriverStore<PgDriver> {
+    /// Connects, creating the database first if it does not exist.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        Ok(Self::new(PgDriver::connect(url, max_connections).await?))
     }
 }

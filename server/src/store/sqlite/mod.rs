@@ -7,7 +7,6 @@
 //! write transaction starts with `BEGIN IMMEDIATE`, so writers queue on the busy timeout
 //! instead of failing on a lock upgrade. Batches are passed as JSON arrays (`json_each`),
 //! SQLite's counterpart of PostgreSQL's `unnest`.
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -16,21 +15,24 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor};
+use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor, Transaction};
 use tokio_util::sync::CancellationToken;
 
+use super::composite::DriverStore;
+use super::driver::Driver;
+use super::records::{
+    ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
+};
 use super::{
-    ConsumerStats, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned,
-    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage, TableHealth, WorkHint,
+    ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth, WorkHint,
 };
-use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId, Sink, StartFrom, TopicPattern,
-};
+use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
@@ -47,12 +49,12 @@ const WATCH_IDLE: Duration = Duration::from_millis(5);
 const WRITE_LOCK_WAIT: Duration = Duration::from_secs(5);
 const WRITE_LOCK_RETRY: Duration = Duration::from_millis(1);
 
-/// Rows read per round trip when walking the messages table.
-const SCAN_BATCH: i64 = 5_000;
+/// The SQLite store: the composites of [`DriverStore`] over [`SqliteDriver`].
+pub type SqliteStore = DriverStore<SqliteDriver>;
 
-/// The SQLite store. Cheap to clone; the file lock lives as long as any clone.
+/// The SQLite driver. Cheap to clone; the file lock lives as long as any clone.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
+pub struct SqliteDriver {
     /// Reads (WAL readers never wait for the writer).
     pool: SqlitePool,
     /// Every write of this process, on one connection: SQLite has one writer at a time, and
@@ -76,33 +78,16 @@ fn opt_time(v: Option<i64>) -> Option<DateTime<Utc>> {
     v.map(time)
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn from_ms(v: i64) -> Duration {
-    Duration::from_millis(u64::try_from(v).unwrap_or(0))
-}
-
-fn count(v: i64) -> u32 {
-    u32::try_from(v).unwrap_or(0)
+fn count(row: &SqliteRow, column: &str) -> Result<u32> {
+    delivery_count(row.try_get(column)?)
 }
 
 fn uuid(s: &str) -> Result<MessageId> {
     MessageId::parse("message_id", s).map_err(|e| StoreError::InvalidValue(format!("stored message id: {e}")))
 }
 
-fn headers_from_text(s: &str) -> BTreeMap<String, String> {
-    match serde_json::from_str::<serde_json::Value>(s) {
-        Ok(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        _ => BTreeMap::new(),
-    }
+fn headers_from_text(s: &str) -> std::collections::BTreeMap<String, String> {
+    headers_from_json(serde_json::from_str(s).unwrap_or_default())
 }
 
 const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, \
@@ -123,46 +108,35 @@ fn message_from_row(row: &SqliteRow) -> Result<StoredMessage> {
     })
 }
 
-fn consumer_from_row(row: &SqliteRow) -> Result<Consumer> {
+fn consumer_from_row(row: &SqliteRow) -> Result<ConsumerRecord> {
     let name: String = row.try_get("name")?;
-    let topics: Vec<String> = serde_json::from_str(row.try_get("topics")?)
+    let json = |column: &str, text: &str| {
+        serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {column}: {e}")))
+    };
+    let topics = serde_json::from_value(json("topics", row.try_get("topics")?)?)
         .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: topics: {e}")))?;
-    let topics = topics
-        .iter()
-        .map(|t| TopicPattern::parse("topics", t))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {e}")))?;
-    let sink = row
-        .try_get::<Option<String>, _>("sink")?
-        .map(|s| serde_json::from_str::<Sink>(&s))
-        .transpose()
-        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: sink: {e}")))?;
-    let name =
-        ConsumerName::parse("name", &name).map_err(|e| StoreError::InvalidValue(format!("stored consumer: {e}")))?;
-    Ok(Consumer {
-        spec: ConsumerSpec {
-            name,
-            topics,
-            max_deliveries: count(row.try_get("max_deliveries")?),
-            backoff: Backoff {
-                base: from_ms(row.try_get("backoff_base_ms")?),
-                max: from_ms(row.try_get("backoff_max_ms")?),
-            },
-            ack_deadline: from_ms(row.try_get("ack_deadline_ms")?),
-            start_from: StartFrom::try_from(row.try_get::<&str, _>("start_from")?)?,
-            sink,
-        },
+    let sink = row.try_get::<Option<&str>, _>("sink")?.map(|s| json("sink", s)).transpose()?;
+    Ok(ConsumerRecord {
+        topics,
+        max_deliveries: row.try_get("max_deliveries")?,
+        backoff_base_ms: row.try_get("backoff_base_ms")?,
+        backoff_max_ms: row.try_get("backoff_max_ms")?,
+        ack_deadline_ms: row.try_get("ack_deadline_ms")?,
+        start_from: row.try_get("start_from")?,
+        sink,
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
         created_at: time(row.try_get("created_at")?),
+        name,
     })
 }
 
-fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRow> {
-    Ok(DeliveryRow {
+fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord> {
+    Ok(DeliveryRecord {
         consumer: row.try_get("consumer")?,
-        state: DeliveryState::try_from(row.try_get::<&str, _>("state")?)?,
-        delivery_count: count(row.try_get("delivery_count")?),
+        state: row.try_get("state")?,
+        delivery_count: row.try_get("delivery_count")?,
         available_at: time(row.try_get("available_at")?),
         lease_expires_at: opt_time(row.try_get("lease_expires_at")?),
         last_error: row.try_get("last_error")?,
@@ -218,38 +192,14 @@ async fn message_insert_tx(conn: &mut SqliteConnection, msg: &NewMessage, now: D
 }
 
 /// A delivery to create, as JSON for `json_each`.
-fn new_delivery(row: &SqliteRow, consumer: &str) -> Result<serde_json::Value> {
-    let available: i64 = row.try_get("available_at")?;
-    Ok(json!({
-        "m": row.try_get::<String, _>("message_id")?,
+fn new_delivery(m: &StoredMessage, consumer: &str) -> serde_json::Value {
+    json!({
+        "m": m.message_id.to_string(),
         "c": consumer,
-        "s": row.try_get::<i64, _>("seq")?,
-        "k": row.try_get::<Option<String>, _>("ordering_key")?,
-        "a": available,
-    }))
-}
-
-/// The fan-out insert; an existing `(message_id, consumer)` row is left alone.
-async fn delivery_insert_many(
-    conn: &mut SqliteConnection,
-    rows: &[serde_json::Value],
-    now: DateTime<Utc>,
-) -> Result<u64> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let done = sqlx::query(
-        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-         SELECT json_extract(value, '$.m'), json_extract(value, '$.c'), json_extract(value, '$.s'),
-                json_extract(value, '$.k'), 'pending', json_extract(value, '$.a'), ?2, ?2
-           FROM json_each(?1) WHERE true
-         ON CONFLICT (message_id, consumer) DO NOTHING",
-    )
-    .bind(serde_json::Value::Array(rows.to_vec()).to_string())
-    .bind(us(now))
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected())
+        "s": m.seq,
+        "k": m.ordering_key,
+        "a": us(m.available_at),
+    })
 }
 
 /// The relay's fan-out insert: rows with `"l"` (session) and `"u"` (lease deadline) are created
@@ -290,47 +240,13 @@ async fn delivery_insert_many_returning(
         .collect()
 }
 
-async fn delivery_replay_ids(
-    conn: &mut SqliteConnection,
-    consumer: &str,
-    ids: &[MessageId],
-    now: DateTime<Utc>,
-) -> Result<u64> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    let done = sqlx::query(
-        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-         SELECT m.message_id, ?1, m.seq, m.ordering_key, 'pending', ?3, ?3, ?3
-           FROM outbox_messages m WHERE m.message_id IN (SELECT value FROM json_each(?2))
-         ON CONFLICT (message_id, consumer) DO UPDATE
-            SET state = 'pending', delivery_count = 0, available_at = ?3, last_error = NULL,
-                acked_at = NULL, dead_at = NULL, updated_at = ?3
-          WHERE outbox_deliveries.state <> 'leased'",
-    )
-    .bind(consumer)
-    .bind(ids_json(ids))
-    .bind(us(now))
-    .execute(&mut *conn)
-    .await?;
-    Ok(done.rows_affected())
-}
-
+/// The consumers, decoded: the relay pass matches topics against them.
 async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
     let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&mut *conn).await?;
-    rows.iter().map(consumer_from_row).collect()
+    rows.iter().map(|r| Consumer::try_from(consumer_from_row(r)?)).collect()
 }
 
-async fn consumer_get_on(conn: &mut SqliteConnection, name: &ConsumerName) -> Result<Consumer> {
-    let row = sqlx::query("SELECT * FROM outbox_consumers WHERE name = ?1")
-        .bind(name.as_str())
-        .fetch_optional(&mut *conn)
-        .await?
-        .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
-    consumer_from_row(&row)
-}
-
-impl SqliteStore {
+impl SqliteDriver {
     /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
     /// one-server lock on it.
     pub async fn open(url: &str) -> Result<Self> {
@@ -362,7 +278,7 @@ impl SqliteStore {
 
     /// A write transaction, on this process's one writer connection. Its commit is durable
     /// (`synchronous = FULL`, the WAL flushed); only relay passes commit without the flush.
-    async fn begin(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
         retry_busy(|| self.writer.begin_with("BEGIN IMMEDIATE")).await
     }
 
@@ -446,7 +362,7 @@ async fn relay_pass_on(
                     target = Some(i);
                 }
             }
-            let mut d = new_delivery(row, name)?;
+            let mut d = new_delivery(&m, name);
             if let Some(i) = target {
                 d["l"] = json!(offers[i].session);
                 d["u"] = json!(us(offers[i].lease_until));
@@ -551,7 +467,9 @@ fn take_lock(db: &std::path::Path) -> Result<File> {
 }
 
 #[async_trait::async_trait]
-impl Store for SqliteStore {
+impl Driver for SqliteDriver {
+    type Db = Sqlite;
+
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -608,21 +526,71 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
-        let mut tx = self.begin().await?;
+    async fn read(&self) -> Result<PoolConnection<Sqlite>> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    /// `BEGIN IMMEDIATE` on the writer connection (see [`SqliteDriver::begin_write`]).
+    async fn begin(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.begin_write().await
+    }
+
+    /// The write lock itself serialises consumer changes against relay passes.
+    async fn begin_consumer_change(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.begin_write().await
+    }
+
+    async fn message_insert(
+        &self,
+        conn: &mut SqliteConnection,
+        msg: &NewMessage,
+        now: DateTime<Utc>,
+    ) -> Result<Enqueued> {
+        message_insert_tx(conn, msg, now).await
+    }
+
+    async fn message_insert_one(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        let mut tx = self.begin_write().await?;
         let out = message_insert_tx(&mut tx, msg, now).await?;
         tx.commit().await?;
         Ok(out)
     }
 
-    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
-        let mut tx = self.begin().await?;
-        let mut out = Vec::with_capacity(msgs.len());
-        for msg in msgs {
-            out.push(message_insert_tx(&mut tx, msg, now).await?);
-        }
-        tx.commit().await?;
-        Ok(out)
+    async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.message_id = ?1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        row.as_ref().map(message_from_row).transpose()
+    }
+
+    async fn message_page(&self, conn: &mut SqliteConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
+        let rows = sqlx::query(
+            "SELECT message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at
+               FROM outbox_messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MessageRef {
+                    message_id: uuid(r.try_get("message_id")?)?,
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    available_at: time(r.try_get("available_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
+        let row = sqlx::query(
+            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.try_get("unrelayed")?, opt_time(row.try_get("oldest")?)))
     }
 
     /// Never pushes: every delivery is created pending (SQLite's single writer makes the lease
@@ -643,19 +611,22 @@ impl Store for SqliteStore {
         self.relay_pass(limit, from_seq, now, offers, &mut used).await
     }
 
-    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
-        let mut tx = self.begin().await?;
-        match consumer_get_on(&mut tx, &spec.name).await {
-            Ok(existing) => {
-                return if existing.spec == *spec {
-                    Ok(existing)
-                } else {
-                    Err(StoreError::ConsumerConflict(spec.name.to_string()))
-                };
-            }
-            Err(StoreError::ConsumerNotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
+    async fn consumer_find(&self, conn: &mut SqliteConnection, name: &str) -> Result<Option<ConsumerRecord>> {
+        let row = sqlx::query("SELECT * FROM outbox_consumers WHERE name = ?1").bind(name).fetch_optional(conn).await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
+        let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter().map(consumer_from_row).collect()
+    }
+
+    async fn consumer_insert(
+        &self,
+        conn: &mut SqliteConnection,
+        spec: &ConsumerSpec,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let sink = spec
             .sink
@@ -679,69 +650,56 @@ impl Store for SqliteStore {
         .bind(spec.start_from.as_str())
         .bind(us(now))
         .bind(sink)
-        .fetch_one(&mut *tx)
+        .fetch_one(conn)
         .await?;
-        let consumer = consumer_from_row(&row)?;
-        if spec.start_from == StartFrom::Earliest {
-            let mut after = 0i64;
-            loop {
-                let batch = sqlx::query(
-                    "SELECT message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at
-                       FROM outbox_messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-                )
-                .bind(after)
-                .bind(SCAN_BATCH)
-                .fetch_all(&mut *tx)
-                .await?;
-                let Some(last) = batch.last() else { break };
-                after = last.try_get("seq")?;
-                let mut rows = Vec::new();
-                for row in &batch {
-                    if spec.matches(row.try_get("topic")?) {
-                        rows.push(new_delivery(row, spec.name.as_str())?);
-                    }
-                }
-                delivery_insert_many(&mut tx, &rows, now).await?;
-                if (batch.len() as i64) < SCAN_BATCH {
-                    break;
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(consumer)
+        consumer_from_row(&row)
     }
 
-    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer> {
-        let mut conn = self.pool.acquire().await?;
-        consumer_get_on(&mut conn, name).await
+    /// Its inbox rows go by cascade (foreign keys are on).
+    async fn consumer_delete(&self, conn: &mut SqliteConnection, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name).execute(conn).await?;
+        Ok(done.rows_affected() > 0)
     }
 
-    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
-        let mut conn = self.pool.acquire().await?;
-        consumers_on(&mut conn).await
-    }
-
-    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
-        let done = retry_busy(|| {
-            sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name.as_str()).execute(&self.writer)
-        })
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::ConsumerNotFound(name.to_string()));
-        }
-        Ok(())
-    }
-
-    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+    async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
         let row = retry_busy(|| {
             sqlx::query("UPDATE outbox_consumers SET paused = ?2 WHERE name = ?1 RETURNING *")
-                .bind(name.as_str())
+                .bind(name)
                 .bind(i64::from(paused))
                 .fetch_optional(&self.writer)
         })
-        .await?
-        .ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
-        consumer_from_row(&row)
+        .await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    /// Inserts pending rows from a JSON array (`json_each`), one statement for the page.
+    async fn delivery_insert_pending(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        messages: &[MessageRef],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| json!({"m": m.message_id.to_string(), "s": m.seq, "k": m.ordering_key, "a": us(m.available_at)}))
+            .collect();
+        let done = sqlx::query(
+            "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+             SELECT json_extract(value, '$.m'), ?1, json_extract(value, '$.s'),
+                    json_extract(value, '$.k'), 'pending', json_extract(value, '$.a'), ?3, ?3
+               FROM json_each(?2) WHERE true
+             ON CONFLICT (message_id, consumer) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(serde_json::Value::Array(rows).to_string())
+        .bind(us(now))
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn delivery_lease_batch(
@@ -753,7 +711,7 @@ impl Store for SqliteStore {
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let heads = ready_key_heads(&mut tx, consumer, keys_after, limit, now).await?;
         // Unkeyed due deliveries in due order from their own index, stopped after `limit`, and
         // the ready key heads: of both, the `limit` lowest seqs.
@@ -789,7 +747,7 @@ impl Store for SqliteStore {
         }
         let mut counts = std::collections::HashMap::new();
         for r in &leased {
-            counts.insert(r.try_get::<String, _>("message_id")?, count(r.try_get("delivery_count")?));
+            counts.insert(r.try_get::<String, _>("message_id")?, count(r, "delivery_count")?);
         }
         let ids: Vec<serde_json::Value> = counts.keys().map(|k| json!(k)).collect();
         let sql = format!(
@@ -833,9 +791,6 @@ impl Store for SqliteStore {
         guard: ReleaseGuard<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
-        if releases.is_empty() {
-            return Ok(0);
-        }
         let batch: Vec<serde_json::Value> = releases
             .iter()
             .map(|r| {
@@ -879,7 +834,7 @@ impl Store for SqliteStore {
         Ok(done.rows_affected())
     }
 
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
         let rows = sqlx::query(
             "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
                FROM outbox_deliveries d JOIN outbox_consumers c ON c.name = d.consumer
@@ -892,15 +847,13 @@ impl Store for SqliteStore {
         .await?;
         rows.iter()
             .map(|row| {
-                let consumer: String = row.try_get("consumer")?;
-                Ok(ExpiredLease {
-                    consumer: ConsumerName::parse("consumer", &consumer)
-                        .map_err(|e| StoreError::InvalidValue(e.to_string()))?,
+                Ok(ExpiredRecord {
+                    consumer: row.try_get("consumer")?,
                     message_id: uuid(row.try_get("message_id")?)?,
-                    delivery_count: count(row.try_get("delivery_count")?),
-                    max_deliveries: count(row.try_get("max_deliveries")?),
-                    backoff_base: from_ms(row.try_get("backoff_base_ms")?),
-                    backoff_max: from_ms(row.try_get("backoff_max_ms")?),
+                    delivery_count: row.try_get("delivery_count")?,
+                    max_deliveries: row.try_get("max_deliveries")?,
+                    backoff_base_ms: row.try_get("backoff_base_ms")?,
+                    backoff_max_ms: row.try_get("backoff_max_ms")?,
                 })
             })
             .collect()
@@ -939,18 +892,18 @@ impl Store for SqliteStore {
         Ok(done.rows_affected())
     }
 
-    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+    async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
         let row = sqlx::query(
             "SELECT EXISTS (SELECT 1 FROM outbox_consumers WHERE name = ?1) AS present,
                     (SELECT min(available_at) FROM outbox_deliveries WHERE consumer = ?1 AND state = 'pending') AS due",
         )
-        .bind(consumer.as_str())
+        .bind(consumer)
         .fetch_one(&self.pool)
         .await?;
         if row.try_get::<i64, _>("present")? == 0 {
-            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
+            return Ok(None);
         }
-        Ok(opt_time(row.try_get("due")?))
+        Ok(Some(opt_time(row.try_get("due")?)))
     }
 
     /// The whole file, from its header (no scan): SQLite keeps no per-table counts, and space
@@ -979,12 +932,8 @@ impl Store for SqliteStore {
         Ok(Vec::new())
     }
 
-    async fn stats(&self, only: Option<&ConsumerName>, _include_acked: bool) -> Result<Stats> {
-        let head = sqlx::query(
-            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+    /// Counts `acked` always: one pass over the consumer's rows counts every state.
+    async fn consumer_stats(&self, only: Option<&str>, _include_acked: bool) -> Result<Vec<ConsumerStats>> {
         let rows = sqlx::query(
             "SELECT c.name, c.paused,
                     count(d.state) FILTER (WHERE d.state = 'pending') AS backlog,
@@ -997,14 +946,9 @@ impl Store for SqliteStore {
               WHERE ?1 IS NULL OR c.name = ?1
               GROUP BY c.name, c.paused ORDER BY c.name",
         )
-        .bind(only.map(|c| c.as_str()))
+        .bind(only)
         .fetch_all(&self.pool)
         .await?;
-        if let Some(name) = only
-            && rows.is_empty()
-        {
-            return Err(StoreError::ConsumerNotFound(name.to_string()));
-        }
         let mut consumers = Vec::with_capacity(rows.len());
         for r in &rows {
             let oldest_seq: Option<i64> = r.try_get("oldest_seq")?;
@@ -1027,15 +971,10 @@ impl Store for SqliteStore {
                 oldest_unacked_at: oldest,
             });
         }
-        Ok(Stats {
-            unrelayed: head.try_get("unrelayed")?,
-            oldest_unrelayed_at: opt_time(head.try_get("oldest")?),
-            consumers,
-        })
+        Ok(consumers)
     }
 
-    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
-        self.consumer_get(consumer).await?;
+    async fn dead_letter_page(&self, consumer: &str, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
@@ -1043,7 +982,7 @@ impl Store for SqliteStore {
               ORDER BY d.seq LIMIT ?3"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(consumer.as_str())
+            .bind(consumer)
             .bind(after_seq)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -1053,7 +992,7 @@ impl Store for SqliteStore {
                 Ok(DeadLetter {
                     message: message_from_row(r)?,
                     consumer: r.try_get("consumer")?,
-                    delivery_count: count(r.try_get("delivery_count")?),
+                    delivery_count: count(r, "delivery_count")?,
                     last_error: r.try_get("last_error")?,
                     dead_at: opt_time(r.try_get("dead_at")?),
                 })
@@ -1061,20 +1000,12 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.message_id = ?1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::MessageNotFound(id))?;
-        let message = message_from_row(&row)?;
+    async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
         let rows = sqlx::query("SELECT * FROM outbox_deliveries WHERE message_id = ?1 ORDER BY consumer")
             .bind(id.to_string())
             .fetch_all(&self.pool)
             .await?;
-        let deliveries = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>>>()?;
-        Ok((message, deliveries))
+        rows.iter().map(delivery_from_row).collect()
     }
 
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
@@ -1141,48 +1072,67 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let changed = delivery_replay_ids(&mut tx, consumer.as_str(), ids, now).await?;
-        tx.commit().await?;
-        Ok(changed)
+    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
+    async fn delivery_replay(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        ids: &[MessageId],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+             SELECT m.message_id, ?1, m.seq, m.ordering_key, 'pending', ?3, ?3, ?3
+               FROM outbox_messages m WHERE m.message_id IN (SELECT value FROM json_each(?2))
+             ON CONFLICT (message_id, consumer) DO UPDATE
+                SET state = 'pending', delivery_count = 0, available_at = ?3, last_error = NULL,
+                    acked_at = NULL, dead_at = NULL, updated_at = ?3
+              WHERE outbox_deliveries.state <> 'leased'",
+        )
+        .bind(consumer)
+        .bind(ids_json(ids))
+        .bind(us(now))
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
     }
 
-    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
-        let mut total = Pruned::default();
-        loop {
-            let mut tx = self.begin().await?;
-            let doomed: Vec<String> = sqlx::query_scalar(
-                "SELECT m.message_id FROM outbox_messages m
-                  WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
-                    AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
-                                     WHERE d.message_id = m.message_id AND d.state <> 'acked')
-                  ORDER BY m.enqueued_at LIMIT ?2",
-            )
-            .bind(us(cutoff))
-            .bind(batch)
-            .fetch_all(&mut *tx)
-            .await?;
-            let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
-            let deliveries =
-                sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            let messages =
-                sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
-                    .bind(&ids)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            tx.commit().await?;
-            total.messages += messages as i64;
-            total.deliveries += deliveries as i64;
-            if (messages as i64) < batch {
-                return Ok(total);
-            }
-        }
+    /// One server per file: nobody else prunes, so this never answers `None`.
+    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
+        let mut tx = self.begin_write().await?;
+        let doomed: Vec<String> = sqlx::query_scalar(
+            "SELECT m.message_id FROM outbox_messages m
+              WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
+                                 WHERE d.message_id = m.message_id AND d.state <> 'acked')
+              ORDER BY m.enqueued_at LIMIT ?2",
+        )
+        .bind(us(cutoff))
+        .bind(batch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
+        let deliveries =
+            sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        let messages = sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 }))
+    }
+}
+
+impl DriverStore<SqliteDriver> {
+    /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
+    /// one-server lock on it.
+    pub async fn open(url: &str) -> Result<Self> {
+        Ok(Self::new(SqliteDriver::open(url).await?))
     }
 }
 

@@ -1,0 +1,355 @@
+//! The per-method driver suite: each [`Driver`] statement, called directly, on a fresh
+//! PostgreSQL database and on a fresh SQLite file, with the same cases (River's
+//! `riverdrivertest`). The store-level half of the conformance suite, through [`Store`], is in
+//! `tests.rs`.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound, Utc};
+
+use super::records::MessageRef;
+use super::*;
+use crate::domain::{Backoff, ConsumerSpec, StartFrom, Topic, TopicPattern};
+use crate::testing::{TestDb, TestSqlite};
+
+/// Runs each named case once per driver, as `on_postgres::NAME` and `on_sqlite::NAME`.
+macro_rules! on_every_driver {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $case() {
+                let db = crate::testing::TestDb::create().await.unwrap();
+                let store = super::PgStore::connect(&db.url, 8).await.unwrap();
+                super::$case(store, db).await;
+            })*
+        }
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $case() {
+                let db = crate::testing::TestSqlite::create().unwrap();
+                let store = super::SqliteStore::open(&db.url).await.unwrap();
+                super::$case(store, db).await;
+            })*
+        }
+    };
+}
+
+on_every_driver!(
+    consumer_insert_stores_the_spec_and_find_reads_it_back,
+    consumer_delete_says_whether_there_was_one_and_rolls_back_with_its_transaction,
+    consumer_set_paused_returns_the_row_or_none,
+    message_insert_writes_once_per_id_and_message_find_reads_it,
+    message_page_walks_the_log_in_seq_order,
+    delivery_insert_pending_creates_only_missing_rows,
+    delivery_replay_restarts_rows_but_never_a_held_lease,
+    delivery_next_due_tells_a_missing_consumer_from_one_with_nothing_due,
+    prune_batch_removes_finished_messages_before_the_cutoff_only,
+    expired_records_carry_the_consumers_retry_policy,
+);
+
+/// Keeps the database of a case alive for as long as the case runs.
+trait Held: Send + 'static {}
+impl Held for TestDb {}
+impl Held for TestSqlite {}
+
+fn now() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(3)
+}
+
+fn spec(name: &str, topics: &[&str], start_from: StartFrom) -> ConsumerSpec {
+    ConsumerSpec {
+        name: ConsumerName::parse("name", name).unwrap(),
+        topics: topics.iter().map(|t| TopicPattern::parse("topics", t).unwrap()).collect(),
+        max_deliveries: 4,
+        backoff: Backoff { base: Duration::from_millis(250), max: Duration::from_secs(90) },
+        ack_deadline: Duration::from_secs(15),
+        start_from,
+        sink: None,
+    }
+}
+
+fn msg(topic: &str) -> NewMessage {
+    NewMessage {
+        message_id: None,
+        topic: Topic::parse("topic", topic).unwrap(),
+        type_: "T".into(),
+        payload: b"{}".to_vec(),
+        headers: Default::default(),
+        ordering_key: None,
+        delay: None,
+    }
+}
+
+async fn ready<D: Driver>(store: &DriverStore<D>) {
+    store.migrate().await.unwrap();
+}
+
+async fn insert<D: Driver>(store: &DriverStore<D>, topics: &[&str], at: DateTime<Utc>) -> Vec<Enqueued> {
+    let mut out = Vec::new();
+    for t in topics {
+        out.push(store.driver().message_insert_one(&msg(t), at).await.unwrap());
+    }
+    out
+}
+
+async fn create<D: Driver>(store: &DriverStore<D>, spec: &ConsumerSpec, at: DateTime<Utc>) {
+    let d = store.driver();
+    let mut tx = d.begin_consumer_change().await.unwrap();
+    d.consumer_insert(&mut tx, spec, at).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn state_of<D: Driver>(store: &DriverStore<D>, id: MessageId, consumer: &str) -> Option<(String, i64)> {
+    let rows = store.driver().delivery_list_of_message(id).await.unwrap();
+    rows.into_iter().find(|r| r.consumer == consumer).map(|r| (r.state, r.delivery_count))
+}
+
+async fn consumer_insert_stores_the_spec_and_find_reads_it_back<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let sent = insert(&store, &["a.x", "a.y"], at).await;
+    create(&store, &spec("fresh", &["a.*"], StartFrom::New), at).await;
+    create(&store, &spec("all", &["a.>"], StartFrom::Earliest), at).await;
+
+    let mut conn = d.read().await.unwrap();
+    let fresh = d.consumer_find(&mut conn, "fresh").await.unwrap().unwrap();
+    assert_eq!(fresh.start_seq, sent[1].seq, "NEW starts after the highest seq at creation");
+    assert_eq!((fresh.max_deliveries, fresh.backoff_base_ms, fresh.backoff_max_ms), (4, 250, 90_000));
+    assert_eq!((fresh.ack_deadline_ms, fresh.start_from.as_str()), (15_000, "new"));
+    assert_eq!(fresh.topics, vec!["a.*".to_owned()]);
+    assert!(!fresh.paused);
+    assert_eq!(fresh.created_at, at);
+    let decoded = Consumer::try_from(fresh).unwrap();
+    assert_eq!(decoded.spec, spec("fresh", &["a.*"], StartFrom::New));
+
+    let all = d.consumer_find(&mut conn, "all").await.unwrap().unwrap();
+    assert_eq!((all.start_seq, all.start_from.as_str()), (0, "earliest"));
+    assert!(d.consumer_find(&mut conn, "nobody").await.unwrap().is_none());
+    let names: Vec<String> = d.consumer_list().await.unwrap().into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["all", "fresh"], "in name order");
+}
+
+async fn consumer_delete_says_whether_there_was_one_and_rolls_back_with_its_transaction<D: Driver>(
+    store: DriverStore<D>,
+    _db: impl Held,
+) {
+    ready(&store).await;
+    let d = store.driver();
+    create(&store, &spec("c", &["t"], StartFrom::New), now()).await;
+
+    let mut tx = d.begin_consumer_change().await.unwrap();
+    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
+    drop(tx);
+    assert_eq!(d.consumer_list().await.unwrap().len(), 1, "an uncommitted delete is rolled back");
+
+    let mut tx = d.begin_consumer_change().await.unwrap();
+    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
+    assert!(!d.consumer_delete(&mut tx, "c").await.unwrap(), "nothing left to delete");
+    tx.commit().await.unwrap();
+    assert!(d.consumer_list().await.unwrap().is_empty());
+}
+
+async fn consumer_set_paused_returns_the_row_or_none<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    create(&store, &spec("c", &["t"], StartFrom::New), now()).await;
+    assert!(d.consumer_set_paused("c", true).await.unwrap().unwrap().paused);
+    assert!(!d.consumer_set_paused("c", false).await.unwrap().unwrap().paused);
+    assert!(d.consumer_set_paused("nobody", true).await.unwrap().is_none());
+}
+
+async fn message_insert_writes_once_per_id_and_message_find_reads_it<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let id = MessageId::generate();
+    let mut m = msg("orders.created");
+    m.message_id = Some(id);
+    m.headers.insert("h".into(), "v".into());
+    m.ordering_key = Some("k".into());
+
+    let mut tx = d.begin().await.unwrap();
+    let first = d.message_insert(&mut tx, &m, at).await.unwrap();
+    let again = d.message_insert(&mut tx, &m, at).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(!first.duplicate);
+    assert!(again.duplicate);
+    assert_eq!((again.message_id, again.seq), (id, first.seq));
+    assert!(d.message_insert_one(&m, at).await.unwrap().duplicate);
+    assert_eq!(d.message_last_seq().await.unwrap(), first.seq, "the duplicates wrote nothing");
+
+    let found = d.message_find(id).await.unwrap().unwrap();
+    assert_eq!((found.topic.as_str(), found.type_.as_str()), ("orders.created", "T"));
+    assert_eq!((found.payload.as_slice(), found.ordering_key.as_deref()), (&b"{}"[..], Some("k")));
+    assert_eq!(found.headers.get("h").map(String::as_str), Some("v"));
+    assert_eq!((found.enqueued_at, found.available_at), (at, at));
+    assert!(d.message_find(MessageId::generate()).await.unwrap().is_none());
+}
+
+async fn message_page_walks_the_log_in_seq_order<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let sent = insert(&store, &["a", "b", "c", "d", "e"], at).await;
+    let mut delayed = msg("f");
+    delayed.delay = Some(Duration::from_secs(60));
+    let late = d.message_insert_one(&delayed, at).await.unwrap();
+
+    let mut conn = d.read().await.unwrap();
+    let mut seen: Vec<MessageRef> = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = d.message_page(&mut conn, after, 2).await.unwrap();
+        assert!(page.len() <= 2);
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        seen.extend(page);
+    }
+    let topics: Vec<&str> = seen.iter().map(|m| m.topic.as_str()).collect();
+    assert_eq!(topics, ["a", "b", "c", "d", "e", "f"]);
+    assert!(seen.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(seen[0].message_id, sent[0].message_id);
+    assert_eq!(seen[0].available_at, at, "due at once without a delay");
+    assert_eq!(seen[5].message_id, late.message_id);
+    assert_eq!(seen[5].available_at, at + chrono::Duration::seconds(60));
+}
+
+async fn delivery_insert_pending_creates_only_missing_rows<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let sent = insert(&store, &["t", "t", "t"], at).await;
+    create(&store, &spec("c", &["t"], StartFrom::Earliest), at).await;
+    let mut conn = d.read().await.unwrap();
+    let page = d.message_page(&mut conn, 0, 10).await.unwrap();
+    drop(conn);
+
+    let mut tx = d.begin().await.unwrap();
+    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &page[..2], at).await.unwrap(), 2);
+    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &page, at).await.unwrap(), 1, "only the missing one");
+    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &[], at).await.unwrap(), 0);
+    tx.commit().await.unwrap();
+    for e in &sent {
+        assert_eq!(state_of(&store, e.message_id, "c").await, Some(("pending".to_owned(), 0)));
+    }
+}
+
+async fn delivery_replay_restarts_rows_but_never_a_held_lease<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t"], at).await;
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    let mut tx = d.begin().await.unwrap();
+    let mut conn_page = d.message_page(&mut tx, 0, 10).await.unwrap();
+    conn_page.truncate(2);
+    d.delivery_insert_pending(&mut tx, "c", &conn_page, at).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // The first is acked, the second held by a stream, the third has no row at all.
+    let held = d.delivery_lease_batch(&c, "s1", 2, "", at + chrono::Duration::seconds(30), at).await.unwrap();
+    assert_eq!(held.len(), 2);
+    assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);
+
+    let mut tx = d.begin().await.unwrap();
+    assert_eq!(d.delivery_replay(&mut tx, "c", &ids, at).await.unwrap(), 2, "the acked one and the missing one");
+    tx.commit().await.unwrap();
+    assert_eq!(state_of(&store, ids[0], "c").await, Some(("pending".to_owned(), 0)));
+    assert_eq!(state_of(&store, ids[1], "c").await, Some(("leased".to_owned(), 1)), "left to its stream");
+    assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 0)));
+}
+
+async fn delivery_next_due_tells_a_missing_consumer_from_one_with_nothing_due<D: Driver>(
+    store: DriverStore<D>,
+    _db: impl Held,
+) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    assert_eq!(d.delivery_next_due("c").await.unwrap(), None);
+    create(&store, &spec("c", &["t"], StartFrom::Earliest), at).await;
+    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(None));
+
+    let mut delayed = msg("t");
+    delayed.delay = Some(Duration::from_secs(5));
+    d.message_insert_one(&delayed, at).await.unwrap();
+    let mut tx = d.begin().await.unwrap();
+    let page = d.message_page(&mut tx, 0, 10).await.unwrap();
+    d.delivery_insert_pending(&mut tx, "c", &page, at).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(Some(at + chrono::Duration::seconds(5))));
+}
+
+async fn prune_batch_removes_finished_messages_before_the_cutoff_only<D: Driver>(
+    store: DriverStore<D>,
+    _db: impl Held,
+) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    // acked, pending, nobody's.
+    let sent = insert(&store, &["t", "t", "other"], at).await;
+    let unrelayed = insert(&store, &["other"], at + chrono::Duration::seconds(1)).await;
+    assert_eq!(d.relay_batch(3, 0, at, false, &[]).await.unwrap().messages, 3);
+    assert_eq!(d.delivery_ack_many(&c, &[sent[0].message_id], at).await.unwrap(), 1);
+
+    let later = at + chrono::Duration::hours(1);
+    assert_eq!(
+        d.prune_batch(at, 10).await.unwrap(),
+        Some(Pruned::default()),
+        "nothing is older than a cutoff at its own enqueue time"
+    );
+    // The acked one and nobody's, whichever comes first (same enqueue time), one per batch.
+    let first = d.prune_batch(later, 1).await.unwrap().unwrap();
+    let second = d.prune_batch(later, 10).await.unwrap().unwrap();
+    assert_eq!((first.messages, second.messages), (1, 1));
+    assert_eq!(first.deliveries + second.deliveries, 1, "the acked row goes with its message");
+    assert_eq!(d.prune_batch(later, 10).await.unwrap(), Some(Pruned::default()));
+    assert!(d.message_find(sent[0].message_id).await.unwrap().is_none());
+    assert!(d.message_find(sent[2].message_id).await.unwrap().is_none());
+    assert!(d.message_find(sent[1].message_id).await.unwrap().is_some(), "still pending for c");
+    assert!(d.message_find(unrelayed[0].message_id).await.unwrap().is_some(), "not relayed yet");
+}
+
+async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t"], at).await;
+    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    let soon = at + chrono::Duration::seconds(1);
+    assert_eq!(d.delivery_lease_batch(&c, "s", 1, "", soon, at).await.unwrap().len(), 1);
+    assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(soon));
+    assert!(d.delivery_expired_batch(at, 10).await.unwrap().is_empty(), "not yet");
+
+    let expired = d.delivery_expired_batch(soon, 10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    let e = &expired[0];
+    assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
+    assert_eq!((e.delivery_count, e.max_deliveries, e.backoff_base_ms, e.backoff_max_ms), (1, 4, 250, 90_000));
+}
+
+#[tokio::test]
+async fn a_postgres_prune_batch_yields_to_the_replica_that_holds_the_prune_lock() {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    ready(&store).await;
+    let mut other = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(super::postgres::PRUNE_LOCK)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let later = now() + chrono::Duration::hours(1);
+    assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), None, "another replica is pruning");
+    other.rollback().await.unwrap();
+    assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), Some(Pruned::default()));
+}
