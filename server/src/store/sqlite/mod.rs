@@ -241,9 +241,14 @@ async fn delivery_insert_many_returning(
 }
 
 /// The consumers, decoded: the relay pass matches topics against them.
-async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
+/// Every consumer, in name order, on `conn` (the relay's transaction or a pooled connection).
+async fn consumer_records_on(conn: &mut SqliteConnection) -> Result<Vec<ConsumerRecord>> {
     let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&mut *conn).await?;
-    rows.iter().map(|r| Consumer::try_from(consumer_from_row(r)?)).collect()
+    rows.iter().map(consumer_from_row).collect()
+}
+
+async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
+    consumer_records_on(conn).await?.into_iter().map(Consumer::try_from).collect()
 }
 
 impl SqliteDriver {
@@ -617,8 +622,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
-        let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&self.pool).await?;
-        rows.iter().map(consumer_from_row).collect()
+        consumer_records_on(&mut *self.pool.acquire().await?).await
     }
 
     async fn consumer_insert(
