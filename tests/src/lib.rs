@@ -545,7 +545,7 @@ impl Db {
     /// Rows in the inbox (deliveries) table.
     pub async fn delivery_count(&self) -> Result<i64> {
         Ok(match self {
-            Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(p).await?,
+            Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM outbox.inbox").fetch_one(p).await?,
             Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM outbox_deliveries").fetch_one(p).await?,
         })
     }

@@ -10,7 +10,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use super::records::MessageRef;
 use super::*;
-use crate::domain::{Backoff, ConsumerSpec, StartFrom, Topic, TopicPattern};
+use crate::domain::{Backoff, ConsumerSpec, DeliveryState, StartFrom, Topic, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
 /// Runs each named case once per driver, as `on_postgres::NAME` and `on_sqlite::NAME`.
@@ -46,6 +46,7 @@ on_every_driver!(
     delivery_next_due_tells_a_missing_consumer_from_one_with_nothing_due,
     prune_batch_removes_finished_messages_before_the_cutoff_only,
     expired_records_carry_the_consumers_retry_policy,
+    pushed_deliveries_ack_release_extend_and_expire_like_leased_ones,
 );
 
 /// Keeps the database of a case alive for as long as the case runs.
@@ -335,6 +336,127 @@ async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: Driv
     let e = &expired[0];
     assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
     assert_eq!((e.delivery_count, e.max_deliveries, e.backoff_base_ms, e.backoff_max_ms), (1, 4, 250, 90_000));
+}
+
+/// A delivery pushed at fan-out is leased with count 1 (on PostgreSQL held in a lease batch, with
+/// no row of its own: ADR 0041) and goes through every transition as a leased row does.
+async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<D: Driver>(
+    store: DriverStore<D>,
+    _db: impl Held,
+) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t", "t"], at).await;
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    let until = at + chrono::Duration::seconds(30);
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 4, lease_until: until };
+    let out = d.relay_batch(10, 0, at, false, &[offer]).await.unwrap();
+    assert_eq!(out.pushed.len(), 4);
+    assert!(
+        out.pushed.iter().all(|(c, s, l)| c == "c" && s == "s1" && l.delivery_count == 1 && l.message.payload == b"{}")
+    );
+    for id in &ids {
+        assert_eq!(state_of(&store, *id, "c").await, Some(("leased".to_owned(), 1)));
+    }
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (4, 0, 0));
+    assert_eq!(stats[0].oldest_unacked_at, Some(at));
+    assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(until));
+
+    // Acked once, and never again.
+    assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);
+    assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 0, "an ack is applied once");
+    let timeline = d.delivery_list_of_message(ids[0]).await.unwrap();
+    assert_eq!(timeline.len(), 1);
+    assert_eq!((timeline[0].state.as_str(), timeline[0].delivery_count, timeline[0].acked_at), ("acked", 1, Some(at)));
+
+    // Released by the session that holds it (a nack), never by another one.
+    let nack = Release {
+        consumer: c.clone(),
+        message_id: ids[1],
+        state: DeliveryState::Pending,
+        available_at: at,
+        error: Some("refused".into()),
+    };
+    assert_eq!(d.delivery_release_many(std::slice::from_ref(&nack), ReleaseGuard::Session("s2"), at).await.unwrap(), 0);
+    assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
+    assert_eq!(state_of(&store, ids[1], "c").await, Some(("pending".to_owned(), 1)));
+    assert_eq!(d.delivery_ack_many(&c, &ids[1..2], at).await.unwrap(), 1, "a late ack of a released one counts");
+
+    // Extended by its session, then past the new deadline the sweeper finds both, count 1.
+    let later = until + chrono::Duration::seconds(10);
+    assert_eq!(d.delivery_extend_many(&c, "s2", &ids[2..], later, at).await.unwrap(), 0, "not s2's");
+    assert_eq!(d.delivery_extend_many(&c, "s1", &ids[2..], later, at).await.unwrap(), 2);
+    assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(later));
+    assert!(d.delivery_expired_batch(until, 10).await.unwrap().is_empty(), "extended");
+    let mut expired = d.delivery_expired_batch(later, 10).await.unwrap();
+    expired.sort_by_key(|e| e.message_id.0);
+    let mut want = ids[2..].to_vec();
+    want.sort_by_key(|m| m.0);
+    assert_eq!(expired.iter().map(|e| e.message_id).collect::<Vec<_>>(), want);
+    assert!(expired.iter().all(|e| e.delivery_count == 1));
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (2, 0, 2));
+    let release = |id| Release {
+        consumer: c.clone(),
+        message_id: id,
+        state: DeliveryState::Pending,
+        available_at: later,
+        error: Some("lease expired".into()),
+    };
+    let releases: Vec<Release> = ids[2..].iter().map(|id| release(*id)).collect();
+    assert_eq!(d.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(later), later).await.unwrap(), 2);
+    // Their next delivery says 2.
+    let again = d.delivery_lease_batch(&c, "s3", 10, "", later + chrono::Duration::seconds(30), later).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|l| l.delivery_count == 2), "{again:?}");
+}
+
+/// PostgreSQL only: the transactional ack of a delivery held in a lease batch is applied once,
+/// and the stream's later ack of it changes nothing.
+#[tokio::test]
+async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t"], at).await;
+    let offer = PushOffer {
+        consumer: "c".into(),
+        session: "s1".into(),
+        room: 2,
+        lease_until: at + chrono::Duration::seconds(30),
+    };
+    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    let ack = |id: MessageId| {
+        let pool = store.pool().clone();
+        async move { sqlx::query_scalar::<_, bool>("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(&pool).await.unwrap() }
+    };
+    let mut tx = store.pool().begin().await.unwrap();
+    let first: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(sent[0].message_id.0).fetch_one(&mut *tx).await.unwrap();
+    assert!(first);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        state_of(&store, sent[0].message_id, "c").await,
+        Some(("leased".to_owned(), 1)),
+        "rolled back with its effect"
+    );
+    assert!(ack(sent[0].message_id).await);
+    assert!(!ack(sent[0].message_id).await, "the second ack says already acked");
+    assert_eq!(d.delivery_ack_many(&c, &[sent[0].message_id], at).await.unwrap(), 0);
+    assert_eq!(state_of(&store, sent[0].message_id, "c").await, Some(("acked".to_owned(), 1)));
+    // Acked over the stream first: the transactional ack says already acked.
+    assert_eq!(d.delivery_ack_many(&c, &[sent[1].message_id], at).await.unwrap(), 1);
+    assert!(!ack(sent[1].message_id).await);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].acked), (0, 2));
 }
 
 #[tokio::test]

@@ -307,16 +307,15 @@ async fn two_relays_at_once_make_one_delivery_per_consumer() -> Result<()> {
     // And none ever will be: every delivery is acked after exactly one lease. A second
     // delivery, now or later, would have needed a second lease (a count of 2) or a second row.
     eventually("every ack applied", WAIT, || async {
-        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries WHERE state <> 'acked'")
-            .fetch_one(&pool)
-            .await?;
+        let open: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox.inbox WHERE state <> 'acked'").fetch_one(&pool).await?;
         Ok((open == 0).then_some(()))
     })
     .await?;
     let recounted: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries WHERE delivery_count <> 1").fetch_one(&pool).await?;
+        sqlx::query_scalar("SELECT count(*) FROM outbox.inbox WHERE delivery_count <> 1").fetch_one(&pool).await?;
     assert_eq!(recounted, 0, "no delivery was leased twice");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(&pool).await?;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.inbox").fetch_one(&pool).await?;
     assert_eq!(rows, 2 * N as i64, "one inbox row per (message, consumer)");
     Ok(())
 }

@@ -171,7 +171,7 @@ async fn relay_once_fans_out_with_no_server_running_and_reports_by_exit_code() -
     assert_eq!(code, 0, "{json}");
     assert_eq!(json["relayed_messages"], 7, "{json}");
     assert_eq!(json["relayed_deliveries"], 14, "{json}");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(&pool).await?;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.inbox").fetch_one(&pool).await?;
     assert_eq!(rows, 14);
 
     let (code, json) = relay_once(&db.url, &[]).await?;

@@ -350,7 +350,7 @@ impl Driver for PgDriver {
     async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await?;
         sqlx::query(
-            "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log",
+            "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log",
         )
         .execute(&self.pool)
         .await?;
@@ -494,10 +494,12 @@ impl Driver for PgDriver {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(
             "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at, sink)
+                                           ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq)
              VALUES ($1, $2, $3, $4, $5, $6, $7,
                      CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
-                     $8, $9)
+                     $8, $9,
+                     -- The EARLIEST backfill (same transaction) writes rows up to here.
+                     CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END)
              RETURNING *",
         )
         .bind(spec.name.as_str())
@@ -516,7 +518,14 @@ impl Driver for PgDriver {
 
     /// Its inbox rows go by cascade.
     async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM outbox.consumers WHERE name = $1").bind(name).execute(conn).await?;
+        let done = sqlx::query(
+            "WITH b AS (DELETE FROM outbox.lease_batches WHERE consumer = $1),
+                  a AS (DELETE FROM outbox.ack_log WHERE consumer = $1)
+             DELETE FROM outbox.consumers WHERE name = $1",
+        )
+        .bind(name)
+        .execute(conn)
+        .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -598,17 +607,14 @@ impl Driver for PgDriver {
     /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        let done = sqlx::query(
-            "UPDATE outbox.deliveries
-                SET state = 'acked', acked_at = $3, updated_at = $3, lease_expires_at = NULL, leased_by = NULL
-              WHERE consumer = $1 AND message_id = ANY($2) AND state IN ('leased', 'pending')",
-        )
-        .bind(consumer.as_str())
-        .bind(&ids)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        // Rows and lease batches alike, in one call (ADR 0041).
+        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_batch($1, $2, $3)")
+            .bind(consumer.as_str())
+            .bind(&ids)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(changed).unwrap_or(0))
     }
 
     /// Moves leased deliveries back to pending (with their next due time) or to dead, in one
@@ -629,6 +635,16 @@ impl Driver for PgDriver {
             ReleaseGuard::Session(s) => (Some(s), None),
             ReleaseGuard::ExpiredAt(t) => (None, Some(t)),
         };
+        let mut tx = self.pool.begin().await?;
+        // Batch-held first deliveries become leased rows first, so that one statement below
+        // decides every release (ADR 0041).
+        sqlx::query("SELECT outbox.unbatch($1, $2, $3, $4)")
+            .bind(&consumers)
+            .bind(&ids)
+            .bind(session)
+            .bind(expired_at)
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query(
             "WITH r AS (
                 SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
@@ -657,13 +673,16 @@ impl Driver for PgDriver {
         .bind(now)
         .bind(session)
         .bind(expired_at)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
     /// Leases whose deadline has passed, oldest first.
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
+        // Expired lease batches become leased rows (count 1) that the query below finds.
+        sqlx::query("SELECT outbox.unbatch(NULL, NULL, NULL, $1)").bind(now).execute(&self.pool).await?;
         let rows = sqlx::query(
             "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
                FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
@@ -689,9 +708,12 @@ impl Driver for PgDriver {
     }
 
     async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>> {
-        Ok(sqlx::query_scalar("SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'")
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(sqlx::query_scalar(
+            "SELECT least((SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'),
+                          (SELECT min(lease_expires_at) FROM outbox.lease_batches))",
+        )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Pushes the deadline of leases this session holds.
@@ -704,18 +726,31 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        let done = sqlx::query(
-            "UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
-              WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3",
+        // The batches that hold any of them move as a whole: every seq in them is this
+        // session's.
+        let changed: i64 = sqlx::query_scalar(
+            "WITH r AS (
+                UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
+                 WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3
+                RETURNING 1),
+             want AS (
+                SELECT range_agg(int8range(m.seq, m.seq + 1)) AS seqs FROM outbox.messages m
+                 WHERE m.message_id = ANY($2)),
+             b AS (
+                UPDATE outbox.lease_batches b SET lease_expires_at = $4 FROM want w
+                 WHERE b.consumer = $1 AND b.leased_by = $3 AND b.seqs && w.seqs
+                RETURNING b.seqs * w.seqs AS mine)
+             SELECT (SELECT count(*) FROM r)
+                    + coalesce((SELECT sum(upper(x) - lower(x)) FROM b, unnest(b.mine) x), 0)::bigint",
         )
         .bind(consumer.as_str())
         .bind(&ids)
         .bind(session)
         .bind(until)
         .bind(now)
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(changed).unwrap_or(0))
     }
 
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then
@@ -791,15 +826,21 @@ impl Driver for PgDriver {
             // pending work, not the history. Only `acked` reads history, and only when asked.
             "SELECT c.name, c.paused,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS backlog,
-                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS in_flight,
+                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased')
+                    + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.lease_batches b, unnest(b.seqs) r
+                                 WHERE b.consumer = c.name), 0)::bigint AS in_flight,
                     (SELECT count(*) FROM outbox.deliveries d
                       WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
                     CASE WHEN $2 THEN (SELECT count(*) FROM outbox.deliveries d
-                                        WHERE d.consumer = c.name AND d.state = 'acked') ELSE 0 END AS acked,
+                                        WHERE d.consumer = c.name AND d.state = 'acked')
+                                      + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.ack_log a, unnest(a.seqs) r
+                                                   WHERE a.consumer = c.name), 0)::bigint
+                         ELSE 0 END AS acked,
                     (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq = least(
                         (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending'),
-                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'))
+                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'),
+                        (SELECT min(lower(b.seqs)) FROM outbox.lease_batches b WHERE b.consumer = c.name))
                     ) AS oldest
                FROM outbox.consumers c
               WHERE $1::text IS NULL OR c.name = $1
@@ -853,10 +894,31 @@ impl Driver for PgDriver {
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
-        let rows = sqlx::query("SELECT * FROM outbox.deliveries WHERE message_id = $1 ORDER BY consumer")
-            .bind(id.0)
-            .fetch_all(&self.pool)
-            .await?;
+        // Its rows, then what lease batches and the ack log say for the consumers without one.
+        let rows = sqlx::query(
+            "WITH m AS (SELECT * FROM outbox.messages WHERE message_id = $1),
+             own AS (SELECT d.consumer, d.state, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error,
+                            d.created_at, d.updated_at, d.acked_at, d.dead_at
+                       FROM outbox.deliveries d WHERE d.message_id = $1),
+             batched AS (SELECT b.consumer, 'leased'::text AS state, 1 AS delivery_count, m.available_at,
+                                b.lease_expires_at, NULL::text AS last_error, b.created_at, b.created_at AS updated_at,
+                                NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
+                           FROM m JOIN outbox.lease_batches b ON b.seqs @> m.seq
+                          WHERE b.consumer NOT IN (SELECT consumer FROM own)),
+             logged AS (SELECT DISTINCT ON (a.consumer) a.consumer, 'acked'::text AS state, 1 AS delivery_count,
+                               m.available_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+                               coalesce(outbox.message_relayed_at(m.seq, m.relayed_at), a.at) AS created_at,
+                               a.at AS updated_at, a.at AS acked_at, NULL::timestamptz AS dead_at
+                          FROM m JOIN outbox.ack_log a ON a.seqs @> m.seq
+                         WHERE a.consumer NOT IN (SELECT consumer FROM own)
+                           AND a.consumer NOT IN (SELECT consumer FROM batched)
+                         ORDER BY a.consumer, a.at)
+             SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM logged
+              ORDER BY consumer",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(delivery_from_row).collect()
     }
 
@@ -892,6 +954,10 @@ impl Driver for PgDriver {
             q.push("outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = ");
             q.push_bind(consumer.as_str());
             q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
+            // Not held in a lease batch, which is leased too.
+            q.push(" AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = ");
+            q.push_bind(consumer.as_str());
+            q.push(" AND b.seqs @> m.seq)");
         }
         q.push(" AND m.seq > ").push_bind(after_seq);
         if !filter.message_ids.is_empty() {
@@ -934,9 +1000,18 @@ impl Driver for PgDriver {
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let done = sqlx::query(
-            "INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+            "WITH seen AS (
+                -- A row for a message the relay has not read yet: the relay must find it there
+                -- instead of pushing the message in a lease batch (see migration 0013).
+                UPDATE outbox.consumers c
+                   SET backfill_seq = greatest(c.backfill_seq, (SELECT max(m.seq) FROM outbox.messages m
+                                                                 WHERE m.message_id = ANY($2)))
+                 WHERE c.name = $1)
+             INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
              SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
                FROM outbox.messages m WHERE m.message_id = ANY($2)
+                -- Held in a lease batch: leased, left alone as leased rows are.
+                AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
              ON CONFLICT (message_id, consumer) DO UPDATE
                 SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
                     acked_at = NULL, dead_at = NULL, updated_at = $3
@@ -966,6 +1041,9 @@ impl Driver for PgDriver {
                    AND outbox.seq_relayed(m.seq)
                    AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
                                     WHERE d.message_id = m.message_id AND d.state <> 'acked')
+                   -- Below every seq a lease batch holds (computed once).
+                   AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.lease_batches b),
+                                        9223372036854775807)
                  ORDER BY m.enqueued_at LIMIT $2
                  FOR UPDATE SKIP LOCKED),
              del AS (DELETE FROM outbox.deliveries d USING doomed
@@ -986,6 +1064,17 @@ impl Driver for PgDriver {
                   WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
                                                   (SELECT c.position + 1 FROM outbox.relay_cursor c))",
             )
+            .execute(&mut *tx)
+            .await?;
+            // Ack times older than the retention that name no message any more.
+            sqlx::query(
+                "DELETE FROM outbox.ack_log a
+                  WHERE a.at < $1
+                    AND NOT EXISTS (SELECT 1 FROM unnest(a.seqs) r,
+                                    LATERAL (SELECT 1 FROM outbox.messages m
+                                              WHERE m.seq >= lower(r) AND m.seq < upper(r) LIMIT 1) x)",
+            )
+            .bind(cutoff)
             .execute(&mut *tx)
             .await?;
         }
