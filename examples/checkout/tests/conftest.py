@@ -215,7 +215,7 @@ class Checkout:
         retrying; and asserts that nothing died."""
         def done() -> bool:
             rows = self.db.execute(
-                "SELECT consumer, state, count(*) FROM outbox.deliveries WHERE state <> 'acked' GROUP BY 1, 2"
+                "SELECT consumer, state, count(*) FROM outbox.inbox WHERE state <> 'acked' GROUP BY 1, 2"
             ).fetchall()
             dead = [r for r in rows if r[1] == "dead"]
             assert not dead, f"dead letters: {dead}\n{self.logs()}"

@@ -232,7 +232,7 @@ def test_a_service_killed_mid_step_and_restarted_does_every_step_once(
     if step != "place" and phase == "before-commit":
         # The killed delivery came again and did its step then, once.
         counts = checkout.db.execute(
-            "SELECT max(d.delivery_count) FROM outbox.deliveries d JOIN outbox.messages m USING (message_id) "
+            "SELECT max(d.delivery_count) FROM outbox.inbox d JOIN outbox.messages m USING (message_id) "
             "WHERE m.ordering_key = %s AND d.consumer = %s", (order_id, service)).fetchone()
         assert counts is not None and counts[0] >= 2, counts
     check_invariants(checkout)

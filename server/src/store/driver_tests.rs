@@ -47,6 +47,7 @@ on_every_driver!(
     prune_batch_removes_finished_messages_before_the_cutoff_only,
     expired_records_carry_the_consumers_retry_policy,
     pushed_deliveries_ack_release_extend_and_expire_like_leased_ones,
+    pending_deliveries_wait_in_seq_order_and_count_like_rows,
 );
 
 /// Keeps the database of a case alive for as long as the case runs.
@@ -457,6 +458,129 @@ async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
     assert!(!ack(sent[1].message_id).await);
     let stats = d.consumer_stats(Some("c"), true).await.unwrap();
     assert_eq!((stats[0].in_flight, stats[0].acked), (0, 2));
+}
+
+/// Deliveries the relay cannot push (no room) are pending with count 0 (on PostgreSQL held in
+/// pending batches, with no row of their own: ADR 0042): counted as backlog, due, kept from
+/// pruning, leased in seq order with count 1, and from then on like any lease.
+async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t", "t", "t"], at).await;
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    let until = at + chrono::Duration::seconds(30);
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
+    let out = d.relay_batch(10, 0, at, false, &[offer]).await.unwrap();
+    assert_eq!((out.pushed.len(), out.deliveries), (2, 5));
+    assert_eq!(out.consumers, ["c"], "the consumer with pending work is woken");
+    for id in &ids[2..] {
+        assert_eq!(state_of(&store, *id, "c").await, Some(("pending".to_owned(), 0)));
+    }
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].retrying), (2, 3, 0));
+    assert_eq!(stats[0].oldest_unacked_at, Some(at));
+    let due = d.delivery_next_due("c").await.unwrap().unwrap().unwrap();
+    assert!(due <= at, "due since it was relayed: {due}");
+    assert_eq!(d.prune_batch(at + chrono::Duration::hours(1), 10).await.unwrap(), Some(Pruned::default()));
+
+    // The lowest seqs first, count 1, and no more than asked.
+    let first = d.delivery_lease_batch(&c, "s2", 2, "", until, at).await.unwrap();
+    assert_eq!(first.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), ids[2..4]);
+    assert!(first.iter().all(|l| l.delivery_count == 1 && l.message.payload == b"{}" && l.lease_expires_at == until));
+    assert_eq!(state_of(&store, ids[2], "c").await, Some(("leased".to_owned(), 1)));
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog), (4, 1));
+
+    // A nack makes a retry that the next lease takes with the last pending one.
+    let nack = Release {
+        consumer: c.clone(),
+        message_id: ids[2],
+        state: DeliveryState::Pending,
+        available_at: at,
+        error: Some("refused".into()),
+    };
+    assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s2"), at).await.unwrap(), 1);
+    assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 1)));
+    let mut next = d.delivery_lease_batch(&c, "s3", 10, "", until, at).await.unwrap();
+    next.sort_by_key(|l| l.message.seq);
+    let got: Vec<(MessageId, u32)> = next.iter().map(|l| (l.message.message_id, l.delivery_count)).collect();
+    assert_eq!(got, [(ids[2], 2), (ids[4], 1)]);
+    assert!(d.delivery_lease_batch(&c, "s3", 10, "", until, at).await.unwrap().is_empty(), "nothing twice");
+    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(None));
+
+    // Every one acked once.
+    assert_eq!(d.delivery_ack_many(&c, &ids, at).await.unwrap(), 5);
+    assert_eq!(d.delivery_ack_many(&c, &ids, at).await.unwrap(), 0);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (0, 0, 5));
+    assert_eq!(stats[0].oldest_unacked_at, None);
+    assert_eq!(state_of(&store, ids[4], "c").await, Some(("acked".to_owned(), 1)));
+}
+
+/// PostgreSQL only: a row of its own wins over a pending batch. A message acked in the
+/// consumer's transaction, acked by a stream it was never sent to, or replayed while it waits
+/// is never leased from the batch; deleting the consumer takes its batches with it.
+#[tokio::test]
+async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t", "t", "nobodys"], at).await;
+    let ids: Vec<MessageId> = sent[..4].iter().map(|e| e.message_id).collect();
+    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 4);
+    let pruned = d.prune_batch(at + chrono::Duration::hours(1), 10).await.unwrap().unwrap();
+    assert_eq!(pruned.messages, 1, "a waiting backlog holds back its own messages only");
+    assert!(d.message_find(sent[4].message_id).await.unwrap().is_none());
+    let batches: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(batches, 1, "one pending batch, no row per message");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(rows, 0);
+
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(ids[0].0).fetch_one(store.pool()).await.unwrap();
+    assert!(acked, "a transactional ack of a pending delivery");
+    assert_eq!(state_of(&store, ids[0], "c").await, Some(("acked".to_owned(), 0)));
+    assert_eq!(d.delivery_ack_many(&c, &ids[1..2], at).await.unwrap(), 1, "a stream's ack of a pending one");
+    assert_eq!(d.delivery_ack_many(&c, &ids[1..2], at).await.unwrap(), 0);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].acked), (2, 2));
+
+    let leased = d.delivery_lease_batch(&c, "s", 10, "", at + chrono::Duration::seconds(30), at).await.unwrap();
+    assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), ids[2..], "never the acked ones");
+    assert_eq!(d.delivery_ack_many(&c, &ids[2..], at).await.unwrap(), 2);
+
+    // A replay of an acked one while a newer one waits in a batch: each once.
+    let more = insert(&store, &["t"], at).await;
+    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 1);
+    let mut tx = d.begin().await.unwrap();
+    assert_eq!(
+        d.delivery_replay(&mut tx, "c", &[ids[2], more[0].message_id], at).await.unwrap(),
+        1,
+        "the waiting one is left"
+    );
+    tx.commit().await.unwrap();
+    let mut again = d.delivery_lease_batch(&c, "s", 10, "", at + chrono::Duration::seconds(30), at).await.unwrap();
+    again.sort_by_key(|l| l.message.seq);
+    let got: Vec<(MessageId, u32)> = again.iter().map(|l| (l.message.message_id, l.delivery_count)).collect();
+    assert_eq!(got, [(ids[2], 1), (more[0].message_id, 1)]);
+
+    let another = insert(&store, &["t"], at).await;
+    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    assert_eq!(state_of(&store, another[0].message_id, "c").await, Some(("pending".to_owned(), 0)));
+    let mut tx = d.begin_consumer_change().await.unwrap();
+    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
+    tx.commit().await.unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(left, 0, "deleted with its consumer");
 }
 
 #[tokio::test]

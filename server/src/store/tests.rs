@@ -435,7 +435,7 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     let out = store.relay_batch(100, 0, now, false, &[]).await.unwrap();
     let mut relayed: Vec<i64> = out.pushed.iter().map(|(_, _, d)| d.message.seq).collect();
     relayed.extend(
-        sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.deliveries WHERE created_at >= $1 ORDER BY seq")
+        sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.inbox WHERE created_at >= $1 ORDER BY seq")
             .bind(now)
             .fetch_all(pg.pool())
             .await
@@ -447,7 +447,7 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
 
     let rows: Vec<(i64, String, i32)> =
-        sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.deliveries WHERE consumer = 'c' ORDER BY seq")
+        sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = 'c' ORDER BY seq")
             .fetch_all(pg.pool())
             .await
             .unwrap();
@@ -660,6 +660,27 @@ async fn lease_buffers(pool: &sqlx::PgPool, consumer: &str, generic: bool) -> (i
     (buffers, top["Actual Rows"].as_i64().unwrap())
 }
 
+/// A lease of 64 for consumer `deep` touches at most `bound` buffers and not much more than one
+/// for consumer `shallow`, with statistics taken while the tables were empty (the migrations
+/// analyse them) and again after `analyze`, with the generic plan a prepared statement caches
+/// and a custom one.
+async fn leases_cost_alike(pool: &sqlx::PgPool, analyze: &'static str, bound: i64) {
+    for analysed in [false, true] {
+        if analysed {
+            sqlx::query(analyze).execute(pool).await.unwrap();
+        }
+        for generic in [true, false] {
+            let (shallow, rows) = lease_buffers(pool, "shallow", generic).await;
+            assert_eq!(rows, 64, "a full batch");
+            let (deep, rows) = lease_buffers(pool, "deep", generic).await;
+            assert_eq!(rows, 64, "a full batch");
+            let case = format!("analysed {analysed}, generic plan {generic}: {shallow} buffers shallow, {deep} deep");
+            assert!(deep <= bound, "{case}");
+            assert!(deep <= shallow * 3 / 2 + 100, "does not grow with the backlog: {case}");
+        }
+    }
+}
+
 /// The stall: a consumer that comes back to a deep backlog, a third of it under a few ordering
 /// keys, must drain it at a rate that does not depend on its depth. One lease of 64 touches about
 /// the same number of buffers behind a backlog of 4,900 deliveries as behind one of 196,000,
@@ -681,22 +702,8 @@ async fn a_lease_costs_what_it_returns_not_the_backlog_behind_it() {
     .execute(&pool)
     .await
     .unwrap();
-    // The same holds whether the shared connection's cache has seen the statement or not.
-    for analysed in [false, true] {
-        if analysed {
-            sqlx::query("ANALYZE outbox.messages, outbox.deliveries").execute(&pool).await.unwrap();
-        }
-        for generic in [true, false] {
-            let (shallow, rows) = lease_buffers(&pool, "shallow", generic).await;
-            assert_eq!(rows, 64, "a full batch");
-            let (deep, rows) = lease_buffers(&pool, "deep", generic).await;
-            assert_eq!(rows, 64, "a full batch");
-            let case = format!("analysed {analysed}, generic plan {generic}: {shallow} buffers shallow, {deep} deep");
-            // 64 rows leased (heap, indexes) plus one probe per key: a few thousand at most.
-            assert!(deep <= 3_000, "{case}");
-            assert!(deep <= shallow * 3 / 2 + 100, "does not grow with the backlog: {case}");
-        }
-    }
+    // 64 rows leased (heap, indexes) plus one probe per key: a few thousand buffers at most.
+    leases_cost_alike(&pool, "ANALYZE outbox.messages, outbox.deliveries", 3_000).await;
     // Through the store too: 64 leased, one per key at most, the unkeyed ones in seq order.
     let now = Utc::now();
     let leased = store
@@ -714,6 +721,53 @@ async fn a_lease_costs_what_it_returns_not_the_backlog_behind_it() {
     let keys: Vec<_> = leased.iter().filter_map(|d| d.message.ordering_key.clone()).collect();
     assert_eq!(keys.len(), keys.iter().collect::<std::collections::HashSet<_>>().len(), "one per key");
     assert!(leased.windows(2).all(|w| w[0].message.seq < w[1].message.seq));
+}
+
+/// The same for the pending batches a relay writes while no stream is attached (ADR 0042): a
+/// lease of 64 from behind 100,000 batch-held deliveries touches about as many buffers as from
+/// behind 1,000, with either plan, before and after fresh statistics.
+#[tokio::test]
+async fn a_lease_from_pending_batches_costs_what_it_returns_not_the_backlog_behind_it() {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    for (name, n) in [("shallow", 1_000_i64), ("deep", 100_000)] {
+        sqlx::query(
+            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
+             VALUES ($1, '{t}', 5, 1000, 10000, 30000, 'new')",
+        )
+        .bind(name)
+        .execute(&pool)
+        .await
+        .unwrap();
+        // Batches of 500, as relay passes write them.
+        sqlx::query(
+            "WITH m AS (
+                INSERT INTO outbox.messages (message_id, topic, type, payload, relayed_at)
+                SELECT gen_random_uuid(), 't', 'T', '\\x00', now() FROM generate_series(1, $2) g
+                RETURNING seq)
+             INSERT INTO outbox.pending_batches (consumer, seqs, created_at)
+             SELECT $1, range_agg(int8range(seq, seq + 1)), now()
+               FROM (SELECT seq, (row_number() OVER (ORDER BY seq) - 1) / 500 AS chunk FROM m) x
+              GROUP BY chunk ORDER BY chunk",
+        )
+        .bind(name)
+        .bind(n)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    leases_cost_alike(&pool, "ANALYZE outbox.messages, outbox.pending_batches", 1_500).await;
+    // Through the store: the 64 lowest seqs, in order, and the next lease goes on after them.
+    let now = Utc::now();
+    let c = ConsumerName::parse("c", "deep").unwrap();
+    let until = crate::clock::add(now, Duration::from_secs(30));
+    let first = store.delivery_lease_batch(&c, "s", 64, "", until, now).await.unwrap();
+    let second = store.delivery_lease_batch(&c, "s", 64, "", until, now).await.unwrap();
+    let seqs: Vec<i64> = first.iter().chain(&second).map(|d| d.message.seq).collect();
+    assert_eq!(seqs.len(), 128);
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "consecutive seqs: {seqs:?}");
 }
 
 /// A producer on the system's SQLite (Python's `sqlite3` module links it; 3.40 on Debian 12,
@@ -841,7 +895,9 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
     let now = Utc::now();
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
-    store.message_insert_batch(&(0..20).map(|_| msg("t")).collect::<Vec<_>>(), now).await.unwrap();
+    // Keyed, so that every delivery is a row on PostgreSQL too (unkeyed ones wait in batches).
+    let keyed = |i: usize| NewMessage { ordering_key: Some(format!("k{i}")), ..msg("t") };
+    store.message_insert_batch(&(0..20).map(keyed).collect::<Vec<_>>(), now).await.unwrap();
     store.relay_batch(100, 0, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store.delivery_lease_batch(&c.name, "s", 100, "", later, now).await.unwrap();

@@ -86,7 +86,9 @@ const KEY_HEADS_CTE: &str = r#"
 /// `$3`; the heads of ordering keys (see [`KEY_HEADS_CTE`]) that are pending, due, have nothing
 /// of their key in flight and no earlier message of their key still unrelayed (another
 /// replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
-/// locked (skipping rows other sessions hold) and leased.
+/// locked (skipping rows other sessions hold) and leased; then, for the room left, the lowest
+/// seqs of the consumer's pending batches (`outbox.lease_pending`, ADR 0042), in the same round
+/// trip.
 pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH RECURSIVE {}{}",
@@ -134,7 +136,8 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
          ORDER BY d.seq
          LIMIT $3
          FOR UPDATE OF d SKIP LOCKED
-    )
+    ),
+    leased AS (
     UPDATE outbox.deliveries d
        SET state = 'leased', delivery_count = d.delivery_count + 1,
            lease_expires_at = $4, leased_by = $5, updated_at = $2
@@ -145,12 +148,17 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
        AND d.state NOT IN ('leased', 'acked', 'dead')
        AND m.message_id = d.message_id
     RETURNING m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-              m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count"#
+              m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count
+    )
+    SELECT * FROM leased
+    UNION ALL
+    SELECT * FROM outbox.lease_pending($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5)"#
     )
 });
 
-/// When the consumer's next pending delivery falls due: the first unkeyed one in due order, or
-/// the earliest pending key head (one probe per key). `present` is false once it is deleted.
+/// When the consumer's next pending delivery falls due: the first unkeyed one in due order, the
+/// oldest pending batch (due since it was written), or the earliest pending key head (one probe
+/// per key). `present` is false once it is deleted.
 static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH RECURSIVE {}{}",
@@ -161,6 +169,7 @@ static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
                (SELECT d.available_at FROM outbox.deliveries d
                  WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL
                  ORDER BY d.available_at, d.seq LIMIT 1),
+               (SELECT b.created_at FROM outbox.pending_batches b WHERE b.consumer = $1 ORDER BY b.id LIMIT 1),
                (SELECT min(h.available_at) FROM after_heads h WHERE h.state = 'pending')) AS due"
     )
 });
@@ -350,7 +359,7 @@ impl Driver for PgDriver {
     async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await?;
         sqlx::query(
-            "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log",
+            "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log, outbox.pending_batches",
         )
         .execute(&self.pool)
         .await?;
@@ -460,6 +469,11 @@ impl Driver for PgDriver {
                     out.deliveries += 1;
                     out.consumers.push(row.try_get("consumer")?);
                 }
+                // A pending batch: `seq` says how many deliveries it holds.
+                "b" => {
+                    out.deliveries += u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
+                    out.consumers.push(row.try_get("consumer")?);
+                }
                 other => {
                     // The SQL function and this decoder disagree: a schema newer than the server.
                     // (The relay's guard gives the offered room back; leases it made expire.)
@@ -516,10 +530,11 @@ impl Driver for PgDriver {
         consumer_from_row(&row)
     }
 
-    /// Its inbox rows go by cascade.
+    /// Its inbox rows go by cascade; its batches and ack log entries are deleted here.
     async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
         let done = sqlx::query(
             "WITH b AS (DELETE FROM outbox.lease_batches WHERE consumer = $1),
+                  p AS (DELETE FROM outbox.pending_batches WHERE consumer = $1),
                   a AS (DELETE FROM outbox.ack_log WHERE consumer = $1)
              DELETE FROM outbox.consumers WHERE name = $1",
         )
@@ -825,7 +840,16 @@ impl Driver for PgDriver {
             // Each figure comes from the partial index for its state, so the cost follows the
             // pending work, not the history. Only `acked` reads history, and only when asked.
             "SELECT c.name, c.paused,
-                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS backlog,
+                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending')
+                    + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.pending_batches p, unnest(p.seqs) r
+                                 WHERE p.consumer = c.name), 0)::bigint
+                    -- Acked in the consumer's transaction while still in a pending batch:
+                    -- acked, not pending (migration 0014).
+                    - (SELECT count(*) FROM outbox.deliveries d
+                        WHERE d.consumer = c.name AND d.state = 'acked' AND d.delivery_count = 0
+                          AND d.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
+                                          FROM outbox.pending_batches p, unnest(p.seqs) r
+                                         WHERE p.consumer = c.name)) AS backlog,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased')
                     + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.lease_batches b, unnest(b.seqs) r
                                  WHERE b.consumer = c.name), 0)::bigint AS in_flight,
@@ -840,7 +864,8 @@ impl Driver for PgDriver {
                     (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq = least(
                         (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending'),
                         (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'),
-                        (SELECT min(lower(b.seqs)) FROM outbox.lease_batches b WHERE b.consumer = c.name))
+                        (SELECT min(lower(b.seqs)) FROM outbox.lease_batches b WHERE b.consumer = c.name),
+                        (SELECT min(lower(p.seqs)) FROM outbox.pending_batches p WHERE p.consumer = c.name))
                     ) AS oldest
                FROM outbox.consumers c
               WHERE $1::text IS NULL OR c.name = $1
@@ -905,6 +930,11 @@ impl Driver for PgDriver {
                                 NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
                            FROM m JOIN outbox.lease_batches b ON b.seqs @> m.seq
                           WHERE b.consumer NOT IN (SELECT consumer FROM own)),
+             waiting AS (SELECT p.consumer, 'pending'::text AS state, 0 AS delivery_count, m.available_at,
+                                NULL::timestamptz AS lease_expires_at, NULL::text AS last_error, p.created_at,
+                                p.created_at AS updated_at, NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
+                           FROM m JOIN outbox.pending_batches p ON p.seqs @> m.seq
+                          WHERE p.consumer NOT IN (SELECT consumer FROM own)),
              logged AS (SELECT DISTINCT ON (a.consumer) a.consumer, 'acked'::text AS state, 1 AS delivery_count,
                                m.available_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
                                coalesce(outbox.message_relayed_at(m.seq, m.relayed_at), a.at) AS created_at,
@@ -913,7 +943,8 @@ impl Driver for PgDriver {
                          WHERE a.consumer NOT IN (SELECT consumer FROM own)
                            AND a.consumer NOT IN (SELECT consumer FROM batched)
                          ORDER BY a.consumer, a.at)
-             SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM logged
+             SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM waiting
+              UNION ALL SELECT * FROM logged
               ORDER BY consumer",
         )
         .bind(id.0)
@@ -954,10 +985,14 @@ impl Driver for PgDriver {
             q.push("outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = ");
             q.push_bind(consumer.as_str());
             q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
-            // Not held in a lease batch, which is leased too.
+            // Not held in a lease batch, which is leased too, nor in a pending batch: pending,
+            // due, never delivered already.
             q.push(" AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = ");
             q.push_bind(consumer.as_str());
             q.push(" AND b.seqs @> m.seq)");
+            q.push(" AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = ");
+            q.push_bind(consumer.as_str());
+            q.push(" AND p.seqs @> m.seq)");
         }
         q.push(" AND m.seq > ").push_bind(after_seq);
         if !filter.message_ids.is_empty() {
@@ -1010,8 +1045,10 @@ impl Driver for PgDriver {
              INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
              SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
                FROM outbox.messages m WHERE m.message_id = ANY($2)
-                -- Held in a lease batch: leased, left alone as leased rows are.
+                -- Held in a lease batch: leased, left alone as leased rows are. Held in a
+                -- pending batch: pending and due with no delivery yet, as replay would make it.
                 AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
+                AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq)
              ON CONFLICT (message_id, consumer) DO UPDATE
                 SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
                     acked_at = NULL, dead_at = NULL, updated_at = $3
@@ -1036,21 +1073,29 @@ impl Driver for PgDriver {
         }
         let row = sqlx::query(
             "WITH doomed AS (
-                SELECT m.message_id FROM outbox.messages m
+                SELECT m.message_id, m.seq FROM outbox.messages m
                  WHERE m.enqueued_at < $1
                    AND outbox.seq_relayed(m.seq)
                    AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
                                     WHERE d.message_id = m.message_id AND d.state <> 'acked')
-                   -- Below every seq a lease batch holds (computed once).
+                   -- Below every seq a lease batch holds (they are short-lived), and in no
+                   -- pending batch (a detached consumer's backlog holds back its own messages
+                   -- only); each computed once.
                    AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.lease_batches b),
                                         9223372036854775807)
+                   AND NOT m.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
+                                       FROM outbox.pending_batches p, unnest(p.seqs) r)
                  ORDER BY m.enqueued_at LIMIT $2
                  FOR UPDATE SKIP LOCKED),
              del AS (DELETE FROM outbox.deliveries d USING doomed
                       WHERE d.message_id = doomed.message_id RETURNING 1),
              msg AS (DELETE FROM outbox.messages m USING doomed
-                      WHERE m.message_id = doomed.message_id RETURNING 1)
-             SELECT (SELECT count(*) FROM msg) AS messages, (SELECT count(*) FROM del) AS deliveries",
+                      WHERE m.message_id = doomed.message_id RETURNING 1),
+             -- Deliveries acked out of a batch have no row: the ack log says who acked them.
+             logged AS (SELECT count(DISTINCT (a.consumer, doomed.seq)) AS n
+                          FROM doomed JOIN outbox.ack_log a ON a.seqs @> doomed.seq)
+             SELECT (SELECT count(*) FROM msg) AS messages,
+                    (SELECT count(*) FROM del) + (SELECT n FROM logged) AS deliveries",
         )
         .bind(cutoff)
         .bind(batch)
