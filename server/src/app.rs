@@ -15,6 +15,11 @@ use tonic_health::server::HealthReporter;
 /// On SQLite, the relay's gap after a pass that found less than a batch (see
 /// `RelayConfig::gather`): one tick of the timer, about a millisecond.
 const SQLITE_RELAY_GATHER: Duration = Duration::from_millis(1);
+/// On SQLite, the most messages a relay pass claims when the configuration leaves it to the
+/// backend: a pass holds the file's one writer, which acks wait for. On PostgreSQL a pass costs
+/// per consumer and topic, not per message (ADR 0042), and larger passes drain a backlog faster.
+const SQLITE_RELAY_BATCH: i64 = 500;
+const POSTGRES_RELAY_BATCH: i64 = 2000;
 
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
@@ -112,7 +117,11 @@ impl App {
             clock.clone(),
             hub.clone(),
             RelayConfig {
-                batch_size: config.relay_batch,
+                batch_size: config.relay_batch.unwrap_or(if store.backend() == "sqlite" {
+                    SQLITE_RELAY_BATCH
+                } else {
+                    POSTGRES_RELAY_BATCH
+                }),
                 poll_min: config.relay_poll_min,
                 poll_max: config.relay_poll_max,
                 hot_for: RelayConfig::default().hot_for,

@@ -167,7 +167,8 @@ pub struct ServeConfig {
     pub replay_rate: u32,
     pub relay_poll_min: Duration,
     pub relay_poll_max: Duration,
-    pub relay_batch: i64,
+    /// The most messages a relay pass claims; `None`: the backend's default.
+    pub relay_batch: Option<i64>,
     pub sweep_interval: Duration,
     pub stream_poll: Duration,
     pub listen_notify: bool,
@@ -225,7 +226,7 @@ impl ServeConfig {
             replay_rate: 1000,
             relay_poll_min: Duration::from_millis(1),
             relay_poll_max: Duration::from_millis(500),
-            relay_batch: 500,
+            relay_batch: None,
             sweep_interval: Duration::from_secs(1),
             stream_poll: Duration::from_secs(2),
             listen_notify: true,
