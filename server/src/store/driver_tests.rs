@@ -572,6 +572,26 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     let got: Vec<(MessageId, u32)> = again.iter().map(|l| (l.message.message_id, l.delivery_count)).collect();
     assert_eq!(got, [(ids[2], 1), (more[0].message_id, 1)]);
 
+    let held: Vec<MessageId> = again.iter().map(|l| l.message.message_id).collect();
+    assert_eq!(d.delivery_ack_many(&c, &held, at).await.unwrap(), 2);
+
+    // Acked in the consumer's transaction while it waits, and never leased: the prune folds the
+    // acked row into the batch and takes the message.
+    let waiting = insert(&store, &["t"], at).await;
+    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    let acked: bool = sqlx::query_scalar("SELECT outbox.ack('c', $1)")
+        .bind(waiting[0].message_id.0)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(acked);
+    let pruned = d.prune_batch(at + chrono::Duration::hours(1), 100).await.unwrap().unwrap();
+    assert!(pruned.messages >= 1, "{pruned:?}");
+    assert!(d.message_find(waiting[0].message_id).await.unwrap().is_none(), "pruned though never leased");
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    assert_eq!(left, 0, "the folded batch is gone");
+
     let another = insert(&store, &["t"], at).await;
     d.relay_batch(10, 0, at, false, &[]).await.unwrap();
     assert_eq!(state_of(&store, another[0].message_id, "c").await, Some(("pending".to_owned(), 0)));

@@ -1071,6 +1071,24 @@ impl Driver for PgDriver {
             tx.rollback().await?;
             return Ok(None);
         }
+        // Folds the acked rows that transactional acks wrote for messages still waiting in a
+        // pending batch into the batches (ADR 0042): those seqs leave their batch, so that
+        // nothing holds their messages back from the prune below.
+        let folded = sqlx::query(
+            "WITH folded AS (
+                SELECT p.id, range_agg(int8range(d.seq, d.seq + 1)) AS seqs
+                  FROM outbox.pending_batches p
+                  JOIN outbox.deliveries d
+                    ON d.consumer = p.consumer AND d.state = 'acked' AND d.delivery_count = 0
+                   AND d.seq >= lower(p.seqs) AND d.seq < upper(p.seqs) AND d.seq <@ p.seqs
+                 GROUP BY p.id)
+             UPDATE outbox.pending_batches p SET seqs = p.seqs - f.seqs FROM folded f WHERE p.id = f.id",
+        )
+        .execute(&mut *tx)
+        .await?;
+        if folded.rows_affected() > 0 {
+            sqlx::query("DELETE FROM outbox.pending_batches WHERE isempty(seqs)").execute(&mut *tx).await?;
+        }
         let row = sqlx::query(
             "WITH doomed AS (
                 SELECT m.message_id, m.seq FROM outbox.messages m
