@@ -476,6 +476,91 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     assert!(m.relayed_at.is_some(), "rows relayed before keep their time");
 }
 
+/// PostgreSQL only: the SQL functions come from `server/sql/functions.sql` alone (ADR 0043).
+/// After migrating, every function of schema `outbox` has its body in that file; a second
+/// migration with the file unchanged rewrites no function; functions recorded as a newer
+/// revision stay, those of an older revision or another digest are replaced by the file's; and
+/// no migration after the last one that defined functions defines one.
+#[tokio::test]
+async fn the_sql_functions_come_from_their_one_source_file() {
+    use super::postgres::{FUNCTIONS, FUNCTIONS_REVISION, LAST_MIGRATION_WITH_FUNCTIONS, MIGRATOR};
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let bodies: Vec<(String, String)> = sqlx::query_as(
+        "SELECT proname::text, prosrc FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace ORDER BY 1",
+    )
+    .fetch_all(pg.pool())
+    .await
+    .unwrap();
+    assert!(bodies.iter().any(|(n, _)| n == "relay_pass") && bodies.len() >= 13, "{bodies:?}");
+    for (name, body) in &bodies {
+        assert!(FUNCTIONS.contains(body.as_str()), "outbox.{name} is not defined as server/sql/functions.sql says");
+    }
+
+    let versions = || async {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT proname::text, xmin::text FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace ORDER BY 1",
+        )
+        .fetch_all(pg.pool())
+        .await
+        .unwrap()
+    };
+    let before = versions().await;
+    pg.migrate().await.unwrap();
+    assert_eq!(versions().await, before, "an unchanged file rewrites no function");
+
+    // Another body under another version: a newer revision is left alone, this revision with
+    // another digest or an older revision gets the file's definitions back.
+    let other_body = |revision: i32| {
+        let pool = pg.pool().clone();
+        async move {
+            sqlx::query("UPDATE outbox.function_source SET revision = $1, digest = 'other'")
+                .bind(revision)
+                .execute(&pool)
+                .await
+                .unwrap();
+            sqlx::raw_sql(
+                "CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text) RETURNS boolean
+                 LANGUAGE sql IMMUTABLE AS $$ SELECT false $$",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let file_matches = || async {
+        sqlx::query_scalar::<_, bool>("SELECT outbox.topic_matches(ARRAY['orders.*'], 'orders.created')")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap()
+    };
+    other_body(FUNCTIONS_REVISION + 1).await;
+    pg.migrate().await.unwrap();
+    assert!(!file_matches().await, "a newer release's functions stay");
+    for revision in [FUNCTIONS_REVISION, FUNCTIONS_REVISION - 1] {
+        other_body(revision).await;
+        pg.migrate().await.unwrap();
+        assert!(file_matches().await, "the file's definition replaced revision {revision}'s");
+        let (held, digest): (i32, String) =
+            sqlx::query_as("SELECT revision, digest FROM outbox.function_source").fetch_one(pg.pool()).await.unwrap();
+        assert_eq!((held, digest.len()), (FUNCTIONS_REVISION, 64), "this revision and a SHA-256 recorded: {digest}");
+    }
+    assert!(
+        FUNCTIONS.starts_with(&format!("-- revision: {FUNCTIONS_REVISION}\n")),
+        "the file's first line states FUNCTIONS_REVISION"
+    );
+
+    for m in MIGRATOR.migrations.iter().filter(|m| m.version > LAST_MIGRATION_WITH_FUNCTIONS) {
+        let sql = m.sql.as_str().split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_uppercase();
+        assert!(
+            !sql.contains("CREATE FUNCTION") && !sql.contains("CREATE OR REPLACE FUNCTION"),
+            "migration {} defines a function: define it in server/sql/functions.sql",
+            m.version
+        );
+    }
+}
+
 /// The relay's SQL matches topics exactly as the server's `TopicPattern` does.
 #[tokio::test]
 async fn sql_topic_matching_agrees_with_the_servers() {

@@ -46,6 +46,60 @@ const LEASE_CONNECTIONS: u32 = 4;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// Every SQL function of schema `outbox`, as it is now (ADR 0043): applied after the migrations
+/// when the database holds an older revision, or this revision with another digest.
+pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
+
+/// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
+/// that changes the file, so that an older release never replaces a newer one's functions.
+pub(crate) const FUNCTIONS_REVISION: i32 = 1;
+
+/// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
+#[cfg(test)]
+pub(crate) const LAST_MIGRATION_WITH_FUNCTIONS: i64 = 14;
+
+/// Applies [`FUNCTIONS`] unless the database holds this version of it or a later revision.
+/// Returns whether it applied. Replicas starting together take turns on the table's lock; the
+/// one that comes second finds the version current and writes nothing.
+async fn apply_functions(pool: &PgPool) -> Result<bool> {
+    const DIGEST: &str = "encode(sha256(convert_to($1, 'UTF8')), 'hex')";
+    let mut tx = pool.begin().await?;
+    sqlx::query("LOCK TABLE outbox.function_source IN EXCLUSIVE MODE").execute(&mut *tx).await?;
+    let held: Option<(i32, bool)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT revision, digest = {DIGEST} FROM outbox.function_source")))
+            .bind(FUNCTIONS)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match held {
+        Some((revision, _)) if revision > FUNCTIONS_REVISION => {
+            tracing::warn!(
+                held = revision,
+                ours = FUNCTIONS_REVISION,
+                "the database holds the SQL functions of a newer release; leaving them"
+            );
+            tx.commit().await?;
+            return Ok(false);
+        }
+        Some((revision, true)) if revision == FUNCTIONS_REVISION => {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        _ => {}
+    }
+    sqlx::raw_sql(FUNCTIONS).execute(&mut *tx).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO outbox.function_source (id, revision, digest, applied_at) VALUES (true, $2, {DIGEST}, now())
+         ON CONFLICT (id) DO UPDATE
+            SET revision = excluded.revision, digest = excluded.digest, applied_at = excluded.applied_at"
+    )))
+    .bind(FUNCTIONS)
+    .bind(FUNCTIONS_REVISION)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// The heads of a consumer's ordering keys (the lowest unfinished seq of each key), visited key
 /// by key through `deliveries_key_heads`: one index probe per key, never the messages queued
 /// behind a head. `after_heads` takes the keys after the session's key cursor, then
@@ -355,9 +409,13 @@ impl Driver for PgDriver {
     }
 
     /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
-    /// advisory lock), then refreshes planner statistics so cached claim plans start sane.
+    /// advisory lock) and then the SQL functions' source when it changed, then refreshes planner
+    /// statistics so cached claim plans start sane.
     async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await?;
+        if apply_functions(&self.pool).await? {
+            tracing::info!("SQL functions applied");
+        }
         sqlx::query(
             "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log, outbox.pending_batches",
         )

@@ -1,0 +1,703 @@
+-- revision: 1
+-- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
+--
+-- Migrations (server/migrations) are history: they change tables, indexes and data, and are
+-- never edited once released. The functions live here. `outboxd migrate` (and start-up with
+-- migration on) applies this file after the migrations, in one transaction, when the database
+-- holds an older revision, or this revision with another digest (`outbox.function_source`). So
+-- a database at any migration ends with exactly these definitions, an unchanged file costs one
+-- read, and an older release never puts its functions back over a newer one's (ADR 0043).
+--
+-- Rules for changing a function:
+--  * the revision above grows by one with every release that changes this file, and
+--    `FUNCTIONS_REVISION` in server/src/store/postgres/mod.rs with it;
+--  * every statement here is CREATE OR REPLACE (or a GRANT): the file is applied again and again;
+--  * a change of arguments or of the result type needs `DROP FUNCTION` in a new migration first
+--    (CREATE OR REPLACE cannot change them), and the new definition here;
+--  * a migration that moves data runs before this file, so it uses the functions of the release
+--    before; it should not call functions at all.
+-- Migrations 0003-0014 defined these functions before this file existed; from 0015 on, no
+-- migration does (a test holds it).
+
+-- ---- outbox.uuid_v7 ----
+-- A time-ordered UUID (version 7), so ids sort roughly by enqueue time.
+CREATE OR REPLACE FUNCTION outbox.uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
+-- ---- outbox.next_seq ----
+-- A plain SQL expression, so that the planner inlines it into every insert: no function call.
+-- Writers insert as the owner (outboxd's login, or `outbox.enqueue`, which runs with the
+-- owner's rights); another login granted INSERT on the table also needs USAGE on the sequence.
+CREATE OR REPLACE FUNCTION outbox.next_seq() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    -- The transaction id first (CASE evaluates its condition before its result).
+    SELECT CASE WHEN pg_catalog.pg_current_xact_id() IS NOT NULL
+                THEN pg_catalog.nextval('outbox.messages_seq'::pg_catalog.regclass) END
+$$;
+
+-- ---- outbox.topic_matches ----
+-- Topic patterns as the server matches them: segments separated by dots, `*` one segment, `>`
+-- (last) one or more. Topics and literal segments hold only [A-Za-z0-9_-], so the translation
+-- to a regular expression needs no other escaping than the dots.
+CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM unnest(patterns) AS p
+         WHERE topic ~ ('^' || replace(replace(replace(p, '.', '\.'), '*', '[^.]+'), '>', '.+') || '$'))
+$$;
+
+-- ---- outbox.seq_relayed ----
+-- Whether the relay has read `seq`.
+CREATE OR REPLACE FUNCTION outbox.seq_relayed(seq bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT seq <= (SELECT c.position FROM outbox.relay_cursor c)
+       AND NOT EXISTS (SELECT 1 FROM outbox.relay_gaps g WHERE g.seqs @> seq)
+$$;
+
+-- ---- outbox.message_relayed_at ----
+-- When a message was relayed (null while it waits for the relay).
+CREATE OR REPLACE FUNCTION outbox.message_relayed_at(seq bigint, relayed_at timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN relayed_at IS NOT NULL THEN relayed_at
+        WHEN outbox.seq_relayed(seq) THEN (SELECT l.at FROM outbox.relay_log l WHERE l.seqs @> seq LIMIT 1)
+    END
+$$;
+
+-- ---- outbox.multirange_slice ----
+-- The seqs of `m` ranked `skip + 1` to `skip + take` in order (all after `skip` when `take` is
+-- null): how a lease or a push takes the lowest seqs of a batch, range by range.
+CREATE OR REPLACE FUNCTION outbox.multirange_slice(m int8multirange, skip bigint, take bigint) RETURNS int8multirange
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(range_agg(int8range(lower(x.r) + greatest(skip - x.before, 0),
+                                        least(upper(x.r), lower(x.r) + (skip + take - x.before)))),
+                    '{}'::int8multirange)
+      FROM (SELECT r, (sum(upper(r) - lower(r)) OVER (ORDER BY lower(r)))::bigint - (upper(r) - lower(r)) AS before
+              FROM unnest(m) r) x
+     WHERE x.before + (upper(x.r) - lower(x.r)) > skip AND (take IS NULL OR x.before < skip + take)
+$$;
+
+-- ---- outbox.enqueue_message ----
+-- Inserts one message and reports whether it already existed. An existing message_id is an
+-- idempotent success: nothing is written and the caller's transaction is not aborted.
+CREATE OR REPLACE FUNCTION outbox.enqueue_message(
+    topic        text,
+    type         text,
+    payload      bytea,
+    headers      jsonb    DEFAULT '{}',
+    message_id   uuid     DEFAULT NULL,
+    ordering_key text     DEFAULT NULL,
+    delay        interval DEFAULT NULL,
+    -- The server passes its own clock here; SQL callers leave it to now().
+    at           timestamptz DEFAULT NULL
+) RETURNS TABLE (id uuid, message_seq bigint, is_duplicate boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_variable
+DECLARE
+    v_id  uuid := coalesce(message_id, outbox.uuid_v7());
+    v_seq bigint;
+BEGIN
+    IF topic IS NULL OR length(topic) > 255 OR topic !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
+        RAISE EXCEPTION 'outbox.enqueue: invalid topic %: dot-separated segments of [A-Za-z0-9_-], at most 255 characters, required', quote_nullable(topic)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF type IS NULL OR type = '' THEN
+        RAISE EXCEPTION 'outbox.enqueue: type must not be empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF payload IS NULL THEN
+        RAISE EXCEPTION 'outbox.enqueue: payload must not be null'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'outbox.enqueue: headers must be a JSON object of strings'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF delay IS NOT NULL AND delay < interval '0' THEN
+        RAISE EXCEPTION 'outbox.enqueue: delay must not be negative'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO outbox.messages AS m (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
+    VALUES (v_id, topic, type, payload, coalesce(headers, '{}'), nullif(ordering_key, ''),
+            coalesce(at, now()), coalesce(at, now()) + coalesce(delay, interval '0'))
+    ON CONFLICT ON CONSTRAINT messages_message_id_key DO NOTHING
+    RETURNING m.seq INTO v_seq;
+
+    IF v_seq IS NOT NULL THEN
+        RETURN QUERY SELECT v_id, v_seq, false;
+    ELSE
+        RETURN QUERY SELECT m.message_id, m.seq, true FROM outbox.messages m WHERE m.message_id = v_id;
+    END IF;
+END
+$$;
+
+-- ---- outbox.enqueue ----
+-- The producers' entry point: inserts one message in the caller's transaction, with the
+-- owner's rights (a producer needs no privilege on the tables) and a pinned search_path. It
+-- checks the limits of the Enqueue RPC (ADR 0023), naming the limit and the value, and inserts
+-- the message itself rather than through `outbox.enqueue_message` (ADR 0040: a nested
+-- PL/pgSQL call per message cost a fifth of its rate). The table's CHECKs still hold every
+-- writer. `outbox.enqueue_message` serves outboxd's own Enqueue RPC (it takes a delay and a
+-- time).
+CREATE OR REPLACE FUNCTION outbox.enqueue(
+    topic        text,
+    type         text,
+    payload      bytea,
+    headers      jsonb DEFAULT '{}',
+    message_id   uuid  DEFAULT NULL,
+    ordering_key text  DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    v_key   text;
+    v_value jsonb;
+    v_count integer := 0;
+    v_bytes integer := 0;
+    v_id    uuid;
+BEGIN
+    IF topic IS NULL OR length(topic) > 255 OR topic !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
+        RAISE EXCEPTION 'outbox.enqueue: invalid topic %: dot-separated segments of [A-Za-z0-9_-], at most 255 characters, required', quote_nullable(topic)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF type IS NULL OR type = '' THEN
+        RAISE EXCEPTION 'outbox.enqueue: type must not be empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(type) > 255 THEN
+        RAISE EXCEPTION 'outbox.enqueue: type is % bytes; the limit is 255 bytes', octet_length(type)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(ordering_key) > 255 THEN
+        RAISE EXCEPTION 'outbox.enqueue: ordering_key is % bytes; the limit is 255 bytes', octet_length(ordering_key)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF payload IS NULL THEN
+        RAISE EXCEPTION 'outbox.enqueue: payload must not be null'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF headers IS NOT NULL AND headers <> '{}' THEN
+        IF jsonb_typeof(headers) <> 'object' THEN
+            RAISE EXCEPTION 'outbox.enqueue: headers must be a JSON object of strings'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        FOR v_key, v_value IN SELECT h.key, h.value FROM jsonb_each(headers) AS h LOOP
+            v_count := v_count + 1;
+            IF v_key = '' OR octet_length(v_key) > 256 THEN
+                RAISE EXCEPTION 'outbox.enqueue: header key % is % bytes; keys are 1 to 256 bytes',
+                        quote_literal(left(v_key, 32)), octet_length(v_key)
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            IF jsonb_typeof(v_value) <> 'string' THEN
+                RAISE EXCEPTION 'outbox.enqueue: header % is a JSON %; header values are strings',
+                        quote_literal(left(v_key, 32)), jsonb_typeof(v_value)
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            v_bytes := v_bytes + octet_length(v_key) + octet_length(v_value #>> '{}');
+        END LOOP;
+        IF v_count > 64 THEN
+            RAISE EXCEPTION 'outbox.enqueue: % headers; the limit is 64 entries', v_count
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_bytes > 16384 THEN
+            RAISE EXCEPTION 'outbox.enqueue: headers are % bytes (keys and values); the limit is 16384 bytes', v_bytes
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    -- An existing message_id is an idempotent success: nothing is written, the caller's
+    -- transaction goes on, and the id is the answer (only a given id can conflict).
+    INSERT INTO outbox.messages AS m (message_id, topic, type, payload, headers, ordering_key)
+    VALUES (coalesce(message_id, outbox.uuid_v7()), topic, type, payload, coalesce(headers, '{}'),
+            nullif(ordering_key, ''))
+    ON CONFLICT ON CONSTRAINT messages_message_id_key DO NOTHING
+    RETURNING m.message_id INTO v_id;
+    RETURN coalesce(v_id, message_id);
+END
+$$;
+
+-- ---- outbox.ack ----
+-- The transactional ack: a consumer acks in the transaction of its effect. True once, false
+-- when the delivery was already acked, is dead, or is unknown. A first delivery held in a lease
+-- batch (ADR 0041) or waiting in a pending batch (ADR 0042) gets an acked row of its own here,
+-- so that the consumer's transaction never locks a batch; the batch's own ack, and the prune's
+-- fold, later find the row and leave it alone.
+CREATE OR REPLACE FUNCTION outbox.ack(consumer text, message_id uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_rows bigint;
+    v_seq  bigint;
+BEGIN
+    UPDATE outbox.deliveries d
+       SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
+     WHERE d.consumer = $1 AND d.message_id = $2 AND d.state IN ('leased', 'pending');
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    IF v_rows > 0 THEN
+        RETURN true;
+    END IF;
+    SELECT m.seq INTO v_seq FROM outbox.messages m WHERE m.message_id = $2;
+    IF v_seq IS NULL OR (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b
+                                      WHERE b.consumer = $1 AND b.seqs @> v_seq)
+                         AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p
+                                          WHERE p.consumer = $1 AND p.seqs @> v_seq)) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                        available_at, created_at, updated_at, acked_at)
+    SELECT m.message_id, $1, m.seq, m.ordering_key, 'acked',
+           CASE WHEN EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> v_seq)
+                THEN 1 ELSE 0 END,
+           m.available_at, now(), now(), now()
+      FROM outbox.messages m WHERE m.message_id = $2
+    -- The sweeper turned the batch's seq into a row meanwhile: ack that row, as above.
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
+       SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
+     WHERE d.state IN ('leased', 'pending');
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows > 0;
+END
+$$;
+
+-- ---- outbox.ack_batch ----
+-- A stream's acks in one call: rows that are leased or pending become acked; the seqs are taken
+-- out of the consumer's lease batches (emptied batches go), and the time of the ack of the
+-- batch-held ones is logged (`outbox.ack_log`). A seq still in a pending batch (acked by a
+-- stream that was not sent it) leaves the batch for an acked row of its own with count 0.
+-- Streams ack what they hold, so that last part runs only for ids held nowhere else. Returns
+-- how many deliveries changed.
+CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_at timestamptz) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+DECLARE
+    v_rows  bigint;
+    v_n     bigint;
+    v_want  int8multirange;
+    v_taken int8multirange;
+    v_own   int8multirange;
+    v_rest  int8multirange;
+    v_pend  int8multirange;
+BEGIN
+    UPDATE outbox.deliveries d
+       SET state = 'acked', acked_at = p_at, updated_at = p_at, lease_expires_at = NULL, leased_by = NULL
+     WHERE d.consumer = p_consumer AND d.message_id = ANY (p_ids) AND d.state IN ('leased', 'pending');
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    SELECT range_agg(int8range(m.seq, m.seq + 1)) INTO v_want
+      FROM outbox.messages m WHERE m.message_id = ANY (p_ids);
+    IF v_want IS NULL THEN
+        RETURN v_rows;
+    END IF;
+    WITH held AS (
+        SELECT b.id, b.seqs * v_want AS taken FROM outbox.lease_batches b
+         WHERE b.consumer = p_consumer AND b.seqs && v_want
+           FOR UPDATE
+    ), moved AS (
+        UPDATE outbox.lease_batches b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id
+        RETURNING h.taken
+    )
+    SELECT range_agg(r) INTO v_taken FROM moved, unnest(moved.taken) r;
+    v_taken := coalesce(v_taken, '{}');
+    IF NOT isempty(v_taken) THEN
+        DELETE FROM outbox.lease_batches b WHERE b.consumer = p_consumer AND isempty(b.seqs);
+    END IF;
+    v_own := coalesce((SELECT range_agg(int8range(d.seq, d.seq + 1)) FROM outbox.deliveries d
+                        WHERE d.consumer = p_consumer AND d.message_id = ANY (p_ids)),
+                      '{}'::int8multirange);
+    -- A seq with a row of its own (a transactional ack got there first) was not the batch's to
+    -- ack: it leaves the batch, but is neither logged nor counted.
+    v_taken := v_taken - v_own;
+    IF NOT isempty(v_taken) THEN
+        INSERT INTO outbox.ack_log (consumer, seqs, at) VALUES (p_consumer, v_taken, p_at);
+        v_rows := v_rows + (SELECT sum(upper(r) - lower(r)) FROM unnest(v_taken) r)::bigint;
+    END IF;
+    v_rest := v_want - v_taken - v_own;
+    IF isempty(v_rest) THEN
+        RETURN v_rows;
+    END IF;
+    WITH held AS (
+        SELECT p.id, p.seqs * v_rest AS taken FROM outbox.pending_batches p
+         WHERE p.consumer = p_consumer AND p.seqs && v_rest
+           FOR UPDATE
+    ), moved AS (
+        UPDATE outbox.pending_batches p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id
+        RETURNING h.taken
+    )
+    SELECT range_agg(r) INTO v_pend FROM moved, unnest(moved.taken) r;
+    IF v_pend IS NULL THEN
+        RETURN v_rows;
+    END IF;
+    DELETE FROM outbox.pending_batches p WHERE p.consumer = p_consumer AND isempty(p.seqs);
+    INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                        available_at, created_at, updated_at, acked_at)
+    SELECT m.message_id, p_consumer, m.seq, m.ordering_key, 'acked', 0, m.available_at, p_at, p_at, p_at
+      FROM unnest(v_pend) r,
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
+    ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_rows + v_n;
+END
+$$;
+
+-- ---- outbox.unbatch ----
+-- Turns batch-held seqs into `leased` rows (count 1, the batch's holder and deadline), for a
+-- release or the sweeper to run on: the pairs `(p_consumers[i], p_ids[i])`, or with null
+-- arrays every seq of every batch whose deadline is at or before `p_expired_at`. Only batches
+-- held by `p_session` (when given) and expired by `p_expired_at` (when given) are touched.
+-- Returns how many rows it wrote.
+CREATE OR REPLACE FUNCTION outbox.unbatch(p_consumers text[], p_ids uuid[], p_session text, p_expired_at timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    WITH want AS (
+        SELECT w.consumer, range_agg(int8range(m.seq, m.seq + 1)) AS seqs
+          FROM unnest(p_consumers, p_ids) AS w(consumer, message_id)
+          JOIN outbox.messages m ON m.message_id = w.message_id
+         GROUP BY w.consumer
+    ), held AS (
+        SELECT b.id, b.consumer, b.leased_by, b.lease_expires_at, b.created_at,
+               CASE WHEN p_ids IS NULL THEN b.seqs ELSE b.seqs * w.seqs END AS taken
+          FROM outbox.lease_batches b
+          LEFT JOIN want w ON w.consumer = b.consumer
+         WHERE (p_ids IS NULL OR b.seqs && w.seqs)
+           AND (p_session IS NULL OR b.leased_by = p_session)
+           AND (p_expired_at IS NULL OR b.lease_expires_at <= p_expired_at)
+           FOR UPDATE OF b
+    ), moved AS (
+        UPDATE outbox.lease_batches b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id
+        RETURNING h.*
+    ), rows AS (
+        INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                            available_at, lease_expires_at, leased_by, created_at, updated_at)
+        SELECT m.message_id, h.consumer, m.seq, m.ordering_key, 'leased', 1, m.available_at,
+               h.lease_expires_at, h.leased_by, h.created_at, h.created_at
+          FROM moved h, unnest(h.taken) r,
+               LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
+        -- A row of its own wins (a transactional ack got there first).
+        ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_rows FROM rows;
+    DELETE FROM outbox.lease_batches b WHERE isempty(b.seqs);
+    RETURN v_rows;
+END
+$$;
+
+-- ---- outbox.lease_pending ----
+-- Leases up to `p_limit` of the consumer's batch-held pending deliveries to `p_session` until
+-- `p_until`: the lowest seqs of its oldest pending batches, moved into one lease batch. Seqs
+-- with a row of their own (a replay or a transactional ack got there first) leave the batch
+-- without being leased: the row decides them. Nothing is leased while the consumer is paused.
+-- Only leases lock pending batches, each for one short statement: a lease waits for another
+-- on the same batch instead of skipping it, so that no stream finds "nothing due" while a
+-- backlog waits behind a lock.
+CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
+                                     p_session text)
+RETURNS TABLE (
+    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb, ordering_key text,
+    enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz, delivery_count integer
+)
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_need   bigint := p_limit;
+    v_last   bigint := 0;
+    v_id     bigint;
+    v_seqs   int8multirange;
+    v_part   int8multirange;
+    v_taken  int8multirange := '{}';
+    v_msgs   outbox.messages[];
+    v_leased int8multirange;
+BEGIN
+    IF p_limit <= 0 OR NOT EXISTS (SELECT 1 FROM outbox.consumers c WHERE c.name = p_consumer AND NOT c.paused) THEN
+        RETURN;
+    END IF;
+    WHILE v_need > 0 LOOP
+        SELECT b.id, b.seqs INTO v_id, v_seqs FROM outbox.pending_batches b
+         WHERE b.consumer = p_consumer AND b.id > v_last
+         ORDER BY b.id LIMIT 1
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            -- The row waited for was emptied by the lease that held it: look again.
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM outbox.pending_batches b
+                                   WHERE b.consumer = p_consumer AND b.id > v_last);
+            CONTINUE;
+        END IF;
+        v_last := v_id;
+        v_part := outbox.multirange_slice(v_seqs, 0, v_need);
+        IF isempty(v_part) THEN
+            DELETE FROM outbox.pending_batches b WHERE b.id = v_id;
+            CONTINUE;
+        END IF;
+        IF v_part = v_seqs THEN
+            DELETE FROM outbox.pending_batches b WHERE b.id = v_id;
+        ELSE
+            UPDATE outbox.pending_batches b SET seqs = b.seqs - v_part WHERE b.id = v_id;
+        END IF;
+        v_taken := v_taken + v_part;
+        v_need := v_need - (SELECT sum(upper(r) - lower(r)) FROM unnest(v_part) r)::bigint;
+    END LOOP;
+    IF isempty(v_taken) THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(ROW(m.*)::outbox.messages ORDER BY m.seq) INTO v_msgs
+      FROM unnest(v_taken) r,
+           -- OFFSET 0: a range scan of the primary key per range.
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
+     WHERE (SELECT 1 FROM outbox.deliveries d WHERE d.message_id = m.message_id AND d.consumer = p_consumer) IS NULL;
+    SELECT range_agg(int8range(m.seq, m.seq + 1)) INTO v_leased FROM unnest(v_msgs) m;
+    IF v_leased IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+    VALUES (p_consumer, p_session, v_leased, p_until, p_now);
+    RETURN QUERY
+        SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+               m.enqueued_at, m.available_at, m.relayed_at, 1
+          FROM unnest(v_msgs) m;
+END
+$$;
+
+-- ---- outbox.relay_pass ----
+-- One relay pass, in the caller's transaction (autocommit: one round trip):
+--  * takes the consumers lock shared (consumer changes take it exclusively), so that the fan-out
+--    sees every consumer created before, then the cursor row (relays take turns on it);
+--  * reads, in seq order and up to `batch`, the visible messages in open gaps and after the
+--    cursor's position (ADR 0027); records the seq values it skipped below the highest one read
+--    as a new gap; moves the position; logs what it relayed; closes the gaps whose holders have
+--    all ended. `from_seq` is not used (the cursor says where);
+--  * fans out to every consumer whose topics match (topic patterns matched once per distinct
+--    topic of the pass). Unkeyed, due messages go by ranges: each offered stream (`push_*` are
+--    parallel arrays of consumer, session, room and lease deadline) gets the lowest seqs of its
+--    consumer's share as one lease batch (ADR 0041), and the rest of the share becomes one
+--    pending batch (ADR 0042). Keyed and delayed messages, and consumers whose EARLIEST backfill
+--    may have written rows in the pass's range, go message by message into rows; a message that
+--    already has a row for the consumer is never pushed;
+--  * notifies `notify` (when not null) once, naming the consumers that got waiting deliveries.
+-- Returns one row per message read (kind 'm'), one per pushed delivery ('p', with the payload),
+-- one per pending row ('d') and one per pending batch ('b': its consumer, and in `seq` how many
+-- deliveries it holds).
+CREATE OR REPLACE FUNCTION outbox.relay_pass(
+    batch          integer,
+    from_seq       bigint,
+    at             timestamptz,
+    lock_key       bigint,
+    notify         text,
+    push_consumers text[],
+    push_sessions  text[],
+    push_room      integer[],
+    push_until     timestamptz[]
+) RETURNS TABLE (
+    kind text, consumer text, session text, lease_expires_at timestamptz,
+    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
+    ordering_key text, enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+-- Its statements are short; JIT would compile them on every call (100 ms and more) whenever an
+-- estimate runs high. outboxd's connections turn it off too; this holds behind poolers that
+-- drop connection options.
+SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_position bigint;
+    v_xmin     xid8;
+    v_claimed  outbox.messages[];
+    v_read     integer;
+    v_read_to  bigint;
+    v_found    int8multirange;
+    v_missing  int8multirange;
+    v_created  outbox.deliveries[];
+    v_batches  outbox.lease_batches[];
+    v_pending  outbox.pending_batches[];
+    v_first    bigint;
+    v_woken    text;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(lock_key);
+    -- Relays take turns on the cursor under an advisory lock, not the row's lock: a row lock
+    -- would give this transaction its id now, and the gap rule needs an id taken after the read.
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.relay_pass must run in a transaction of its own (this one has written already)';
+    END IF;
+    PERFORM pg_advisory_xact_lock(1869903970, 1);
+    SELECT c.position INTO v_position FROM outbox.relay_cursor c;
+    -- seq values only grow. A sequence set back (TRUNCATE ... RESTART IDENTITY, setval) would
+    -- hand out values the cursor has passed, and their messages would never be relayed: refuse,
+    -- loudly, instead.
+    IF (SELECT s.last_value FROM outbox.messages_seq s) < v_position THEN
+        RAISE EXCEPTION 'outbox.messages_seq is at %, behind the relay cursor at %: seq values must only grow',
+                        (SELECT s.last_value FROM outbox.messages_seq s), v_position
+              USING HINT = 'SELECT setval(''outbox.messages_seq'', (SELECT position FROM outbox.relay_cursor) + 1, false);',
+                    ERRCODE = 'data_corrupted';
+    END IF;
+    -- Before the read: a gap whose holders had all ended by now shows every committed row of
+    -- it to the read below, which has a later snapshot.
+    v_xmin := pg_snapshot_xmin(pg_current_snapshot());
+
+    SELECT array_agg(ROW(x.*)::outbox.messages ORDER BY x.seq) INTO v_claimed
+      FROM (SELECT * FROM (
+                SELECT u.* FROM outbox.relay_gaps g, unnest(g.seqs) r,
+                       -- OFFSET 0: a range scan of the primary key per gap range.
+                       LATERAL (SELECT * FROM outbox.messages m
+                                 WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) u
+                UNION ALL
+                (SELECT m.* FROM outbox.messages m WHERE m.seq > v_position ORDER BY m.seq LIMIT batch)
+            ) y ORDER BY y.seq LIMIT batch) x;
+    v_read := coalesce(array_length(v_claimed, 1), 0);
+
+    IF v_read > 0 THEN
+        SELECT max(m.seq) FILTER (WHERE m.seq > v_position), range_agg(int8range(m.seq, m.seq + 1))
+          INTO v_read_to, v_found
+          FROM unnest(v_claimed) m;
+        UPDATE outbox.relay_gaps g SET seqs = g.seqs - v_found WHERE g.seqs && v_found;
+        IF v_read_to IS NOT NULL THEN
+            -- Every visible row in (position, read_to] was read: the rest are not visible yet.
+            v_missing := int8multirange(int8range(v_position + 1, v_read_to + 1)) - v_found;
+            IF NOT isempty(v_missing) THEN
+                -- The holder of a missing seq took its transaction id before the seq, so before
+                -- the read; this transaction takes its id after the read (its first write is
+                -- above, or this insert). Ids are handed out in order: every holder's id is
+                -- below ours, and once the oldest running id is past ours they have all ended.
+                -- (A snapshot's xmax is no such bound: it follows completed ids, not assigned ones.)
+                INSERT INTO outbox.relay_gaps AS g (open_until, seqs)
+                VALUES ((pg_current_xact_id()::text::bigint + 1)::text::xid8, v_missing)
+                ON CONFLICT (open_until) DO UPDATE SET seqs = g.seqs + excluded.seqs;
+            END IF;
+            UPDATE outbox.relay_cursor SET position = v_read_to, moved_at = relay_pass.at;
+        END IF;
+        INSERT INTO outbox.relay_log (seqs, at) VALUES (v_found, relay_pass.at);
+    END IF;
+    -- A read cut short by the batch may have left rows of a gap unread: close gaps only after a
+    -- read that took everything visible.
+    DELETE FROM outbox.relay_gaps g
+     WHERE isempty(g.seqs) OR (v_read < batch AND g.open_until <= v_xmin);
+
+    IF v_read = 0 THEN
+        RETURN;
+    END IF;
+
+    v_first := v_claimed[1].seq;
+    WITH claimed AS (
+        SELECT * FROM unnest(v_claimed)
+    ), subscribed AS MATERIALIZED (
+        -- Topic patterns are matched once per topic of the batch, not once per message and
+        -- consumer (a regular expression each). Only at or below the backfill's highest seq
+        -- can a message have a row for the consumer already (an EARLIEST consumer's backfill
+        -- writes rows for messages not relayed yet): such a consumer is fanned out message by
+        -- message, with a probe each; in the steady state none is.
+        SELECT c.*, t.topic, c.backfill_seq >= v_first AS probed
+          FROM (SELECT DISTINCT y.topic FROM claimed y) t, outbox.consumers c
+         WHERE outbox.topic_matches(c.topics, t.topic)
+    ), topic_seqs AS (
+        -- Per topic, the seqs a batch can hold (pushed or pending): unkeyed and due.
+        SELECT m.topic, range_agg(int8range(m.seq, m.seq + 1)) AS seqs
+          FROM claimed m WHERE m.ordering_key IS NULL AND m.available_at <= relay_pass.at
+         GROUP BY m.topic
+    ), fan AS (
+        -- Message by message, only what batches do not hold (keyed and delayed messages get
+        -- rows) and the messages of probed consumers.
+        SELECT c.name AS consumer, c.paused, m.message_id, m.seq, m.ordering_key, m.available_at,
+               (m.ordering_key IS NULL AND m.available_at <= relay_pass.at
+                AND (m.seq > c.backfill_seq
+                     OR (SELECT 1 FROM outbox.deliveries x
+                          WHERE x.message_id = m.message_id AND x.consumer = c.name) IS NULL)) AS batchable
+          FROM claimed m
+          JOIN subscribed c ON c.topic = m.topic AND m.seq > c.start_seq
+         WHERE c.probed OR m.ordering_key IS NOT NULL OR m.available_at > relay_pass.at
+    ), held AS (
+        -- Per consumer, every seq a batch holds: its topics' share, as ranges, never a row per
+        -- message (ADR 0042).
+        SELECT x.consumer, x.paused, range_agg(x.r) AS seqs FROM (
+            SELECT c.name AS consumer, c.paused, r
+              FROM subscribed c JOIN topic_seqs t ON t.topic = c.topic,
+                   unnest(t.seqs * int8multirange(int8range(c.start_seq + 1, NULL))) r
+             WHERE NOT c.probed
+            UNION ALL
+            SELECT f.consumer, f.paused, int8range(f.seq, f.seq + 1) FROM fan f WHERE f.batchable
+        ) x
+         GROUP BY x.consumer, x.paused
+    ), room AS (
+        SELECT r.consumer, r.session, r.until, r.room,
+               sum(r.room) OVER (PARTITION BY r.consumer ORDER BY r.ord) AS upto
+          FROM unnest(push_consumers, push_sessions, push_room, push_until) WITH ORDINALITY
+               AS r(consumer, session, room, until, ord)
+    ), pushed AS (
+        -- Each stream's share of its consumer's seqs, in offer order, the lowest first.
+        SELECT r.consumer, r.session, r.until, outbox.multirange_slice(h.seqs, r.upto - r.room, r.room) AS seqs
+          FROM room r JOIN held h ON h.consumer = r.consumer AND NOT h.paused
+    ), batched AS (
+        -- One lease batch per stream pushed to: the first delivery of each of its messages,
+        -- with no row of its own (ADR 0041).
+        INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+        SELECT p.consumer, p.session, p.seqs, p.until, relay_pass.at FROM pushed p WHERE NOT isempty(p.seqs)
+        RETURNING *
+    ), pending AS (
+        -- One pending batch per consumer for the rest (count 0, due): what a lease takes from
+        -- later, lowest seq first (outbox.lease_pending).
+        INSERT INTO outbox.pending_batches (consumer, seqs, created_at)
+        SELECT w.consumer, w.seqs, relay_pass.at FROM (
+            SELECT h.consumer,
+                   outbox.multirange_slice(h.seqs, CASE WHEN h.paused THEN 0 ELSE coalesce(
+                       (SELECT max(r.upto) FROM room r WHERE r.consumer = h.consumer), 0) END, NULL) AS seqs
+              FROM held h) w
+         WHERE NOT isempty(w.seqs)
+        RETURNING *
+    ), created AS (
+        INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                            available_at, created_at, updated_at)
+        SELECT f.message_id, f.consumer, f.seq, f.ordering_key, 'pending', 0, f.available_at, relay_pass.at, relay_pass.at
+          FROM fan f WHERE NOT f.batchable
+        ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+        RETURNING d.*
+    )
+    SELECT (SELECT array_agg(ROW(d.*)::outbox.deliveries) FROM created d),
+           (SELECT array_agg(ROW(b.*)::outbox.lease_batches) FROM batched b),
+           (SELECT array_agg(ROW(q.*)::outbox.pending_batches) FROM pending q)
+      INTO v_created, v_batches, v_pending;
+
+    IF notify IS NOT NULL THEN
+        SELECT string_agg(DISTINCT w.consumer, ',') INTO v_woken
+          FROM (SELECT d.consumer FROM unnest(v_created) d WHERE d.state = 'pending'
+                UNION ALL SELECT q.consumer FROM unnest(v_pending) q) w;
+        IF v_woken IS NOT NULL THEN
+            -- Too long a list for a notification: empty means "every consumer".
+            PERFORM pg_notify(notify, CASE WHEN length(v_woken) > 7900 THEN '' ELSE v_woken END);
+        END IF;
+    END IF;
+    RETURN QUERY
+        SELECT 'm'::text, NULL::text, NULL::text, NULL::timestamptz,
+               m.message_id, m.seq, m.topic, m.type, NULL::bytea, m.headers,
+               m.ordering_key, m.enqueued_at, m.available_at, relay_pass.at
+          FROM unnest(v_claimed) m
+        UNION ALL
+        SELECT 'd', d.consumer, NULL::text, NULL::timestamptz,
+               m.message_id, m.seq, m.topic, m.type, NULL::bytea, m.headers,
+               m.ordering_key, m.enqueued_at, m.available_at, relay_pass.at
+          FROM unnest(v_created) d JOIN unnest(v_claimed) m ON m.message_id = d.message_id
+        UNION ALL
+        SELECT 'b', q.consumer, NULL::text, NULL::timestamptz,
+               NULL::uuid, (SELECT sum(upper(r) - lower(r)) FROM unnest(q.seqs) r)::bigint, NULL::text, NULL::text,
+               NULL::bytea, NULL::jsonb, NULL::text, NULL::timestamptz, NULL::timestamptz, relay_pass.at
+          FROM unnest(v_pending) q
+        UNION ALL
+        SELECT 'p', b.consumer, b.leased_by, b.lease_expires_at,
+               m.message_id, m.seq, m.topic, m.type, m.payload, m.headers,
+               m.ordering_key, m.enqueued_at, m.available_at, relay_pass.at
+          FROM unnest(v_batches) b, unnest(b.seqs) r,
+               LATERAL generate_series(lower(r), upper(r) - 1) s(seq)
+               JOIN unnest(v_claimed) m ON m.seq = s.seq;
+END
+$$;
+
+-- ---- privileges ----
+-- Nothing in schema outbox is callable by everyone (migration 0009 revokes PUBLIC's EXECUTE by
+-- default); each role gets what it needs. The owner, outboxd's own login, keeps every privilege.
+GRANT EXECUTE ON FUNCTION outbox.next_seq() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, bytea, jsonb, uuid, text) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION outbox.ack(text, uuid) TO outbox_consumer;
