@@ -12,12 +12,26 @@ pub const MIN_DEAD_ROWS: i64 = 5_000;
 /// …and more than this share of its live rows.
 pub const DEAD_RATIO: f64 = 0.1;
 
+/// While the tables' row counts stand still (nothing written since the last round), each round
+/// waits twice as long as the one before, up to this.
+pub const QUIET_MAX: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 pub struct Vacuumer {
     store: SharedStore,
     pub interval: Duration,
     pub min_dead_rows: i64,
     pub dead_ratio: f64,
+}
+
+/// The live and dead row counts of each table, as a round read them.
+type Counts = Vec<(String, i64, i64)>;
+
+/// The wait before the next round: `interval` after a round that found the counts changed,
+/// twice the last wait (up to [`QUIET_MAX`], never below `interval`) after one that found them
+/// as they were.
+fn next_wait(interval: Duration, last: Duration, changed: bool) -> Duration {
+    if changed { interval } else { (last * 2).clamp(interval, QUIET_MAX.max(interval)) }
 }
 
 impl Vacuumer {
@@ -27,31 +41,61 @@ impl Vacuumer {
 
     /// One round: the tables past both thresholds, vacuumed; returns them.
     pub async fn run_once(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.round().await?.0)
+    }
+
+    async fn round(&self) -> Result<(Vec<String>, Counts), StoreError> {
         let started = std::time::Instant::now();
-        let due: Vec<String> = self
-            .store
-            .table_health()
-            .await?
-            .into_iter()
+        let health = self.store.table_health().await?;
+        let due: Vec<String> = health
+            .iter()
             .filter(|t| t.dead_rows > self.min_dead_rows && t.dead_rows as f64 > self.dead_ratio * t.live_rows as f64)
-            .map(|t| t.table)
+            .map(|t| t.table.clone())
             .collect();
         let done = self.store.vacuum_tables(&due).await?;
         if !done.is_empty() {
             tracing::info!(tables = ?done, took = ?started.elapsed(), "vacuumed");
         }
-        Ok(done)
+        Ok((done, health.into_iter().map(|t| (t.table, t.live_rows, t.dead_rows)).collect()))
     }
 
+    /// Runs rounds until cancelled: every `interval` while outboxd's tables change, less and
+    /// less often while they stand still (an idle outboxd reads their statistics about once a
+    /// minute). A round that vacuumed counts as a change.
     pub async fn run(self, cancel: CancellationToken) {
+        let mut wait = self.interval;
+        let mut last: Option<Counts> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "vacuum failed; retrying at the next interval");
+            match self.round().await {
+                Ok((done, counts)) => {
+                    let changed = !done.is_empty() || last.as_ref() != Some(&counts);
+                    wait = next_wait(self.interval, wait, changed);
+                    last = Some(counts);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "vacuum failed; retrying at the next interval");
+                    wait = self.interval;
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_back_off_while_the_counts_stand_still_and_return_to_the_interval_on_a_change() {
+        let s = Duration::from_secs;
+        assert_eq!(next_wait(s(5), s(5), false), s(10));
+        assert_eq!(next_wait(s(5), s(40), false), s(60), "at most a minute");
+        assert_eq!(next_wait(s(5), s(60), false), s(60));
+        assert_eq!(next_wait(s(5), s(60), true), s(5), "a change: back to the interval");
+        assert_eq!(next_wait(s(90), s(90), false), s(90), "never below the interval");
     }
 }
