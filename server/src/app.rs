@@ -227,7 +227,9 @@ impl App {
         tasks.spawn(pruner.run(loops.clone()));
         if !config.vacuum_interval.is_zero() {
             tasks.spawn(
-                crate::maintenance::vacuum::Vacuumer::new(store.clone(), config.vacuum_interval).run(loops.clone()),
+                crate::maintenance::vacuum::Vacuumer::new(store.clone(), config.vacuum_interval)
+                    .with_activity(hub.relayed().subscribe())
+                    .run(loops.clone()),
             );
         }
         if config.listen_notify {

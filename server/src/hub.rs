@@ -18,6 +18,7 @@ pub struct Hub(Arc<Inner>);
 struct Inner {
     enqueued: Signal,
     relay_backlog: Signal,
+    relayed: Signal,
     consumers_changed: Signal,
     consumers: Mutex<HashMap<String, Entry>>,
 }
@@ -200,6 +201,12 @@ impl Hub {
     /// Signalled when a relay pass claimed a full batch: there is a backlog to share.
     pub fn relay_backlog(&self) -> &Signal {
         &self.0.relay_backlog
+    }
+
+    /// Signalled when a relay pass of this process read messages: the vacuum rounds, which
+    /// back off while outboxd's tables stand still, return to their interval.
+    pub fn relayed(&self) -> &Signal {
+        &self.0.relayed
     }
 
     fn with_entry<T>(&self, consumer: &str, f: impl FnOnce(&mut Entry) -> T) -> T {

@@ -3,6 +3,7 @@
 //! the index scans that find pending work step over their entries until a vacuum removes them.
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{SharedStore, StoreError};
@@ -13,7 +14,8 @@ pub const MIN_DEAD_ROWS: i64 = 5_000;
 pub const DEAD_RATIO: f64 = 0.1;
 
 /// While the tables' row counts stand still (nothing written since the last round), each round
-/// waits twice as long as the one before, up to this.
+/// waits twice as long as the one before, up to this; work that this process relays meanwhile
+/// brings the next round back to the interval at once.
 pub const QUIET_MAX: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
@@ -22,6 +24,8 @@ pub struct Vacuumer {
     pub interval: Duration,
     pub min_dead_rows: i64,
     pub dead_ratio: f64,
+    /// Changes when this process's relay reads messages (`Hub::relayed`).
+    activity: Option<watch::Receiver<u64>>,
 }
 
 /// The live and dead row counts of each table, as a round read them.
@@ -34,9 +38,48 @@ fn next_wait(interval: Duration, last: Duration, changed: bool) -> Duration {
     if changed { interval } else { (last * 2).clamp(interval, QUIET_MAX.max(interval)) }
 }
 
+/// Sleeps `wait`, but no longer than `interval` from the moment `activity` changes. Returns false
+/// when cancelled.
+async fn rest(
+    wait: Duration,
+    interval: Duration,
+    activity: Option<&mut watch::Receiver<u64>>,
+    cancel: &CancellationToken,
+) -> bool {
+    let sleep = tokio::time::sleep(wait);
+    tokio::pin!(sleep);
+    let Some(activity) = activity else {
+        return tokio::select! {
+            _ = cancel.cancelled() => false,
+            _ = &mut sleep => true,
+        };
+    };
+    let mut cut = wait <= interval;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return false,
+            _ = &mut sleep => return true,
+            Ok(()) = activity.changed(), if !cut => {
+                cut = true;
+                let by = tokio::time::Instant::now() + interval;
+                if by < sleep.deadline() {
+                    sleep.as_mut().reset(by);
+                }
+            }
+        }
+    }
+}
+
 impl Vacuumer {
     pub fn new(store: SharedStore, interval: Duration) -> Self {
-        Self { store, interval, min_dead_rows: MIN_DEAD_ROWS, dead_ratio: DEAD_RATIO }
+        Self { store, interval, min_dead_rows: MIN_DEAD_ROWS, dead_ratio: DEAD_RATIO, activity: None }
+    }
+
+    /// Rounds that back off while the tables stand still come back to the interval as soon as
+    /// `activity` changes.
+    pub fn with_activity(mut self, activity: watch::Receiver<u64>) -> Self {
+        self.activity = Some(activity);
+        self
     }
 
     /// One round: the tables past both thresholds, vacuumed; returns them.
@@ -61,14 +104,18 @@ impl Vacuumer {
 
     /// Runs rounds until cancelled: every `interval` while outboxd's tables change, less and
     /// less often while they stand still (an idle outboxd reads their statistics about once a
-    /// minute). A round that vacuumed counts as a change.
-    pub async fn run(self, cancel: CancellationToken) {
+    /// minute), and again every `interval` from the moment the relay has work. A round that
+    /// vacuumed counts as a change.
+    pub async fn run(mut self, cancel: CancellationToken) {
         let mut wait = self.interval;
         let mut last: Option<Counts> = None;
+        let mut activity = self.activity.take();
+        if let Some(a) = activity.as_mut() {
+            a.mark_unchanged();
+        }
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
+            if !rest(wait, self.interval, activity.as_mut(), &cancel).await {
+                return;
             }
             match self.round().await {
                 Ok((done, counts)) => {
@@ -88,6 +135,29 @@ impl Vacuumer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round that waits a minute for quiet tables comes within the interval of the relay's
+    /// next work (bounded: the interval here is 50 ms, the quiet wait 60 s).
+    #[tokio::test]
+    async fn relayed_work_cuts_a_quiet_wait_short_to_the_interval() {
+        let (tx, mut rx) = watch::channel(0u64);
+        let cancel = CancellationToken::new();
+        let started = std::time::Instant::now();
+        let waiting = rest(QUIET_MAX, Duration::from_millis(50), Some(&mut rx), &cancel);
+        let poke = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.send_modify(|v| *v += 1);
+        };
+        let (rested, ()) = tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(waiting, poke) })
+            .await
+            .expect("the wait ended within 10 s of a change, not after QUIET_MAX");
+        assert!(rested, "not cancelled");
+        assert!(started.elapsed() >= Duration::from_millis(70), "the interval counts from the change");
+
+        let cancelled = CancellationToken::new();
+        cancelled.cancel();
+        assert!(!rest(QUIET_MAX, Duration::from_millis(50), Some(&mut rx), &cancelled).await);
+    }
 
     #[test]
     fn rounds_back_off_while_the_counts_stand_still_and_return_to_the_interval_on_a_change() {

@@ -135,6 +135,7 @@ impl Relay {
         self.hand_over(&slots, std::mem::take(&mut out.pushed)).await;
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
+            self.hub.relayed().notify();
         }
         if out.messages as i64 >= self.config.batch_size {
             self.hub.relay_backlog().notify();

@@ -46,6 +46,38 @@ const LEASE_CONNECTIONS: u32 = 4;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// What a row of `outbox.relay_pass` reports, by its `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RelayRowKind {
+    /// `m`: a message the pass read.
+    Message,
+    /// `p`: a delivery pushed to a stream, with the message.
+    Pushed,
+    /// `d`: a pending row (a keyed or delayed message, or a consumer probed message by message).
+    PendingRow,
+    /// `b`: a pending batch; `seq` carries how many deliveries it holds.
+    PendingBatch,
+}
+
+impl TryFrom<&str> for RelayRowKind {
+    type Error = StoreError;
+
+    /// An unknown kind means the SQL function and this decoder disagree (a schema newer than the
+    /// server): the pass fails. The relay's guard gives the offered room back, and leases it
+    /// made expire.
+    fn try_from(kind: &str) -> Result<Self> {
+        match kind {
+            "m" => Ok(Self::Message),
+            "p" => Ok(Self::Pushed),
+            "d" => Ok(Self::PendingRow),
+            "b" => Ok(Self::PendingBatch),
+            other => {
+                Err(StoreError::InvalidValue(format!("outbox.relay_pass returned a row of unknown kind {other:?}")))
+            }
+        }
+    }
+}
+
 /// Every SQL function of schema `outbox`, as it is now (ADR 0043): applied after the migrations
 /// when the database holds an older revision, or this revision with another digest.
 pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
@@ -503,8 +535,8 @@ impl Driver for PgDriver {
             .await?;
         let mut out = RelayOutcome::default();
         for row in &rows {
-            match row.try_get::<&str, _>("kind")? {
-                "m" => {
+            match RelayRowKind::try_from(row.try_get::<&str, _>("kind")?)? {
+                RelayRowKind::Message => {
                     out.messages += 1;
                     out.last_seq = out.last_seq.max(Some(row.try_get("seq")?));
                     let headers = headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0);
@@ -512,7 +544,7 @@ impl Driver for PgDriver {
                         out.traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp.clone()));
                     }
                 }
-                "p" => {
+                RelayRowKind::Pushed => {
                     out.deliveries += 1;
                     let consumer: String = row.try_get("consumer")?;
                     let session: String = row.try_get("session")?;
@@ -523,21 +555,13 @@ impl Driver for PgDriver {
                     };
                     out.pushed.push((consumer, session, d));
                 }
-                "d" => {
+                RelayRowKind::PendingRow => {
                     out.deliveries += 1;
                     out.consumers.push(row.try_get("consumer")?);
                 }
-                // A pending batch: `seq` says how many deliveries it holds.
-                "b" => {
+                RelayRowKind::PendingBatch => {
                     out.deliveries += u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
                     out.consumers.push(row.try_get("consumer")?);
-                }
-                other => {
-                    // The SQL function and this decoder disagree: a schema newer than the server.
-                    // (The relay's guard gives the offered room back; leases it made expire.)
-                    return Err(StoreError::InvalidValue(format!(
-                        "outbox.relay_pass returned a row of unknown kind {other:?}"
-                    )));
                 }
             }
         }
@@ -1208,5 +1232,21 @@ impl DriverStore<PgDriver> {
     /// Connects, creating the database first if it does not exist.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         Ok(Self::new(PgDriver::connect(url, max_connections).await?))
+    }
+}
+
+#[cfg(test)]
+mod relay_row_kind_tests {
+    use super::RelayRowKind;
+
+    #[test]
+    fn relay_rows_decode_by_kind_and_an_unknown_kind_is_an_error() {
+        let kinds: Vec<_> = ["m", "p", "d", "b"].into_iter().map(|k| RelayRowKind::try_from(k).unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [RelayRowKind::Message, RelayRowKind::Pushed, RelayRowKind::PendingRow, RelayRowKind::PendingBatch]
+        );
+        let err = RelayRowKind::try_from("x").unwrap_err().to_string();
+        assert!(err.contains("unknown kind \"x\""), "{err}");
     }
 }
