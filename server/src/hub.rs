@@ -29,6 +29,61 @@ struct Entry {
     streams: u32,
     /// Streams that take deliveries straight from the relay.
     slots: Vec<PushSlot>,
+    turn: Arc<LeaseTurn>,
+}
+
+/// Whose turn it is to lease pending work of one consumer in this process, and what the last
+/// lease that drained it saw.
+///
+/// A wake-up reaches every stream of the consumer. Were they all to lease at once, each would
+/// hold its room out of the relay's pushes while it waits on the others' leases (they queue on
+/// the same pending batches), so the relay would park the next messages as pending work too,
+/// whose wake-up starts it all again: a cycle that, under steady load, cost more than the
+/// relay itself. So the streams of a consumer lease one at a time, and a stream whose wake-up
+/// came before the start of a lease that drained everything due skips its own: that lease
+/// already saw the work the wake-up announced.
+#[derive(Debug, Default)]
+pub struct LeaseTurn {
+    busy: AtomicBool,
+    /// Counts the turns given back, so that a stream that found the turn taken wakes when
+    /// it is free again, without waiting for it (it keeps serving its stream meanwhile).
+    released: Signal,
+    /// One more than the wake-up count read before the latest lease that found less than it
+    /// asked for (0: none yet).
+    drained: std::sync::atomic::AtomicU64,
+    /// When that lease's consumer has its next delivery due, as read after it.
+    next_due: Mutex<Option<DateTime<Utc>>>,
+}
+
+impl LeaseTurn {
+    /// This process's turn to lease for the consumer, if no other stream of it has it; the
+    /// turn passes on when the guard is dropped.
+    pub fn try_take(&self) -> Option<TurnGuard<'_>> {
+        self.busy.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).ok().map(|_| TurnGuard(self))
+    }
+
+    /// Changes each time a turn is given back.
+    pub fn released(&self) -> watch::Receiver<u64> {
+        self.released.subscribe()
+    }
+
+    /// Whether a lease that started after wake-up `woken` found everything that was due.
+    pub fn drained_since(&self, woken: u64) -> bool {
+        woken < self.drained.load(Ordering::Acquire)
+    }
+
+    /// A lease that started when the wake-up count was `seen` found less than it asked for.
+    pub fn drained(&self, seen: u64) {
+        self.drained.fetch_max(seen.saturating_add(1), Ordering::AcqRel);
+    }
+
+    pub fn set_next_due(&self, due: Option<DateTime<Utc>>) {
+        *self.next_due.lock().unwrap_or_else(|e| e.into_inner()) = due;
+    }
+
+    pub fn next_due(&self) -> Option<DateTime<Utc>> {
+        *self.next_due.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// How many more deliveries a stream may be given: its `max_in_flight` less what it holds and
@@ -37,8 +92,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Credits {
     free: AtomicUsize,
-    /// The session has pending deliveries to lease: the relay leaves its room alone, so that
-    /// older pending work goes before newer pushes.
+    /// The session has pending deliveries to lease: the relay takes only the smaller half of
+    /// its room (none of its last slot), so that older pending work is not starved by pushes.
     wants_pending: AtomicBool,
     /// Signalled when the relay gives back room that such a session is waiting for.
     returned: Notify,
@@ -88,6 +143,17 @@ impl Credits {
     }
 }
 
+/// A consumer's lease turn, held; given back (and the waiting streams woken) when dropped.
+#[derive(Debug)]
+pub struct TurnGuard<'a>(&'a LeaseTurn);
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+        self.0.released.notify();
+    }
+}
+
 /// A stream the relay may hand new deliveries to, leased to its session at fan-out time.
 #[derive(Debug, Clone)]
 pub struct PushSlot {
@@ -109,15 +175,20 @@ impl PushSlots {
         self.slots.get(consumer)?.iter().find(|s| s.session == session)
     }
 
-    /// Takes the room of every stream that has some, at most `max` each, for one relay pass:
-    /// the offers are data for the store. The room comes back when the returned guard is
+    /// Takes room of every stream that has some, for one relay pass: half of its free room
+    /// (rounded up), at most `max`, so that the stream can always lease pending work (retries,
+    /// keyed and delayed messages, what waited while it had no room) beside the pushes, and
+    /// never starves it however busy the relay is. The offers are data for the store. The room comes back when the returned guard is
     /// dropped, less what [`Offered::used`] says the pass leased; so a failed pass gives back
     /// everything without anyone having to remember to.
     pub fn offer(&self, max: usize, now: DateTime<Utc>) -> Offered<'_> {
         let mut offers = Vec::new();
         for (consumer, slots) in &self.slots {
-            for slot in slots.iter().filter(|s| !s.credits.wants_pending.load(Ordering::Acquire)) {
-                let room = slot.credits.take(max);
+            for slot in slots {
+                // A stream waiting to lease pending work keeps the larger half, and its last slot.
+                let free = slot.credits.available();
+                let half = if slot.credits.wants_pending.load(Ordering::Acquire) { free / 2 } else { free.div_ceil(2) };
+                let room = slot.credits.take(half.min(max));
                 if room > 0 {
                     offers.push(PushOffer {
                         consumer: consumer.clone(),
@@ -230,13 +301,14 @@ impl Hub {
         }
     }
 
-    /// Registers a stream of `consumer`; the returned guard unregisters it when dropped.
-    pub fn attach(&self, consumer: &str) -> (watch::Receiver<u64>, StreamGuard) {
-        let rx = self.with_entry(consumer, |e| {
+    /// Registers a stream of `consumer`: its wake-ups, the consumer's [`LeaseTurn`] in this
+    /// process, and a guard that unregisters the stream when dropped.
+    pub fn attach(&self, consumer: &str) -> (watch::Receiver<u64>, Arc<LeaseTurn>, StreamGuard) {
+        let (rx, turn) = self.with_entry(consumer, |e| {
             e.streams += 1;
-            e.signal.subscribe()
+            (e.signal.subscribe(), e.turn.clone())
         });
-        (rx, StreamGuard { hub: self.clone(), consumer: consumer.to_owned() })
+        (rx, turn, StreamGuard { hub: self.clone(), consumer: consumer.to_owned() })
     }
 
     /// Lets the relay lease new deliveries of `consumer` straight to this stream; the returned
@@ -370,14 +442,54 @@ mod tests {
         assert_eq!(open.available(), 2);
         drop(slots.offer(3, now));
         assert_eq!(open.available(), 2, "a failed pass (nothing used) gives back all it took");
+        let room = |o: &Offered<'_>| o.offers().iter().map(|o| o.room).sum::<usize>();
+        let big = Arc::new(Credits::new(9));
+        let _c = hub.offer("d", slot("big", &big));
+        let slots = hub.push_slots();
+        let offered = slots.offer(100, now);
+        assert_eq!(room(&offered), 1 + 5, "half of each stream's room, rounded up: the rest is for its own leases");
+        drop(offered);
+        assert_eq!(room(&slots.offer(2, now)), 1 + 2, "at most the pass's batch");
         open.set_wants_pending(true);
-        assert!(
-            hub.push_slots().offer(3, now).offers().is_empty(),
-            "a stream with pending work to lease is left alone"
-        );
+        big.set_wants_pending(true);
+        assert_eq!(room(&slots.offer(100, now)), 1 + 4, "a stream waiting to lease pending work keeps the larger half");
+        assert_eq!(big.take(8), 8);
+        assert_eq!(open.take(1), 1);
+        assert_eq!(room(&slots.offer(100, now)), 0, "and its last slot");
+        big.give(8);
+        open.give(1);
         open.set_wants_pending(false);
         drop(b);
-        assert!(hub.push_slots().offer(3, now).offers().is_empty(), "a withdrawn slot gets nothing");
+        assert!(
+            hub.push_slots().offer(3, now).offers().iter().all(|o| o.session != "open"),
+            "a withdrawn slot gets nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn streams_of_a_consumer_share_one_lease_turn_that_remembers_the_last_drain() {
+        let hub = Hub::default();
+        let (_rx_a, turn_a, _a) = hub.attach("c");
+        let (_rx_b, turn_b, _b) = hub.attach("c");
+        let (_rx_o, turn_o, _o) = hub.attach("other");
+        assert!(Arc::ptr_eq(&turn_a, &turn_b));
+        assert!(!Arc::ptr_eq(&turn_a, &turn_o));
+        let released = turn_b.released();
+        let held = turn_a.try_take().expect("free");
+        assert!(turn_b.try_take().is_none(), "one lease at a time per consumer");
+        assert!(turn_o.try_take().is_some(), "other consumers lease meanwhile");
+        assert!(!released.has_changed().unwrap_or(true));
+        drop(held);
+        assert!(released.has_changed().unwrap_or(false), "a stream that found it taken is woken");
+        assert!(turn_b.try_take().is_some());
+        assert!(!turn_a.drained_since(0), "no drain yet, not even of wake-up 0");
+        turn_a.drained(3);
+        assert!(turn_b.drained_since(0));
+        assert!(turn_b.drained_since(3), "a wake-up read before the draining lease started");
+        assert!(!turn_b.drained_since(4), "a later wake-up may announce work that lease never saw");
+        turn_a.drained(1);
+        assert!(turn_b.drained_since(3), "an older drain never moves it back");
+        assert!(!turn_o.drained_since(0));
     }
 
     #[tokio::test]

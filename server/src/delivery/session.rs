@@ -28,7 +28,7 @@ use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
 use crate::grpc::stream::Command;
-use crate::hub::{Hub, PushGuard, PushSlot};
+use crate::hub::{Hub, LeaseTurn, PushGuard, PushSlot, TurnGuard};
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
@@ -96,6 +96,13 @@ pub struct Session {
     /// pending (except with an ordering key, whose ack wakes the consumer), so handling them
     /// costs no lease query.
     maybe_pending: bool,
+    /// What set `maybe_pending`: the consumer's wake-up count when only wake-ups did (a lease
+    /// by another stream that started after it and drained everything makes this one's
+    /// unnecessary), `None` when a timer or this stream's own state did (it leases whatever).
+    pending_since: Option<u64>,
+    /// Another stream of the consumer was leasing when this one wanted to: it leases when
+    /// that turn is given back.
+    awaits_turn: bool,
     /// When the consumer's next pending delivery falls due, as last read from the store.
     store_due: Option<DateTime<Utc>>,
     /// When a retry this session scheduled falls due.
@@ -133,7 +140,12 @@ enum Event {
     DrainOver,
     Commands(Vec<Command>, Option<End>),
     Pushed(Vec<LeasedDelivery>),
+    /// The consumer's wake-up signal, at this count: something may be pending.
+    Signalled(u64),
+    /// A timer, or room given back: lease whatever is due.
     Woken,
+    /// Another stream of the consumer gave back the lease turn this one waits for.
+    TurnFree,
     Ended(End),
 }
 
@@ -172,6 +184,8 @@ impl Session {
             key_cursor: String::new(),
             unwritten_acks: Vec::new(),
             maybe_pending: true,
+            pending_since: None,
+            awaits_turn: false,
             store_due: None,
             retry_due: None,
             drain_until: None,
@@ -189,7 +203,7 @@ impl Session {
     where
         S: Stream<Item = Incoming> + Unpin,
     {
-        let (mut wake, _guard) = self.ctx.hub.attach(self.consumer().as_str());
+        let (mut wake, turn, _guard) = self.ctx.hub.attach(self.consumer().as_str());
         let slot = PushSlot {
             session: self.id.clone(),
             ack_deadline: self.start.ack_deadline,
@@ -198,7 +212,7 @@ impl Session {
         };
         self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
-        let end = self.serve(&mut inbound, &out, &mut wake).await;
+        let end = self.serve(&mut inbound, &out, &mut wake, &turn).await;
         // Only a broken stream counts against what it held; a clean close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
         if let Err(e) = self.release_all(counts_as_failure).await {
@@ -228,10 +242,17 @@ impl Session {
         tracing::info!(consumer = %self.consumer(), session = %self.id, "stream detached");
     }
 
-    async fn serve<S>(&mut self, inbound: &mut S, out: &Outbound, wake: &mut watch::Receiver<u64>) -> End
+    async fn serve<S>(
+        &mut self,
+        inbound: &mut S,
+        out: &Outbound,
+        wake: &mut watch::Receiver<u64>,
+        turn: &LeaseTurn,
+    ) -> End
     where
         S: Stream<Item = Incoming> + Unpin,
     {
+        let mut turn_released = turn.released();
         loop {
             let now = self.ctx.clock.now();
             self.window.expire(now);
@@ -240,7 +261,10 @@ impl Session {
                 self.write_acks(retry).await;
             }
             let mut sleep_for = self.ctx.poll_interval.min(self.store_due_in(now));
-            match self.lease(now, out).await {
+            let woken = *wake.borrow();
+            // Seen before trying: a turn given back from now on wakes the loop.
+            turn_released.borrow_and_update();
+            match self.lease(now, out, turn, woken).await {
                 Leased::Again => continue,
                 Leased::Wait(d) => sleep_for = sleep_for.min(d),
                 Leased::End(end) => return end,
@@ -248,7 +272,7 @@ impl Session {
             if let Some(due) = self.retry_due {
                 if due <= now {
                     self.retry_due = None;
-                    self.maybe_pending = true;
+                    self.pending(None);
                     continue;
                 }
                 sleep_for = sleep_for.min(until(due, now));
@@ -272,8 +296,9 @@ impl Session {
                 _ = tokio::time::sleep_until(drain_deadline), if self.drain_until.is_some() => Event::DrainOver,
                 first = inbound.next() => take_ready(first, inbound),
                 Some(batch) = self.pushed.recv() => Event::Pushed(batch),
-                _ = wake.changed() => Event::Woken,
+                _ = wake.changed() => Event::Signalled(*wake.borrow_and_update()),
                 _ = credits.returned(), if waits_for_room => Event::Woken,
+                _ = turn_released.changed(), if self.awaits_turn => Event::TurnFree,
                 _ = out.closed() => Event::Ended(End::Broken),
                 _ = tokio::time::sleep(sleep_for) => Event::Woken,
             };
@@ -303,10 +328,16 @@ impl Session {
                 }
                 (!self.send_all(batch, now, out).await).then_some(End::Broken)
             }
-            Event::Woken => {
-                self.maybe_pending = true;
+            Event::Signalled(count) => {
+                self.pending(Some(count));
                 None
             }
+            Event::Woken => {
+                self.pending(None);
+                None
+            }
+            // `maybe_pending` is still set: the loop tries again.
+            Event::TurnFree => None,
             Event::Ended(end) => Some(end),
         }
     }
@@ -317,15 +348,27 @@ impl Session {
             Some(due) if due > now => until(due, now),
             Some(_) => {
                 self.store_due = None;
-                self.maybe_pending = true;
+                self.pending(None);
                 Duration::MAX
             }
             None => Duration::MAX,
         }
     }
 
-    /// Leases what the window has room for, when pending work may wait for it.
-    async fn lease(&mut self, now: DateTime<Utc>, out: &Outbound) -> Leased {
+    /// Pending work may wait: announced by wake-up `woken`, or (`None`) found by a timer.
+    fn pending(&mut self, woken: Option<u64>) {
+        self.pending_since = match (self.maybe_pending, self.pending_since, woken) {
+            (false, _, w) => w,
+            // Already pending for a reason no drain answers: stays so.
+            (true, None, _) | (true, _, None) => None,
+            (true, Some(a), Some(b)) => Some(a.max(b)),
+        };
+        self.maybe_pending = true;
+    }
+
+    /// Leases what the window has room for, when pending work may wait for it; `woken` is the
+    /// consumer's wake-up count now. The consumer's streams in this process take turns.
+    async fn lease(&mut self, now: DateTime<Utc>, out: &Outbound, turn: &LeaseTurn, woken: u64) -> Leased {
         if self.drain_until.is_some() || self.ctx.shutdown.is_cancelled() {
             return Leased::Wait(Duration::MAX);
         }
@@ -342,8 +385,21 @@ impl Session {
         if room < batch && !self.window.is_empty() && waited < FILL_DELAY {
             return Leased::Wait(FILL_DELAY - waited);
         }
+        if self.pending_since.is_some_and(|w| turn.drained_since(w)) {
+            // Another stream's lease, started after this one's wake-up, took everything due.
+            self.awaits_turn = false;
+            self.maybe_pending = false;
+            self.store_due = turn.next_due().filter(|due| *due > now);
+            return Leased::Wait(self.store_due.map_or(Duration::MAX, |due| until(due, now)));
+        }
+        let Some(my_turn) = turn.try_take() else {
+            // Another stream of the consumer is leasing; what it leaves, this one leases next.
+            self.awaits_turn = true;
+            return Leased::Wait(Duration::MAX);
+        };
+        self.awaits_turn = false;
         self.last_fill = Instant::now();
-        match self.fill(room, now, out).await {
+        match self.fill(room, now, out, my_turn).await {
             // The relay took the room meanwhile: try again once it is back.
             Ok(Some((0, _))) => Leased::Wait(Duration::MAX),
             // As much as asked: there may be more.
@@ -353,7 +409,10 @@ impl Session {
             Ok(Some(_)) => {
                 self.error_backoff = Duration::ZERO;
                 self.maybe_pending = false;
-                match self.ctx.store.delivery_next_due(self.consumer()).await {
+                turn.drained(woken);
+                let next = self.ctx.store.delivery_next_due(self.consumer()).await;
+                turn.set_next_due(next.as_ref().ok().copied().flatten());
+                match next {
                     // Due already but not leasable: blocked by an ordering key (its ack wakes
                     // us) or a paused consumer (resume does).
                     Ok(Some(due)) if due > now => {
@@ -386,6 +445,7 @@ impl Session {
         room: usize,
         now: DateTime<Utc>,
         out: &Outbound,
+        turn: TurnGuard<'_>,
     ) -> Result<Option<(usize, usize)>, StoreError> {
         let lease_until = clock::add(now, self.start.ack_deadline);
         let room = self.window.reserve(room);
@@ -397,6 +457,8 @@ impl Session {
             .store
             .delivery_lease_batch(self.consumer(), &self.id, room as i64, &self.key_cursor, lease_until, now)
             .await;
+        // The next stream's turn; sending may wait on a slow client.
+        drop(turn);
         let n = leased.as_ref().map_or(0, Vec::len);
         self.window.unreserve(room - n);
         let leased = leased?;

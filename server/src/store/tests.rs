@@ -580,6 +580,18 @@ async fn sql_topic_matching_agrees_with_the_servers() {
             assert_eq!(sql, TopicPattern::parse("p", p).unwrap().matches(t), "pattern {p:?}, topic {t:?}");
         }
     }
+    // Several patterns, exact ones and wildcards together: any one matching is a match.
+    for (ps, t, want) in [
+        (vec!["users.created", "orders.*"], "orders.paid", true),
+        (vec!["orders.created", "users.*"], "orders.created", true),
+        (vec!["orders.created", "users.*"], "orders.paid", false),
+        (vec!["orders", "a.>"], "orders.created", false),
+        (vec!["x", "y"], "y", true),
+    ] {
+        let sql: bool =
+            sqlx::query_scalar("SELECT outbox.topic_matches($1, $2)").bind(&ps).bind(t).fetch_one(&pool).await.unwrap();
+        assert_eq!(sql, want, "patterns {ps:?}, topic {t:?}");
+    }
 }
 
 /// A relay pass leases what streams offer room for (due, unkeyed, not paused) straight to them,
