@@ -506,8 +506,8 @@ impl Session {
     /// Writes acks in one statement; on failure they are kept and retried on the next pass.
     async fn write_acks(&mut self, acks: Vec<(MessageId, Held)>) {
         let now = self.ctx.clock.now();
-        let ids: Vec<MessageId> = acks.iter().map(|(id, _)| *id).collect();
-        match self.ctx.store.delivery_ack_many(self.consumer(), &ids, now).await {
+        let held: Vec<(MessageId, i64)> = acks.iter().map(|(id, h)| (*id, h.seq)).collect();
+        match self.ctx.store.delivery_ack_held(self.consumer(), &held, now).await {
             Ok(_) => {
                 metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
                 // The next message with the same ordering key may be due now, for any stream.
@@ -516,7 +516,7 @@ impl Session {
                 }
             }
             Err(e) => {
-                tracing::warn!(consumer = %self.consumer(), error = %e, acks = ids.len(), "ack write failed; retrying");
+                tracing::warn!(consumer = %self.consumer(), error = %e, acks = held.len(), "ack write failed; retrying");
                 self.unwritten_acks.extend(acks);
             }
         }

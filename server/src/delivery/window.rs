@@ -25,6 +25,8 @@ pub struct Held {
     pub enqueued_at: DateTime<Utc>,
     /// Its ack may make the next message with the same key due.
     pub has_ordering_key: bool,
+    /// The message's seq, which the store finds batch-held deliveries by.
+    pub seq: i64,
 }
 
 impl Held {
@@ -34,6 +36,7 @@ impl Held {
             deadline: d.lease_expires_at,
             enqueued_at: d.message.enqueued_at,
             has_ordering_key: d.message.ordering_key.is_some(),
+            seq: d.message.seq,
         }
     }
 }

@@ -163,6 +163,15 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.delivery_ack_many(consumer, ids, now).await
     }
 
+    async fn delivery_ack_held(
+        &self,
+        consumer: &ConsumerName,
+        held: &[(MessageId, i64)],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        self.driver.delivery_ack_held(consumer, held, now).await
+    }
+
     async fn delivery_release_many(
         &self,
         releases: &[Release],

@@ -115,6 +115,17 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>>;
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
+    /// Acks by id, with each message's seq known: a backend that finds deliveries by seq uses
+    /// them; the others ack by id.
+    async fn delivery_ack_held(
+        &self,
+        consumer: &ConsumerName,
+        held: &[(MessageId, i64)],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let ids: Vec<MessageId> = held.iter().map(|(id, _)| *id).collect();
+        self.delivery_ack_many(consumer, &ids, now).await
+    }
     async fn delivery_release_many(
         &self,
         releases: &[Release],

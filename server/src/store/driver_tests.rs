@@ -48,6 +48,7 @@ on_every_driver!(
     expired_records_carry_the_consumers_retry_policy,
     pushed_deliveries_ack_release_extend_and_expire_like_leased_ones,
     pending_deliveries_wait_in_seq_order_and_count_like_rows,
+    acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id,
 );
 
 /// Keeps the database of a case alive for as long as the case runs.
@@ -337,6 +338,47 @@ async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: Driv
     let e = &expired[0];
     assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
     assert_eq!((e.delivery_count, e.max_deliveries, e.backoff_base_ms, e.backoff_max_ms), (1, 4, 250, 90_000));
+}
+
+/// A stream acks with the seqs of what it holds (`delivery_ack_held`): batch-held and row-held
+/// deliveries alike are acked once, what it names nothing of is left alone, and an ack by id
+/// alone still works beside it.
+async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t", "t", "t", "t"], at).await;
+    let held = |i: usize| (sent[i].message_id, sent[i].seq);
+    let until = at + chrono::Duration::seconds(30);
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 5, lease_until: until };
+    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 5, "the sixth waits");
+    // The second one nacked and leased again: a row of its own with count 2.
+    let nack = Release {
+        consumer: c.clone(),
+        message_id: sent[1].message_id,
+        state: DeliveryState::Pending,
+        available_at: at,
+        error: Some("refused".into()),
+    };
+    assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
+    let again = d.delivery_lease_batch(&c, "s1", 1, "", until, at).await.unwrap();
+    assert_eq!((again[0].message.message_id, again[0].delivery_count), (sent[1].message_id, 2));
+
+    // Out of order, with a gap (the fourth is not acked): both runs of seqs are found.
+    let acks = [held(2), held(0), held(1), held(4)];
+    assert_eq!(d.delivery_ack_held(&c, &acks, at).await.unwrap(), 4);
+    assert_eq!(d.delivery_ack_held(&c, &acks, at).await.unwrap(), 0, "an ack is applied once");
+    for (i, count) in [(0, 1), (1, 2), (2, 1), (4, 1)] {
+        assert_eq!(state_of(&store, sent[i].message_id, "c").await, Some(("acked".to_owned(), count)), "message {i}");
+    }
+    assert_eq!(state_of(&store, sent[3].message_id, "c").await, Some(("leased".to_owned(), 1)), "not named: held");
+    assert_eq!(state_of(&store, sent[5].message_id, "c").await, Some(("pending".to_owned(), 0)), "not named: waits");
+    // Acks by id alone, of a pushed one and of one still waiting, beside them.
+    assert_eq!(d.delivery_ack_many(&c, &[sent[3].message_id, sent[5].message_id], at).await.unwrap(), 2);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (0, 0, 6));
 }
 
 /// A delivery pushed at fan-out is leased with count 1 (on PostgreSQL held in a lease batch, with

@@ -99,6 +99,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<LeasedDelivery>>;
     /// Acks leased or pending deliveries; returns how many changed.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
+    /// [`Store::delivery_ack_many`] for deliveries whose `seq` the caller holds (a stream's
+    /// window): the store need not look each one up. Each pair must be a message's id and seq.
+    async fn delivery_ack_held(
+        &self,
+        consumer: &ConsumerName,
+        held: &[(MessageId, i64)],
+        now: DateTime<Utc>,
+    ) -> Result<u64>;
     /// Moves leased deliveries to pending or dead, only where `guard` allows.
     async fn delivery_release_many(
         &self,

@@ -260,6 +260,24 @@ static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Seqs as runs of consecutive values, `[lo[i], hi[i])`, in order, each seq once.
+fn seq_runs(seqs: impl Iterator<Item = i64>) -> (Vec<i64>, Vec<i64>) {
+    let mut seqs: Vec<i64> = seqs.collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let (mut lo, mut hi) = (Vec::new(), Vec::<i64>::new());
+    for seq in seqs {
+        match hi.last_mut() {
+            Some(end) if *end == seq => *end = seq + 1,
+            _ => {
+                lo.push(seq);
+                hi.push(seq + 1);
+            }
+        }
+    }
+    (lo, hi)
+}
+
 /// The PostgreSQL driver. Cheap to clone (pool handles).
 #[derive(Debug, Clone)]
 pub struct PgDriver {
@@ -708,6 +726,27 @@ impl Driver for PgDriver {
         let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_batch($1, $2, $3)")
             .bind(consumer.as_str())
             .bind(&ids)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(changed).unwrap_or(0))
+    }
+
+    /// The seqs go as runs of consecutive values, so the call finds batch-held deliveries
+    /// without a look-up per id (ADR 0045).
+    async fn delivery_ack_held(
+        &self,
+        consumer: &ConsumerName,
+        held: &[(MessageId, i64)],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let ids: Vec<Uuid> = held.iter().map(|(m, _)| m.0).collect();
+        let (lo, hi) = seq_runs(held.iter().map(|(_, seq)| *seq));
+        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_batch($1, $2, $3, $4, $5)")
+            .bind(consumer.as_str())
+            .bind(&ids)
+            .bind(&lo)
+            .bind(&hi)
             .bind(now)
             .fetch_one(&self.pool)
             .await?;
@@ -1248,5 +1287,17 @@ mod relay_row_kind_tests {
         );
         let err = RelayRowKind::try_from("x").unwrap_err().to_string();
         assert!(err.contains("unknown kind \"x\""), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seq_runs;
+
+    #[test]
+    fn seqs_become_sorted_runs_of_consecutive_values() {
+        assert_eq!(seq_runs([7, 3, 4, 9, 8, 3, 1].into_iter()), (vec![1, 3, 7], vec![2, 5, 10]));
+        assert_eq!(seq_runs(std::iter::empty()), (vec![], vec![]));
+        assert_eq!(seq_runs([5].into_iter()), (vec![5], vec![6]));
     }
 }
