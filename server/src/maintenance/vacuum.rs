@@ -13,6 +13,12 @@ pub const MIN_DEAD_ROWS: i64 = 5_000;
 /// …and more than this share of its live rows.
 pub const DEAD_RATIO: f64 = 0.1;
 
+/// A table whose live rows grew or shrank by more than this share since the last round (and by
+/// more than `min_dead_rows`) is vacuumed too, with its statistics: a backlog written into an
+/// empty table leaves no dead rows, and the statements' cached plans, made while it was empty,
+/// scan it whole until an ANALYZE tells the planner its size.
+pub const GROWTH_RATIO: f64 = 0.5;
+
 /// While the tables' row counts stand still (nothing written since the last round), each round
 /// waits twice as long as the one before, up to this; work that this process relays meanwhile
 /// brings the next round back to the interval at once.
@@ -84,22 +90,37 @@ impl Vacuumer {
 
     /// One round: the tables past both thresholds, vacuumed; returns them.
     pub async fn run_once(&self) -> Result<Vec<String>, StoreError> {
-        Ok(self.round().await?.0)
+        Ok(self.round(None).await?.0)
     }
 
-    async fn round(&self) -> Result<(Vec<String>, Counts), StoreError> {
+    /// The tables past both dead-row thresholds, and those whose live rows changed by more
+    /// than [`GROWTH_RATIO`] since `last`.
+    fn due(&self, counts: &Counts, last: Option<&Counts>) -> Vec<String> {
+        let before = |table: &str| last.and_then(|l| l.iter().find(|(t, _, _)| t == table)).map(|(_, live, _)| *live);
+        counts
+            .iter()
+            .filter(|(table, live, dead)| {
+                let dirty = *dead > self.min_dead_rows && *dead as f64 > self.dead_ratio * *live as f64;
+                let moved = before(table).is_some_and(|was| {
+                    let change = (live - was).abs();
+                    change > self.min_dead_rows && change as f64 > GROWTH_RATIO * was as f64
+                });
+                dirty || moved
+            })
+            .map(|(table, _, _)| table.clone())
+            .collect()
+    }
+
+    async fn round(&self, last: Option<&Counts>) -> Result<(Vec<String>, Counts), StoreError> {
         let started = std::time::Instant::now();
         let health = self.store.table_health().await?;
-        let due: Vec<String> = health
-            .iter()
-            .filter(|t| t.dead_rows > self.min_dead_rows && t.dead_rows as f64 > self.dead_ratio * t.live_rows as f64)
-            .map(|t| t.table.clone())
-            .collect();
+        let counts: Counts = health.into_iter().map(|t| (t.table, t.live_rows, t.dead_rows)).collect();
+        let due = self.due(&counts, last);
         let done = self.store.vacuum_tables(&due).await?;
         if !done.is_empty() {
             tracing::info!(tables = ?done, took = ?started.elapsed(), "vacuumed");
         }
-        Ok((done, health.into_iter().map(|t| (t.table, t.live_rows, t.dead_rows)).collect()))
+        Ok((done, counts))
     }
 
     /// Runs rounds until cancelled: every `interval` while outboxd's tables change, less and
@@ -117,7 +138,7 @@ impl Vacuumer {
             if !rest(wait, self.interval, activity.as_mut(), &cancel).await {
                 return;
             }
-            match self.round().await {
+            match self.round(last.as_ref()).await {
                 Ok((done, counts)) => {
                     let changed = !done.is_empty() || last.as_ref() != Some(&counts);
                     wait = next_wait(self.interval, wait, changed);
@@ -157,6 +178,26 @@ mod tests {
         let cancelled = CancellationToken::new();
         cancelled.cancel();
         assert!(!rest(QUIET_MAX, Duration::from_millis(50), Some(&mut rx), &cancelled).await);
+    }
+
+    #[tokio::test]
+    async fn tables_with_many_dead_rows_or_whose_size_moved_a_lot_are_due() {
+        let db = crate::testing::TestSqlite::create().unwrap();
+        let store: SharedStore = std::sync::Arc::new(crate::store::SqliteStore::open(&db.url).await.unwrap());
+        let v = Vacuumer::new(store, Duration::from_secs(1));
+        let counts =
+            |rows: &[(&str, i64, i64)]| -> Counts { rows.iter().map(|(t, l, d)| ((*t).to_owned(), *l, *d)).collect() };
+        let now = counts(&[("dirty", 10_000, 6_000), ("grown", 100_000, 0), ("steady", 100_000, 0), ("new", 9_000, 0)]);
+        assert_eq!(v.due(&now, None), ["dirty"], "no earlier round: dead rows alone");
+        let before = counts(&[("dirty", 10_000, 0), ("grown", 0, 0), ("steady", 90_000, 0)]);
+        assert_eq!(v.due(&now, Some(&before)), ["dirty", "grown"], "grown from empty; a 10 % change is not enough");
+        let shrunk = counts(&[("grown", 40_000, 0)]);
+        assert_eq!(v.due(&shrunk, Some(&now)), ["grown"], "shrunk by more than half");
+        let small = counts(&[("grown", 4_000, 0)]);
+        assert!(
+            v.due(&small, Some(&counts(&[("grown", 0, 0)]))).is_empty(),
+            "fewer rows than min_dead_rows: left alone"
+        );
     }
 
     #[test]

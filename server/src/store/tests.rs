@@ -68,6 +68,7 @@ on_every_store!(
     the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
     leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
     a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
+    a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not,
     table_health_shows_the_size_and_dead_rows_of_outboxds_tables,
 );
 
@@ -631,6 +632,31 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
     let of = |n: &str| s.consumers.iter().find(|c| c.consumer == n).unwrap().clone();
     assert_eq!((of("c").in_flight, of("c").backlog), (2, 3));
     assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 5));
+}
+
+/// A message whose producer's clock read a little after the relay's (it committed just in time
+/// for the pass) is due all the same: pushed, with no row of its own. A delayed one is not.
+async fn a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not(store: SharedStore) {
+    use crate::store::PushOffer;
+    let now = Utc::now().trunc_subsecs(6);
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    let later = now + chrono::Duration::milliseconds(5);
+    let due = store.message_insert(&msg("t"), later).await.unwrap().message_id;
+    let delayed = NewMessage { delay: Some(Duration::from_secs(60)), ..msg("t") };
+    store.message_insert(&delayed, later).await.unwrap();
+    let offer = PushOffer {
+        consumer: "c".into(),
+        session: "s1".into(),
+        room: 10,
+        lease_until: now + chrono::Duration::seconds(30),
+    };
+    let out = store.relay_batch(10, 0, now, false, &[offer]).await.unwrap();
+    let pushed: Vec<_> = out.pushed.iter().map(|(_, _, d)| d.message.message_id).collect();
+    assert_eq!(pushed, [due], "due at commit, though its enqueue time is after the pass's clock");
+    let s = store.stats(None, true).await.unwrap();
+    let of = s.consumers.iter().find(|x| x.consumer == "c").unwrap();
+    assert_eq!((of.in_flight, of.backlog), (1, 1), "the delayed one waits");
 }
 
 /// Keys late in byte order are not starved by keys before them: with the key cursor, ten

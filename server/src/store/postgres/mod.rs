@@ -923,7 +923,8 @@ impl Driver for PgDriver {
             .collect()
     }
 
-    /// `VACUUM` (not FULL: it takes no lock that blocks reads or writes) of each table, on one
+    /// `VACUUM (ANALYZE)` (not FULL: it takes no lock that blocks reads or writes; ANALYZE,
+    /// so that cached plans are made again for the table's new size) of each table, on one
     /// connection holding a session advisory lock, so that of several replicas one vacuums at a
     /// time and the others skip the round.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
@@ -937,7 +938,7 @@ impl Driver for PgDriver {
         let mut failed = None;
         for table in tables {
             // Names from the catalog of our own schema, quoted.
-            let sql = format!("VACUUM outbox.\"{}\"", table.replace('"', "\"\""));
+            let sql = format!("VACUUM (ANALYZE) outbox.\"{}\"", table.replace('"', "\"\""));
             match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *conn).await {
                 Ok(_) => done.push(table.clone()),
                 Err(e) => {

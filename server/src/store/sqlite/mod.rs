@@ -352,7 +352,9 @@ async fn relay_pass_on(
     let mut next_offer: std::collections::HashMap<&str, usize> = Default::default();
     for row in &claimed {
         let m = message_from_row(row)?;
-        let pushable = m.ordering_key.is_none() && m.available_at <= now;
+        // A message with no delay is due once committed, even if its producer's clock read a
+        // little after `now` (see `outbox.relay_pass`).
+        let pushable = m.ordering_key.is_none() && m.available_at <= now.max(m.enqueued_at);
         for c in consumers.iter().filter(|c| m.seq > c.start_seq && c.spec.matches(&m.topic)) {
             let name = c.spec.name.as_str();
             let mut target = None;
