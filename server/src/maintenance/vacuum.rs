@@ -44,6 +44,25 @@ fn next_wait(interval: Duration, last: Duration, changed: bool) -> Duration {
     if changed { interval } else { (last * 2).clamp(interval, QUIET_MAX.max(interval)) }
 }
 
+/// The tables past both dead-row thresholds (`min_dead_rows`, and `dead_ratio` of their live
+/// rows), and those whose live rows changed by more than [`GROWTH_RATIO`] (and `min_dead_rows`)
+/// since `last`.
+fn due(counts: &Counts, last: Option<&Counts>, min_dead_rows: i64, dead_ratio: f64) -> Vec<String> {
+    let before = |table: &str| last.and_then(|l| l.iter().find(|(t, _, _)| t == table)).map(|(_, live, _)| *live);
+    counts
+        .iter()
+        .filter(|(table, live, dead)| {
+            let dirty = *dead > min_dead_rows && *dead as f64 > dead_ratio * *live as f64;
+            let moved = before(table).is_some_and(|was| {
+                let change = (live - was).abs();
+                change > min_dead_rows && change as f64 > GROWTH_RATIO * was as f64
+            });
+            dirty || moved
+        })
+        .map(|(table, _, _)| table.clone())
+        .collect()
+}
+
 /// Sleeps `wait`, but no longer than `interval` from the moment `activity` changes. Returns false
 /// when cancelled.
 async fn rest(
@@ -93,29 +112,11 @@ impl Vacuumer {
         Ok(self.round(None).await?.0)
     }
 
-    /// The tables past both dead-row thresholds, and those whose live rows changed by more
-    /// than [`GROWTH_RATIO`] since `last`.
-    fn due(&self, counts: &Counts, last: Option<&Counts>) -> Vec<String> {
-        let before = |table: &str| last.and_then(|l| l.iter().find(|(t, _, _)| t == table)).map(|(_, live, _)| *live);
-        counts
-            .iter()
-            .filter(|(table, live, dead)| {
-                let dirty = *dead > self.min_dead_rows && *dead as f64 > self.dead_ratio * *live as f64;
-                let moved = before(table).is_some_and(|was| {
-                    let change = (live - was).abs();
-                    change > self.min_dead_rows && change as f64 > GROWTH_RATIO * was as f64
-                });
-                dirty || moved
-            })
-            .map(|(table, _, _)| table.clone())
-            .collect()
-    }
-
     async fn round(&self, last: Option<&Counts>) -> Result<(Vec<String>, Counts), StoreError> {
         let started = std::time::Instant::now();
         let health = self.store.table_health().await?;
         let counts: Counts = health.into_iter().map(|t| (t.table, t.live_rows, t.dead_rows)).collect();
-        let due = self.due(&counts, last);
+        let due = due(&counts, last, self.min_dead_rows, self.dead_ratio);
         let done = self.store.vacuum_tables(&due).await?;
         if !done.is_empty() {
             tracing::info!(tables = ?done, took = ?started.elapsed(), "vacuumed");
@@ -180,24 +181,19 @@ mod tests {
         assert!(!rest(QUIET_MAX, Duration::from_millis(50), Some(&mut rx), &cancelled).await);
     }
 
-    #[tokio::test]
-    async fn tables_with_many_dead_rows_or_whose_size_moved_a_lot_are_due() {
-        let db = crate::testing::TestSqlite::create().unwrap();
-        let store: SharedStore = std::sync::Arc::new(crate::store::SqliteStore::open(&db.url).await.unwrap());
-        let v = Vacuumer::new(store, Duration::from_secs(1));
+    #[test]
+    fn tables_with_many_dead_rows_or_whose_size_moved_a_lot_are_due() {
+        let due = |c: &Counts, l: Option<&Counts>| due(c, l, MIN_DEAD_ROWS, DEAD_RATIO);
         let counts =
             |rows: &[(&str, i64, i64)]| -> Counts { rows.iter().map(|(t, l, d)| ((*t).to_owned(), *l, *d)).collect() };
         let now = counts(&[("dirty", 10_000, 6_000), ("grown", 100_000, 0), ("steady", 100_000, 0), ("new", 9_000, 0)]);
-        assert_eq!(v.due(&now, None), ["dirty"], "no earlier round: dead rows alone");
+        assert_eq!(due(&now, None), ["dirty"], "no earlier round: dead rows alone");
         let before = counts(&[("dirty", 10_000, 0), ("grown", 0, 0), ("steady", 90_000, 0)]);
-        assert_eq!(v.due(&now, Some(&before)), ["dirty", "grown"], "grown from empty; a 10 % change is not enough");
+        assert_eq!(due(&now, Some(&before)), ["dirty", "grown"], "grown from empty; a 10 % change is not enough");
         let shrunk = counts(&[("grown", 40_000, 0)]);
-        assert_eq!(v.due(&shrunk, Some(&now)), ["grown"], "shrunk by more than half");
+        assert_eq!(due(&shrunk, Some(&now)), ["grown"], "shrunk by more than half");
         let small = counts(&[("grown", 4_000, 0)]);
-        assert!(
-            v.due(&small, Some(&counts(&[("grown", 0, 0)]))).is_empty(),
-            "fewer rows than min_dead_rows: left alone"
-        );
+        assert!(due(&small, Some(&counts(&[("grown", 0, 0)]))).is_empty(), "fewer rows than min_dead_rows: left alone");
     }
 
     #[test]

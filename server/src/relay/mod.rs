@@ -215,7 +215,9 @@ impl Relay {
     pub async fn run(self, cancel: CancellationToken) {
         let mut enqueued = self.hub.enqueued().subscribe();
         let mut wait = self.config.poll_min;
-        let mut last_work = std::time::Instant::now();
+        // None until a pass finds work: a process that starts on a quiet outbox backs off at
+        // once instead of probing every `poll_min` for its first `hot_for`.
+        let mut last_work: Option<std::time::Instant> = None;
         let mut probe = false;
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
@@ -236,7 +238,7 @@ impl Relay {
                 // means no polling delay.
                 Ok(n) if n > 0 => {
                     wait = self.config.poll_min;
-                    last_work = std::time::Instant::now();
+                    last_work = Some(std::time::Instant::now());
                     probe = false;
                     if cancel.is_cancelled() {
                         return;
@@ -250,7 +252,8 @@ impl Relay {
                     continue;
                 }
                 Ok(_) => {
-                    wait = next_wait(&self.config, last_work.elapsed(), wait);
+                    let idle = last_work.map_or(Duration::MAX, |at| at.elapsed());
+                    wait = next_wait(&self.config, idle, wait);
                     probe = true;
                 }
                 Err(e) => {

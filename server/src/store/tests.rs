@@ -761,8 +761,14 @@ async fn deep_backlog(pool: &sqlx::PgPool, name: &str, depth: i64) {
 async fn lease_buffers(pool: &sqlx::PgPool, consumer: &str, generic: bool) -> (i64, i64) {
     let mut tx = pool.begin().await.unwrap();
     let mode = if generic { "force_generic_plan" } else { "force_custom_plan" };
+    // The lease connections' other settings, as they run in production.
+    let settings: String = super::postgres::LEASE_SETTINGS
+        .iter()
+        .filter(|(name, _)| *name != "plan_cache_mode")
+        .map(|(name, value)| format!("SET LOCAL {name} = {value};"))
+        .collect();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET LOCAL plan_cache_mode = {mode};
+        "{settings} SET LOCAL plan_cache_mode = {mode};
          PREPARE lease(text, timestamptz, bigint, timestamptz, text, text) AS {}",
         super::postgres::LEASE_SQL.as_str()
     )))
@@ -844,6 +850,55 @@ async fn a_lease_costs_what_it_returns_not_the_backlog_behind_it() {
     let keys: Vec<_> = leased.iter().filter_map(|d| d.message.ordering_key.clone()).collect();
     assert_eq!(keys.len(), keys.iter().collect::<std::collections::HashSet<_>>().len(), "one per key");
     assert!(leased.windows(2).all(|w| w[0].message.seq < w[1].message.seq));
+}
+
+/// A lease planned while `outbox.deliveries` was empty — the lease connections cache one plan
+/// each (ADR 0016), and a quiet system's first lease plans on an empty table — still costs
+/// what it returns once a deep keyed backlog has been written behind that plan without any
+/// ANALYZE: the connections' settings keep the planner on the indexes whatever size it saw.
+#[tokio::test]
+async fn a_lease_planned_while_the_table_was_empty_costs_what_it_returns_from_a_deep_backlog() {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let mut conn = sqlx::PgConnection::connect_with(&options.options(super::postgres::LEASE_SETTINGS.iter().copied()))
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE lease(text, timestamptz, bigint, timestamptz, text, text) AS {}",
+        super::postgres::LEASE_SQL.as_str()
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let lease = |consumer: &str| {
+        format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lease('{consumer}', now(), 64, now() + interval '30 seconds', 's', '')"
+        )
+    };
+    // Planned and cached now, on the empty table.
+    let mut tx = conn.begin().await.unwrap();
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(lease("nobody"))).fetch_one(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(plan[0]["Plan"]["Actual Rows"], 0);
+    deep_backlog(&pool, "shallow", 50).await;
+    deep_backlog(&pool, "deep", 2_000).await;
+    let mut cost = Vec::new();
+    for consumer in ["shallow", "deep"] {
+        let mut tx = conn.begin().await.unwrap();
+        let plan: serde_json::Value =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(lease(consumer))).fetch_one(&mut *tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        let top = &plan[0]["Plan"];
+        assert_eq!(top["Actual Rows"], 64, "{consumer}: a full batch");
+        cost.push(top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap());
+    }
+    let (shallow, deep) = (cost[0], cost[1]);
+    assert!(deep <= 3_000, "{deep} buffers behind 196,000 deliveries ({shallow} behind 4,900)");
+    assert!(deep <= shallow * 3 / 2 + 100, "does not grow with the backlog: {shallow} shallow, {deep} deep");
 }
 
 /// The same for the pending batches a relay writes while no stream is attached (ADR 0042): a

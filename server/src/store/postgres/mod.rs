@@ -43,6 +43,9 @@ const RELAY_CONNECTIONS: u32 = 2;
 const VACUUM_LOCK: i64 = 0x6f75_7462_6f78_0003;
 /// Connections of the lease pool (see `PgStore::lease_pool`).
 const LEASE_CONNECTIONS: u32 = 4;
+/// Settings of the lease pool's connections (see `PgDriver::lease_pool`).
+pub(crate) const LEASE_SETTINGS: &[(&str, &str)] =
+    &[("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")];
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -223,18 +226,24 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
          LIMIT $3
          FOR UPDATE OF d SKIP LOCKED
     ),
-    leased AS (
+    updated AS (
+    -- The ids as an array again, and the messages below by an array too: with no join to
+    -- order, a plan cached while the tables were empty (every estimate one row) cannot drive
+    -- this from a scan of the consumer's deliveries or of the messages.
     UPDATE outbox.deliveries d
        SET state = 'leased', delivery_count = d.delivery_count + 1,
            lease_expires_at = $4, leased_by = $5, updated_at = $2
-      FROM cand, outbox.messages m
-     WHERE d.consumer = $1 AND d.message_id = cand.message_id
+     WHERE d.consumer = $1 AND d.message_id = ANY (ARRAY(SELECT message_id FROM cand))
        -- "pending", written so that it does not match deliveries_pending's predicate: the
        -- planner must find these rows by primary key, not by scanning every pending one.
        AND d.state NOT IN ('leased', 'acked', 'dead')
-       AND m.message_id = d.message_id
-    RETURNING m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-              m.enqueued_at, m.available_at, m.relayed_at, d.delivery_count
+    RETURNING d.message_id, d.delivery_count
+    ),
+    leased AS (
+    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+           m.enqueued_at, m.available_at, m.relayed_at, u.delivery_count
+      FROM outbox.messages m JOIN updated u ON u.message_id = m.message_id
+     WHERE m.message_id = ANY (ARRAY(SELECT message_id FROM updated))
     )
     SELECT * FROM leased
     UNION ALL
@@ -287,7 +296,9 @@ pub struct PgDriver {
     /// For leases and next-due reads only: `plan_cache_mode = force_generic_plan`, so that each
     /// connection plans these statements once instead of at every call (their plans do not
     /// depend on the values, by construction and by test: ADR 0016; planning them costs more
-    /// than running them, and streams lease many times a second under load).
+    /// than running them, and streams lease many times a second under load), and
+    /// `enable_seqscan = off`, so that a plan cached while the tables were empty still reads
+    /// them through their indexes once they are not (ADR 0046).
     lease_pool: PgPool,
 }
 
@@ -404,7 +415,7 @@ impl PgDriver {
             .max_connections(LEASE_CONNECTIONS.min(max_connections.max(1)))
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.options([("plan_cache_mode", "force_generic_plan")]))
+            .connect_with(options.options(LEASE_SETTINGS.iter().copied()))
             .await?;
         Ok(Self { pool, relay_pool, lease_pool })
     }
