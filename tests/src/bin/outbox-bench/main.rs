@@ -286,6 +286,20 @@ async fn recreate_database(url: &str) -> Result<()> {
     Ok(())
 }
 
+/// Drops a database that [`recreate_database`] made.
+async fn drop_database(url: &str) -> Result<()> {
+    let options = PgConnectOptions::from_str(url).context("parsing a database URL")?;
+    let name = options.get_database().context("the URL names no database")?.to_owned();
+    ensure!(name.contains("bench"), "refusing to drop database {name:?}: its name does not contain \"bench\"");
+    let mut conn = options.database("postgres").connect().await.context("connecting to database \"postgres\"")?;
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
 /// The server's version, `autovacuum` and `synchronous_commit`: the figures depend on them.
 async fn server_settings(db: &PgPool) -> Result<(String, String, String)> {
     let show = |name: &'static str| async move {
@@ -1040,23 +1054,32 @@ async fn keyed_drain(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Resu
 }
 
 /// Phase 1b, before outboxd starts: producers calling `outbox.enqueue` against producers
-/// inserting the same row into `outbox.messages` directly; the ratio of their rates. The rows
-/// are removed afterwards, so that outboxd starts on an empty outbox.
+/// inserting the same row into `outbox.messages` directly; the ratio of their rates. In a
+/// database of its own (`<database>_enqueue`, dropped afterwards), so that outboxd starts on an
+/// empty outbox whose statistics never saw these rows: PostgreSQL publishes an idle
+/// connection's counts up to 10 s late, and rows counted after their TRUNCATE looked like a
+/// table that grew, which outboxd's vacuum round then took up inside the idle phase.
 async fn enqueue_function_vs_insert(b: &Bench, bin: &std::path::Path, url: &str) -> Result<(f64, f64)> {
+    let options = PgConnectOptions::from_str(url).context("parsing --database-url")?;
+    let name = format!("{}_enqueue", options.get_database().context("--database-url names no database")?);
+    let url = options.database(&name).to_url_lossy().to_string();
+    recreate_database(&url).await?;
     let status = tokio::process::Command::new(bin)
-        .args(["migrate", "--database-url", url])
+        .args(["migrate", "--database-url", &url])
         .stdout(std::process::Stdio::null())
         .status()
         .await
         .context("running outboxd migrate")?;
     ensure!(status.success(), "outboxd migrate failed: {status}");
     let p = &b.params;
+    let producers = pool(&url, p.producers).await?;
     let mut rates = Vec::new();
     for work in [Work::OutboxInsert { topic: "bench.insert" }, Work::SqlFunction { topic: "bench.function" }] {
-        let run = Producers::start(&b.producers, p.producers, work, p.window(), None, false, &b.payload).await?;
+        let run = Producers::start(&producers, p.producers, work, p.window(), None, false, &b.payload).await?;
         rates.push(per_second(run.finish().await?.in_window, p.window()));
     }
-    sqlx::query("TRUNCATE outbox.messages CASCADE").execute(&b.db).await?;
+    producers.close().await;
+    drop_database(&url).await?;
     Ok((rates[0], rates[1]))
 }
 
