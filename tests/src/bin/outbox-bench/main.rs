@@ -269,35 +269,32 @@ fn budget(work: u64) -> Duration {
 // ---------------------------------------------------------------------------------------------
 // The database
 
-/// Drops and recreates the benchmark database, so that every run starts from empty tables.
-async fn recreate_database(url: &str) -> Result<()> {
-    let options = PgConnectOptions::from_str(url).context("parsing --database-url")?;
-    let name = options.get_database().context("--database-url names no database")?.to_owned();
+/// Runs `statements` from database "postgres" on the database `url` names, written `{db}` in
+/// them; refuses a name without "bench", since the bench drops the databases it uses.
+async fn on_bench_database(url: &str, statements: &[&str]) -> Result<()> {
+    let options = PgConnectOptions::from_str(url).context("parsing a database URL")?;
+    let name = options.get_database().context("the database URL names no database")?.to_owned();
     ensure!(
         name.contains("bench"),
         "refusing to use database {name:?}: the bench drops and recreates it, so its name must contain \"bench\""
     );
     let quoted = format!("\"{}\"", name.replace('"', "\"\""));
     let mut conn = options.database("postgres").connect().await.context("connecting to database \"postgres\"")?;
-    for sql in [format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)"), format!("CREATE DATABASE {quoted}")] {
-        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await?;
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql.replace("{db}", &quoted))).execute(&mut conn).await?;
     }
     conn.close().await?;
     Ok(())
 }
 
+/// Drops and recreates the benchmark database, so that every run starts from empty tables.
+async fn recreate_database(url: &str) -> Result<()> {
+    on_bench_database(url, &["DROP DATABASE IF EXISTS {db} WITH (FORCE)", "CREATE DATABASE {db}"]).await
+}
+
 /// Drops a database that [`recreate_database`] made.
 async fn drop_database(url: &str) -> Result<()> {
-    let options = PgConnectOptions::from_str(url).context("parsing a database URL")?;
-    let name = options.get_database().context("the URL names no database")?.to_owned();
-    ensure!(name.contains("bench"), "refusing to drop database {name:?}: its name does not contain \"bench\"");
-    let mut conn = options.database("postgres").connect().await.context("connecting to database \"postgres\"")?;
-    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")))
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
-    Ok(())
+    on_bench_database(url, &["DROP DATABASE IF EXISTS {db} WITH (FORCE)"]).await
 }
 
 /// The server's version, `autovacuum` and `synchronous_commit`: the figures depend on them.
