@@ -1,4 +1,4 @@
--- revision: 3
+-- revision: 4
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -277,52 +277,63 @@ BEGIN
 END
 $$;
 
--- ---- outbox.ack_batch ----
--- A stream's acks in one call: rows that are leased or pending become acked; the seqs are taken
--- out of the consumer's lease batches (emptied batches go), and the time of the ack of the
--- batch-held ones is logged (`outbox.ack_log`). A seq still in a pending batch (acked by a
--- stream that was not sent it) leaves the batch for an acked row of its own with count 0.
--- Streams ack what they hold, so that last part runs only for ids held nowhere else. Returns
--- how many deliveries changed.
+-- ---- outbox.ack_seqs, outbox.ack_batch ----
+-- A stream's acks in one call, by the messages' seqs as runs `[p_seq_lo[i], p_seq_hi[i])` (the
+-- server knows the seq of every delivery it holds): rows that are leased or pending become
+-- acked; the seqs are taken out of the consumer's lease batches (emptied batches go), and the
+-- time of the ack of the batch-held ones is logged (`outbox.ack_log`). A seq still in a pending
+-- batch (acked by a stream that was not sent it) leaves the batch for an acked row of its own
+-- with count 0. Streams ack what they hold, so that last part runs only for seqs held nowhere
+-- else. Returns how many deliveries changed.
 --
--- The messages' seqs come as runs `[p_seq_lo[i], p_seq_hi[i])`: the server knows the seq of
--- every delivery it holds, and looking each one up by `message_id` was a third of the call
--- (ADR 0045). They must be exactly the seqs of `p_ids`.
-CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_seq_lo bigint[], p_seq_hi bigint[],
-                                            p_at timestamptz) RETURNS bigint
+-- Rows are the exception (ADR 0041): they are found by one range scan of `(consumer, seq)` per
+-- run, never by a look-up per acked message, which was most of a call of hundreds (ADR 0048).
+CREATE OR REPLACE FUNCTION outbox.ack_seqs(p_consumer text, p_seq_lo bigint[], p_seq_hi bigint[], p_at timestamptz)
+RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_rows  bigint;
-    v_n     bigint;
-    v_want  int8multirange;
-    v_taken int8multirange;
-    v_own   int8multirange;
-    v_rest  int8multirange;
-    v_pend  int8multirange;
+    v_rows    bigint;
+    v_n       bigint;
+    v_want    int8multirange;
+    v_taken   int8multirange;
+    v_emptied bigint[];
+    v_own     int8multirange;
+    v_rest    int8multirange;
+    v_pend    int8multirange;
 BEGIN
+    SELECT range_agg(int8range(r.lo, r.hi)) INTO v_want FROM unnest(p_seq_lo, p_seq_hi) AS r(lo, hi);
+    IF v_want IS NULL OR isempty(v_want) THEN
+        RETURN 0;
+    END IF;
     UPDATE outbox.deliveries d
        SET state = 'acked', acked_at = p_at, updated_at = p_at, lease_expires_at = NULL, leased_by = NULL
-     WHERE d.consumer = p_consumer AND d.message_id = ANY (p_ids) AND d.state IN ('leased', 'pending');
+     WHERE d.consumer = p_consumer AND d.seq > 0
+       AND d.seq = ANY (ARRAY(SELECT x.seq FROM unnest(v_want) r,
+                                     -- OFFSET 0: a range scan of the index per run.
+                                     LATERAL (SELECT x.seq FROM outbox.deliveries x
+                                               WHERE x.consumer = p_consumer
+                                                 AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x))
+       AND d.state IN ('leased', 'pending');
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    SELECT range_agg(int8range(r.lo, r.hi)) INTO v_want FROM unnest(p_seq_lo, p_seq_hi) AS r(lo, hi);
-    IF v_want IS NULL THEN
-        RETURN v_rows;
-    END IF;
     WITH held AS (
         SELECT b.id, b.seqs * v_want AS taken FROM outbox.lease_batches b
          WHERE b.consumer = p_consumer AND b.seqs && v_want
            FOR UPDATE
     ), moved AS (
         UPDATE outbox.lease_batches b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id
-        RETURNING h.taken
+        RETURNING b.id, h.taken, isempty(b.seqs) AS emptied
     )
-    SELECT range_agg(r) INTO v_taken FROM moved, unnest(moved.taken) r;
+    SELECT (SELECT range_agg(r) FROM moved, unnest(moved.taken) r),
+           (SELECT array_agg(moved.id) FROM moved WHERE moved.emptied)
+      INTO v_taken, v_emptied;
     v_taken := coalesce(v_taken, '{}');
-    IF NOT isempty(v_taken) THEN
-        DELETE FROM outbox.lease_batches b WHERE b.consumer = p_consumer AND isempty(b.seqs);
+    IF v_emptied IS NOT NULL THEN
+        DELETE FROM outbox.lease_batches b WHERE b.id = ANY (v_emptied) AND isempty(b.seqs);
     END IF;
-    v_own := coalesce((SELECT range_agg(int8range(d.seq, d.seq + 1)) FROM outbox.deliveries d
-                        WHERE d.consumer = p_consumer AND d.message_id = ANY (p_ids)),
+    v_own := coalesce((SELECT range_agg(int8range(x.seq, x.seq + 1)) FROM unnest(v_want) r,
+                              LATERAL (SELECT x.seq FROM outbox.deliveries x
+                                        WHERE x.consumer = p_consumer
+                                          AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x),
                       '{}'::int8multirange);
     -- A seq with a row of its own (a transactional ack got there first) was not the batch's to
     -- ack: it leaves the batch, but is neither logged nor counted.
@@ -359,11 +370,19 @@ BEGIN
 END
 $$;
 
+-- The same with the acked ids too, as the release before called it (a replica of it, during a
+-- rolling upgrade). The seqs must be exactly those of `p_ids`; the ids themselves are not read.
+CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_seq_lo bigint[], p_seq_hi bigint[],
+                                            p_at timestamptz) RETURNS bigint
+LANGUAGE sql VOLATILE SET jit = off AS $$
+    SELECT outbox.ack_seqs(p_consumer, p_seq_lo, p_seq_hi, p_at)
+$$;
+
 -- The same by `message_id` alone, for callers that do not know the seqs (a replica of the
 -- release before, during a rolling upgrade).
 CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_at timestamptz) RETURNS bigint
 LANGUAGE sql VOLATILE SET jit = off AS $$
-    SELECT outbox.ack_batch(p_consumer, p_ids, coalesce(array_agg(m.seq), '{}'), coalesce(array_agg(m.seq + 1), '{}'), p_at)
+    SELECT outbox.ack_seqs(p_consumer, coalesce(array_agg(m.seq), '{}'), coalesce(array_agg(m.seq + 1), '{}'), p_at)
       FROM outbox.messages m WHERE m.message_id = ANY (p_ids)
 $$;
 
@@ -413,7 +432,7 @@ BEGIN
 END
 $$;
 
--- ---- outbox.lease_pending ----
+-- ---- outbox.lease_pending_seqs, outbox.lease_pending ----
 -- Leases up to `p_limit` of the consumer's batch-held pending deliveries to `p_session` until
 -- `p_until`: the lowest seqs of its oldest pending batches, moved into one lease batch. Seqs
 -- with a row of their own (a replay or a transactional ack got there first) leave the batch
@@ -421,13 +440,15 @@ $$;
 -- Only leases lock pending batches, each for one short statement: a lease waits for another
 -- on the same batch instead of skipping it, so that no stream finds "nothing due" while a
 -- backlog waits behind a lock.
-CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
-                                     p_session text)
-RETURNS TABLE (
-    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb, ordering_key text,
-    enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz, delivery_count integer
-)
-LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+--
+-- Returns the leased seqs; the caller reads their messages in the same statement (LEASE_SQL in
+-- the server), so that a lease copies each message once, straight to the client, instead of
+-- through an array and a function's result set (ADR 0048). Seqs with a row of their own are
+-- found by one range scan of `(consumer, seq)` per range, not by a look-up per message.
+CREATE OR REPLACE FUNCTION outbox.lease_pending_seqs(p_consumer text, p_now timestamptz, p_limit integer,
+                                                     p_until timestamptz, p_session text)
+RETURNS int8multirange
+LANGUAGE plpgsql VOLATILE SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_need   bigint := p_limit;
@@ -436,11 +457,9 @@ DECLARE
     v_seqs   int8multirange;
     v_part   int8multirange;
     v_taken  int8multirange := '{}';
-    v_msgs   outbox.messages[];
-    v_leased int8multirange;
 BEGIN
     IF p_limit <= 0 OR NOT EXISTS (SELECT 1 FROM outbox.consumers c WHERE c.name = p_consumer AND NOT c.paused) THEN
-        RETURN;
+        RETURN '{}';
     END IF;
     WHILE v_need > 0 LOOP
         SELECT b.id, b.seqs INTO v_id, v_seqs FROM outbox.pending_batches b
@@ -468,24 +487,38 @@ BEGIN
         v_need := v_need - (SELECT sum(upper(r) - lower(r)) FROM unnest(v_part) r)::bigint;
     END LOOP;
     IF isempty(v_taken) THEN
-        RETURN;
+        RETURN v_taken;
     END IF;
-    SELECT array_agg(ROW(m.*)::outbox.messages ORDER BY m.seq) INTO v_msgs
-      FROM unnest(v_taken) r,
-           -- OFFSET 0: a range scan of the primary key per range.
-           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
-     WHERE (SELECT 1 FROM outbox.deliveries d WHERE d.message_id = m.message_id AND d.consumer = p_consumer) IS NULL;
-    SELECT range_agg(int8range(m.seq, m.seq + 1)) INTO v_leased FROM unnest(v_msgs) m;
-    IF v_leased IS NULL THEN
-        RETURN;
+    v_taken := v_taken - coalesce((SELECT range_agg(int8range(x.seq, x.seq + 1)) FROM unnest(v_taken) r,
+                                          -- OFFSET 0: a range scan of the index per range.
+                                          LATERAL (SELECT x.seq FROM outbox.deliveries x
+                                                    WHERE x.consumer = p_consumer
+                                                      AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x),
+                                  '{}'::int8multirange);
+    IF NOT isempty(v_taken) THEN
+        -- A seq whose message is gone (pruned) stays in the batch until the batch expires; the
+        -- sweeper's unbatch then finds no message for it and drops it.
+        INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+        VALUES (p_consumer, p_session, v_taken, p_until, p_now);
     END IF;
-    INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
-    VALUES (p_consumer, p_session, v_leased, p_until, p_now);
-    RETURN QUERY
-        SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-               m.enqueued_at, m.available_at, m.relayed_at, 1
-          FROM unnest(v_msgs) m;
+    RETURN v_taken;
 END
+$$;
+
+-- The same with the messages, as the release before called it (a replica of it, during a
+-- rolling upgrade).
+CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
+                                     p_session text)
+RETURNS TABLE (
+    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb, ordering_key text,
+    enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz, delivery_count integer
+)
+LANGUAGE sql VOLATILE SET jit = off AS $$
+    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+           m.enqueued_at, m.available_at, m.relayed_at, 1
+      FROM unnest(outbox.lease_pending_seqs(p_consumer, p_now, p_limit, p_until, p_session)) r,
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
+     ORDER BY m.seq
 $$;
 
 -- ---- outbox.relay_pass ----

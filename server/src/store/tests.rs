@@ -953,6 +953,108 @@ async fn a_lease_from_pending_batches_costs_what_it_returns_not_the_backlog_behi
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "consecutive seqs: {seqs:?}");
 }
 
+/// Buffers one call touches, nested statements included (`EXPLAIN (ANALYZE, BUFFERS)` of a
+/// `SELECT` of the call), and its result, after `setup`, in a transaction rolled back afterwards.
+async fn call_buffers(conn: &mut sqlx::PgConnection, setup: &str, call: &str) -> (i64, serde_json::Value) {
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("{setup}; SAVEPOINT measured"))).execute(&mut *tx).await.unwrap();
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {call}")))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    // Once more for its result, on the same rows.
+    sqlx::raw_sql("ROLLBACK TO SAVEPOINT measured").execute(&mut *tx).await.unwrap();
+    let result: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT to_jsonb(x) FROM ({call}) x")))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    tx.rollback().await.unwrap();
+    (buffers_and_rows(&plan).0, result)
+}
+
+/// Rows in `outbox.deliveries` are the exceptions (ADR 0041): a lease from a pending batch and a
+/// stream's ack of batch-held deliveries find the few seqs with a row of their own by a range
+/// scan per run of seqs, not by a look-up per delivery (ADR 0048). Both touch about as many
+/// buffers for 512 deliveries as for 8, however many rows other consumers hold.
+#[tokio::test]
+async fn a_lease_and_an_ack_of_batch_held_deliveries_cost_per_run_not_per_delivery() {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    // Another consumer's 100,000 rows: a primary key deep enough that a look-up costs 3 buffers.
+    deep_backlog(&pool, "other", 1_000).await;
+    sqlx::query(
+        "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
+         VALUES ('c', '{t}', 5, 1000, 10000, 30000, 'new')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let first: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox.messages (message_id, topic, type, payload, relayed_at)
+         SELECT gen_random_uuid(), 't', 'T', '\\x00', now() FROM generate_series(1, 512) RETURNING seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .min()
+    .unwrap();
+    // One of them has a row of its own (a transactional ack got there first): neither leased
+    // nor acked again, whatever the batch says.
+    let own = first + 100;
+    sqlx::query(
+        "INSERT INTO outbox.deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at, acked_at)
+         SELECT message_id, 'c', seq, 'acked', 0, now(), now(), now(), now() FROM outbox.messages WHERE seq = $1",
+    )
+    .bind(own)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE outbox.deliveries").execute(&pool).await.unwrap();
+    // One connection, its first calls not counted: they load the functions and plan them.
+    let mut conn = pool.acquire().await.unwrap();
+    let mut cost = Vec::new();
+    for n in [8_i64, 8, 512] {
+        let range = format!("'{{[{first},{})}}'::int8multirange", first + n);
+        let (lease, leased) = call_buffers(
+            &mut conn,
+            &format!("INSERT INTO outbox.pending_batches (consumer, seqs, created_at) VALUES ('c', {range}, now())"),
+            &format!("SELECT outbox.lease_pending_seqs('c', now(), {n}::integer, now() + interval '30 seconds', 's')::text AS seqs"),
+        )
+        .await;
+        let (ack, acked) = call_buffers(
+            &mut conn,
+            &format!(
+                "INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+                 VALUES ('c', 's', {range} - '{{[{own},{})}}', now() + interval '30 seconds', now())",
+                own + 1
+            ),
+            &format!("SELECT outbox.ack_seqs('c', '{{{first}}}', '{{{}}}', now()) AS changed", first + n),
+        )
+        .await;
+        if n == 512 {
+            assert_eq!(
+                leased["seqs"],
+                format!("{{[{first},{own}),[{},{})}}", own + 1, first + n),
+                "the seq with a row of its own is not leased"
+            );
+            assert_eq!(acked["changed"], 511, "the seq with a row of its own is not acked again");
+        } else {
+            assert_eq!(leased["seqs"], format!("{{[{first},{})}}", first + n));
+            assert_eq!(acked["changed"], n);
+        }
+        cost.push((lease, ack));
+    }
+    let [_, (lease_8, ack_8), (lease_512, ack_512)] = cost[..] else { unreachable!() };
+    let case = format!("lease {lease_8} → {lease_512} buffers, ack {ack_8} → {ack_512} buffers for 8 → 512 deliveries");
+    assert!(lease_512 <= lease_8 + 60, "{case}");
+    assert!(ack_512 <= ack_8 + 60, "{case}");
+}
+
 /// A producer on the system's SQLite (Python's `sqlite3` module links it; 3.40 on Debian 12,
 /// where `unixepoch('subsec')` is NULL) writes the README's documented INSERT into a file that
 /// an older outboxd schema created and this one migrated: the row gets its defaults and is

@@ -87,7 +87,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 3;
+pub(crate) const FUNCTIONS_REVISION: i32 = 4;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -176,8 +176,8 @@ const KEY_HEADS_CTE: &str = r#"
 /// of their key in flight and no earlier message of their key still unrelayed (another
 /// replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
 /// locked (skipping rows other sessions hold) and leased; then, for the room left, the lowest
-/// seqs of the consumer's pending batches (`outbox.lease_pending`, ADR 0042), in the same round
-/// trip.
+/// seqs of the consumer's pending batches (`outbox.lease_pending_seqs`, ADR 0042, 0048), in the
+/// same round trip.
 pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH RECURSIVE {}{}",
@@ -247,7 +247,12 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
     SELECT * FROM leased
     UNION ALL
-    SELECT * FROM outbox.lease_pending($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5)"#
+    -- Batch-held deliveries: the function moves seqs from pending batches into a lease batch;
+    -- their messages are read here, once, by primary key range (ADR 0048).
+    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+           m.enqueued_at, m.available_at, m.relayed_at, 1
+      FROM unnest(outbox.lease_pending_seqs($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5)) r,
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m"#
     )
 });
 
@@ -744,18 +749,16 @@ impl Driver for PgDriver {
     }
 
     /// The seqs go as runs of consecutive values, so the call finds batch-held deliveries
-    /// without a look-up per id (ADR 0045).
+    /// without a look-up per id (ADR 0045), and rows by a range scan per run (ADR 0048).
     async fn delivery_ack_held(
         &self,
         consumer: &ConsumerName,
         held: &[(MessageId, i64)],
         now: DateTime<Utc>,
     ) -> Result<u64> {
-        let ids: Vec<Uuid> = held.iter().map(|(m, _)| m.0).collect();
         let (lo, hi) = seq_runs(held.iter().map(|(_, seq)| *seq));
-        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_batch($1, $2, $3, $4, $5)")
+        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_seqs($1, $2, $3, $4)")
             .bind(consumer.as_str())
-            .bind(&ids)
             .bind(&lo)
             .bind(&hi)
             .bind(now)

@@ -1,0 +1,16 @@
+-- Every delivery row of a consumer by seq, whatever its state (ADR 0048).
+--
+-- Rows are the exceptions (ADR 0041): a stream's ack of hundreds of batch-held deliveries, and
+-- a lease from pending batches, must find the few seqs that have a row of their own. By the
+-- primary key `(message_id, consumer)` that was one look-up per message, most of either call;
+-- with this index it is one range scan per run of consecutive seqs, which finds nothing in the
+-- steady state.
+--
+-- `seq > 0` holds for every row (seqs start at 1). It is the predicate so that only statements
+-- that state it can use the index: the lease statement, planned once per connection and maybe
+-- while the table was empty, would otherwise read a consumer's every row through it to find
+-- 64 by id (the test a_lease_planned_while_the_table_was_empty_costs_what_it_returns_from_a_deep_backlog).
+--
+-- Built in the migration's transaction: `outbox.deliveries` holds only the exceptions and
+-- acked rows until the pruner takes them.
+CREATE INDEX deliveries_consumer_seq ON outbox.deliveries (consumer, seq) WHERE seq > 0;
