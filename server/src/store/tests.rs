@@ -1228,3 +1228,124 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A message fanned out to many consumers is read once: a second consumer's lease of the same
+/// batch-held seqs takes the messages from the driver's cache, not from the table (ADR 0049).
+/// The test changes a payload in the table behind outboxd's back (outboxd never does: messages
+/// are immutable) to see which of the two a lease read.
+#[tokio::test]
+async fn batch_held_messages_are_read_once_for_every_consumer_that_leases_them() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 8).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    let (a, b, c) = (spec("a", &["t"], 5), spec("b", &["t"], 5), spec("c", &["t"], 5));
+    for consumer in [&a, &b, &c] {
+        store.consumer_create(consumer, now).await.unwrap();
+    }
+    let headers = [("traceparent".to_string(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_string())];
+    for i in 0..3 {
+        let m = NewMessage {
+            payload: format!("{{\"n\":{i}}}").into_bytes(),
+            headers: headers.iter().cloned().collect(),
+            ..msg("t")
+        };
+        store.message_insert(&m, now).await.unwrap();
+    }
+    // No stream offers room: every consumer's deliveries wait in a pending batch.
+    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.deliveries), (3, 9));
+
+    let first = store.delivery_lease_batch(&a.name, "s", 10, "", later, now).await.unwrap();
+    let payloads: Vec<&[u8]> = first.iter().map(|d| d.message.payload.as_slice()).collect();
+    assert_eq!(payloads, vec![b"{\"n\":0}".as_slice(), b"{\"n\":1}", b"{\"n\":2}"], "in seq order, whole");
+    assert!(first.iter().all(|d| d.delivery_count == 1 && d.lease_expires_at == later));
+    assert!(first.iter().all(|d| d.message.headers.len() == 1 && d.message.headers.contains_key("traceparent")));
+
+    sqlx::query("UPDATE outbox.messages SET payload = '\\xff'").execute(pg.pool()).await.unwrap();
+    let second = store.delivery_lease_batch(&b.name, "s", 10, "", later, now).await.unwrap();
+    assert_eq!(
+        second.iter().map(|d| &d.message).collect::<Vec<_>>(),
+        first.iter().map(|d| &d.message).collect::<Vec<_>>(),
+        "the second consumer's lease took the messages the first one read"
+    );
+
+    // Another process (no cache yet) reads the table.
+    let other: SharedStore = Arc::new(PgStore::connect(&db.url, 2).await.unwrap());
+    let third = other.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
+    assert_eq!(third.len(), 3);
+    assert!(third.iter().all(|d| d.message.payload == b"\xff"), "read from the table");
+}
+
+/// A pass pushing one message to two streams sends its payload once, in the message's row; the
+/// signature of revisions 1-4 still puts it in every pushed row, for a replica of an earlier
+/// release during a rolling upgrade (ADR 0049).
+#[tokio::test]
+async fn a_pushed_message_comes_once_and_the_earlier_signature_still_puts_it_in_every_push() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 2).await.unwrap();
+    pg.migrate().await.unwrap();
+    let now = Utc::now();
+    for name in ["a", "b"] {
+        pg.consumer_create(&spec(name, &["t"], 5), now).await.unwrap();
+    }
+    let pass = |args: &'static str| {
+        let pool = pg.pool().clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO outbox.messages (message_id, topic, type, payload) VALUES (gen_random_uuid(), 't', 'T', '\\x2a')",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            let rows: Vec<(String, Option<Vec<u8>>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT kind, payload FROM outbox.relay_pass(10, 0, now(), 0, NULL, '{{a,b}}', '{{s1,s2}}', '{{5,5}}',
+                        ARRAY[now() + interval '30 seconds', now() + interval '30 seconds']{args})
+                  ORDER BY kind"
+            )))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    let star = Some(vec![42_u8]);
+    assert_eq!(
+        pass(", false").await,
+        vec![("m".to_string(), star.clone()), ("p".into(), None), ("p".into(), None)],
+        "once, in the message's row"
+    );
+    assert_eq!(
+        pass("").await,
+        vec![("m".to_string(), None), ("p".into(), star.clone()), ("p".into(), star)],
+        "in every pushed row"
+    );
+}
+
+/// A pass that pushes a message to one consumer's stream and leaves it pending for another
+/// keeps the message, so that the other's lease does not read it again (ADR 0049).
+#[tokio::test]
+async fn a_message_pushed_to_one_consumer_and_pending_for_another_is_kept_for_the_others_lease() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 2).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    let (a, b) = (spec("a", &["t"], 5), spec("b", &["t"], 5));
+    for consumer in [&a, &b] {
+        store.consumer_create(consumer, now).await.unwrap();
+    }
+    store.message_insert(&msg("t"), now).await.unwrap();
+    let offer = PushOffer { consumer: "a".into(), session: "s".into(), room: 5, lease_until: later };
+    let out = store.relay_batch(10, 0, now, false, &[offer]).await.unwrap();
+    assert_eq!((out.pushed.len(), out.consumers.clone()), (1, vec!["b".to_string()]));
+    assert_eq!(out.pushed[0].2.message.payload, b"{}");
+
+    sqlx::query("UPDATE outbox.messages SET payload = '\\xff'").execute(pg.pool()).await.unwrap();
+    let leased = store.delivery_lease_batch(&b.name, "s", 10, "", later, now).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].message, out.pushed[0].2.message, "the message the pass pushed, not read again");
+}
