@@ -1,4 +1,4 @@
--- revision: 5
+-- revision: 4
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -537,22 +537,19 @@ $$;
 --    may have written rows in the pass's range, go message by message into rows; a message that
 --    already has a row for the consumer is never pushed;
 --  * notifies `notify` (when not null) once, naming the consumers that got waiting deliveries.
--- Returns one row per message read (kind 'm'), one per pushed delivery ('p'), one per pending
--- row ('d') and one per pending batch ('b': its consumer, and in `seq` how many deliveries it
--- holds). With `payload_per_push`, each 'p' row carries its message's payload (as before
--- revision 5); without it, the 'm' row of each pushed message carries it, once however many
--- streams it went to (ADR 0049), and 'p' rows none.
+-- Returns one row per message read (kind 'm'), one per pushed delivery ('p', with the payload),
+-- one per pending row ('d') and one per pending batch ('b': its consumer, and in `seq` how many
+-- deliveries it holds).
 CREATE OR REPLACE FUNCTION outbox.relay_pass(
-    batch            integer,
-    from_seq         bigint,
-    at               timestamptz,
-    lock_key         bigint,
-    notify           text,
-    push_consumers   text[],
-    push_sessions    text[],
-    push_room        integer[],
-    push_until       timestamptz[],
-    payload_per_push boolean
+    batch          integer,
+    from_seq       bigint,
+    at             timestamptz,
+    lock_key       bigint,
+    notify         text,
+    push_consumers text[],
+    push_sessions  text[],
+    push_room      integer[],
+    push_until     timestamptz[]
 ) RETURNS TABLE (
     kind text, consumer text, session text, lease_expires_at timestamptz,
     message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
@@ -582,7 +579,6 @@ DECLARE
     v_pending  outbox.pending_batches[];
     v_first    bigint;
     v_woken    text;
-    v_pushed   int8multirange;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(lock_key);
     -- Relays take turns on the cursor under an advisory lock, not the row's lock: a row lock
@@ -740,13 +736,9 @@ BEGIN
             PERFORM pg_notify(notify, CASE WHEN length(v_woken) > 7900 THEN '' ELSE v_woken END);
         END IF;
     END IF;
-    IF NOT payload_per_push THEN
-        SELECT range_agg(r) INTO v_pushed FROM unnest(v_batches) b, unnest(b.seqs) r;
-    END IF;
     RETURN QUERY
         SELECT 'm'::text, NULL::text, NULL::text, NULL::timestamptz,
-               m.message_id, m.seq, m.topic, m.type,
-               CASE WHEN v_pushed @> m.seq THEN m.payload END, m.headers,
+               m.message_id, m.seq, m.topic, m.type, NULL::bytea, m.headers,
                m.ordering_key, m.enqueued_at, m.available_at, relay_pass.at
           FROM unnest(v_claimed) m
         UNION ALL
@@ -761,34 +753,12 @@ BEGIN
           FROM unnest(v_pending) q
         UNION ALL
         SELECT 'p', b.consumer, b.leased_by, b.lease_expires_at,
-               m.message_id, m.seq, m.topic, m.type, CASE WHEN payload_per_push THEN m.payload END, m.headers,
+               m.message_id, m.seq, m.topic, m.type, m.payload, m.headers,
                m.ordering_key, m.enqueued_at, m.available_at, relay_pass.at
           FROM unnest(v_batches) b, unnest(b.seqs) r,
                LATERAL generate_series(lower(r), upper(r) - 1) s(seq)
                JOIN unnest(v_claimed) m ON m.seq = s.seq;
 END
-$$;
-
--- The signature of revisions 1-4, for a replica of an earlier release during a rolling upgrade:
--- the payload in every 'p' row.
-CREATE OR REPLACE FUNCTION outbox.relay_pass(
-    batch          integer,
-    from_seq       bigint,
-    at             timestamptz,
-    lock_key       bigint,
-    notify         text,
-    push_consumers text[],
-    push_sessions  text[],
-    push_room      integer[],
-    push_until     timestamptz[]
-) RETURNS TABLE (
-    kind text, consumer text, session text, lease_expires_at timestamptz,
-    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
-    ordering_key text, enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz
-)
-LANGUAGE sql VOLATILE AS $$
-    SELECT * FROM outbox.relay_pass(batch, from_seq, at, lock_key, notify, push_consumers, push_sessions,
-                                    push_room, push_until, true)
 $$;
 
 -- ---- privileges ----

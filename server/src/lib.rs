@@ -28,7 +28,7 @@
 //! - [`hub`]: in-process wake-ups and push slots between the relay, the sweeper and the sessions.
 //! - [`store`]: every SQL statement. The [`store::Store`] seam the rest of the server calls;
 //!   [`store::driver::Driver`], the narrow entity-first statements each backend implements
-//!   (`store::postgres`, with its LISTEN for other replicas' work and its cache of leased messages, and the embedded
+//!   (`store::postgres`, with its LISTEN for other replicas' work, and the embedded
 //!   `store::sqlite`, each with its migrations); [`store::composite::DriverStore`], `Store`
 //!   written once over any driver; [`store::records`], rows decoded into the domain. The store
 //!   returns data and [`store::WorkHint`]s; it wakes nobody itself.

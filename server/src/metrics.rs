@@ -31,8 +31,6 @@ pub const SINK_FAILED: &str = "outboxd_sink_failed_total";
 pub const SINK_UNAVAILABLE: &str = "outboxd_sink_unavailable_total";
 pub const SINK_CONFIRM: &str = "outboxd_sink_confirm_seconds";
 pub const SINK_CONNECTED: &str = "outboxd_sink_connected";
-pub const MESSAGE_CACHE_HITS: &str = "outboxd_message_cache_hits_total";
-pub const MESSAGE_CACHE_MISSES: &str = "outboxd_message_cache_misses_total";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
@@ -77,8 +75,6 @@ fn describe() {
     describe_histogram!(SINK_CONFIRM, Unit::Seconds, "From publish to the target's confirmation.");
     describe_gauge!(SINK_CONNECTED, "1 while this process's sink is connected to its target.");
     describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
-    describe_counter!(MESSAGE_CACHE_HITS, "Leased messages taken from the message cache (PostgreSQL store).");
-    describe_counter!(MESSAGE_CACHE_MISSES, "Leased messages read from the database (PostgreSQL store).");
     describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
     describe_gauge!("outboxd_unrelayed_messages", "Committed messages not yet fanned out.");
     describe_gauge!("outboxd_oldest_unrelayed_age_seconds", Unit::Seconds, "Age of the oldest unrelayed message.");
@@ -134,12 +130,6 @@ pub fn relayed(messages: u64, took: Duration) {
     counter!(RELAYED).increment(messages);
     histogram!(RELAY_BATCH_SIZE).record(messages as f64);
     histogram!(RELAY_BATCH_DURATION).record(took.as_secs_f64());
-}
-
-/// A lease's batch-held messages: how many the message cache held and how many were read.
-pub fn message_cache(hits: usize, misses: usize) {
-    counter!(MESSAGE_CACHE_HITS).increment(hits as u64);
-    counter!(MESSAGE_CACHE_MISSES).increment(misses as u64);
 }
 
 /// Refreshes the per-consumer gauges from the store every `interval`.

@@ -1,7 +1,6 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,10 +23,8 @@ use super::{
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
-use message_cache::{MESSAGE_CACHE_BYTES, MessageCache};
 
 mod listener;
-mod message_cache;
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
@@ -57,7 +54,7 @@ pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migratio
 enum RelayRowKind {
     /// `m`: a message the pass read.
     Message,
-    /// `p`: a delivery pushed to a stream; its message is in the pass's `m` row (ADR 0049).
+    /// `p`: a delivery pushed to a stream, with the message.
     Pushed,
     /// `d`: a pending row (a keyed or delayed message, or a consumer probed message by message).
     PendingRow,
@@ -90,7 +87,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 5;
+pub(crate) const FUNCTIONS_REVISION: i32 = 4;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -250,13 +247,12 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     )
     SELECT * FROM leased
     UNION ALL
-    -- Batch-held deliveries: the function moves seqs from pending batches into a lease batch
-    -- (ADR 0048). Only their seqs come back: the driver takes their messages from its cache,
-    -- and reads the ones it does not hold once, for every consumer that leases them (ADR 0049).
-    SELECT NULL::uuid, s.seq, NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::text,
-           NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, 1
+    -- Batch-held deliveries: the function moves seqs from pending batches into a lease batch;
+    -- their messages are read here, once, by primary key range (ADR 0048).
+    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+           m.enqueued_at, m.available_at, m.relayed_at, 1
       FROM unnest(outbox.lease_pending_seqs($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5)) r,
-           generate_series(lower(r), upper(r) - 1) s(seq)"#
+           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m"#
     )
 });
 
@@ -309,8 +305,6 @@ pub struct PgDriver {
     /// `enable_seqscan = off`, so that a plan cached while the tables were empty still reads
     /// them through their indexes once they are not (ADR 0046).
     lease_pool: PgPool,
-    /// Messages leased recently, by seq: fanned out to many consumers, each is read once.
-    messages: Arc<MessageCache>,
 }
 
 /// The PostgreSQL store: the composites of [`DriverStore`] over [`PgDriver`].
@@ -428,51 +422,11 @@ impl PgDriver {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.options(LEASE_SETTINGS.iter().copied()))
             .await?;
-        Ok(Self { pool, relay_pool, lease_pool, messages: Arc::new(MessageCache::new(MESSAGE_CACHE_BYTES)) })
+        Ok(Self { pool, relay_pool, lease_pool })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    /// The messages of `seqs`, in that order: from the cache, and the ones it does not hold
-    /// read in one statement (a range scan of the primary key per run of seqs) and kept.
-    async fn messages_by_seq(&self, seqs: &[i64]) -> Result<Vec<StoredMessage>> {
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let found = self.messages.get_many(seqs);
-        crate::metrics::message_cache(seqs.len() - found.missing.len(), found.missing.len());
-        let mut read: HashMap<i64, Arc<StoredMessage>> = HashMap::with_capacity(found.missing.len());
-        if !found.missing.is_empty() {
-            let (lo, hi) = seq_runs(found.missing.iter().copied());
-            let rows = sqlx::query(
-                "SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-                        m.enqueued_at, m.available_at, m.relayed_at
-                   FROM unnest($1::int8[], $2::int8[]) r(lo, hi),
-                        LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= r.lo AND m.seq < r.hi OFFSET 0) m",
-            )
-            .bind(&lo)
-            .bind(&hi)
-            .fetch_all(&self.lease_pool)
-            .await?;
-            for row in &rows {
-                let m = Arc::new(message_from_row(row)?);
-                read.insert(m.seq, m);
-            }
-            self.messages.insert_many(read.values().cloned());
-        }
-        seqs.iter()
-            .zip(found.messages)
-            .map(|(seq, cached)| match cached.or_else(|| read.get(seq).cloned()) {
-                Some(m) => Ok(Arc::unwrap_or_clone(m)),
-                // A leased seq's message is never pruned (the pruner keeps what a lease batch
-                // holds): its absence is a broken invariant, not a race.
-                None => {
-                    Err(StoreError::InvalidValue(format!("message seq {seq} was leased but is not in outbox.messages")))
-                }
-            })
-            .collect()
     }
 
     /// A listener on [`WORK_CHANNEL`], on its own connection.
@@ -601,8 +555,7 @@ impl Driver for PgDriver {
         // unrelayed again, as the claim is lost with it), and any later durable commit, such
         // as an ack of one of its deliveries, flushes it first. Producers' commits stay
         // durable; so do acks and every admin change.
-        // Without a payload in every pushed row: a message pushed to many streams comes once.
-        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9, false)")
+        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(from_seq)
             .bind(now)
@@ -615,17 +568,6 @@ impl Driver for PgDriver {
             .fetch_all(&self.relay_pool)
             .await?;
         let mut out = RelayOutcome::default();
-        // The pushed messages, each decoded once from its `m` row (which carries the payload).
-        let mut pushed: HashMap<i64, Arc<StoredMessage>> = HashMap::new();
-        let mut pending_batches = false;
-        for row in &rows {
-            if RelayRowKind::try_from(row.try_get::<&str, _>("kind")?)? == RelayRowKind::Message
-                && row.try_get::<Option<&[u8]>, _>("payload")?.is_some()
-            {
-                let m = message_from_row(row)?;
-                pushed.insert(m.seq, Arc::new(m));
-            }
-        }
         for row in &rows {
             match RelayRowKind::try_from(row.try_get::<&str, _>("kind")?)? {
                 RelayRowKind::Message => {
@@ -640,14 +582,8 @@ impl Driver for PgDriver {
                     out.deliveries += 1;
                     let consumer: String = row.try_get("consumer")?;
                     let session: String = row.try_get("session")?;
-                    let seq: i64 = row.try_get("seq")?;
-                    let Some(message) = pushed.get(&seq) else {
-                        return Err(StoreError::InvalidValue(format!(
-                            "outbox.relay_pass pushed seq {seq} without its message's payload"
-                        )));
-                    };
                     let d = LeasedDelivery {
-                        message: StoredMessage::clone(message),
+                        message: message_from_row(row)?,
                         delivery_count: 1,
                         lease_expires_at: row.try_get("lease_expires_at")?,
                     };
@@ -660,14 +596,8 @@ impl Driver for PgDriver {
                 RelayRowKind::PendingBatch => {
                     out.deliveries += u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
                     out.consumers.push(row.try_get("consumer")?);
-                    pending_batches = true;
                 }
             }
-        }
-        // Other consumers will lease these messages from their pending batches: keep them. (With
-        // every delivery pushed, as in a steady flow to one consumer, nothing is kept.)
-        if pending_batches {
-            self.messages.insert_many(pushed.into_values());
         }
         out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
         out.consumers.sort_unstable();
@@ -792,23 +722,16 @@ impl Driver for PgDriver {
             .bind(keys_after)
             .fetch_all(&self.lease_pool)
             .await?;
-        // Rows of their own carry their message; batch-held deliveries only their seq.
-        let mut out = Vec::with_capacity(rows.len());
-        let mut held = Vec::new();
-        for row in &rows {
-            if row.try_get::<Option<Uuid>, _>("message_id")?.is_some() {
-                out.push(LeasedDelivery {
+        let out = rows
+            .iter()
+            .map(|row| {
+                Ok(LeasedDelivery {
                     message: message_from_row(row)?,
                     delivery_count: count(row, "delivery_count")?,
                     lease_expires_at: lease_until,
-                });
-            } else {
-                held.push(row.try_get::<i64, _>("seq")?);
-            }
-        }
-        for message in self.messages_by_seq(&held).await? {
-            out.push(LeasedDelivery { message, delivery_count: 1, lease_expires_at: lease_until });
-        }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(out)
     }
 
