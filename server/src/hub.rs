@@ -2,7 +2,7 @@
 //! delivery sessions. A wake-up is a counter in a `watch` channel, so a waiter that was busy
 //! when it was signalled still sees the change: no wake-up is lost.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +97,12 @@ pub struct Credits {
     wants_pending: AtomicBool,
     /// Signalled when the relay gives back room that such a session is waiting for.
     returned: Notify,
+    /// Relay passes holding room of this stream that have not handed over what they pushed, by
+    /// the number each got when it took the room (counted by `offered`).
+    passes: std::sync::Mutex<Vec<u64>>,
+    offered: AtomicU64,
+    /// Signalled when such a pass has handed over (or pushed nothing) and given back its room.
+    pass_done: Notify,
 }
 
 impl Credits {
@@ -141,6 +147,42 @@ impl Credits {
             self.returned.notify_one();
         }
     }
+
+    /// Waits until no relay pass holds room of this stream without having handed over what it
+    /// pushed: whatever a pass that committed before now pushed to this stream is then in the
+    /// stream's channel. A session calls it before sending what it leased, so that a lower seq
+    /// pushed by a concurrent pass is not sent after a higher one it leased (guarantee 6).
+    /// Passes that take room later are not waited for: a busy relay cannot hold a session up.
+    pub async fn passes_handed_over(&self) {
+        let upto = self.offered.load(Ordering::Acquire);
+        loop {
+            let done = self.pass_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.in_pass().iter().any(|p| *p < upto) {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    fn in_pass(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        // Plain numbers: a panic elsewhere cannot leave them half-written.
+        self.passes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A relay pass takes room: its number, until [`Credits::pass_over`].
+    fn pass_begins(&self) -> u64 {
+        let mut passes = self.in_pass();
+        let n = self.offered.fetch_add(1, Ordering::AcqRel);
+        passes.push(n);
+        n
+    }
+
+    fn pass_over(&self, n: u64) {
+        self.in_pass().retain(|p| *p != n);
+        self.pass_done.notify_waiters();
+    }
 }
 
 /// A consumer's lease turn, held; given back (and the waiting streams woken) when dropped.
@@ -182,7 +224,7 @@ impl PushSlots {
     /// dropped, less what [`Offered::used`] says the pass leased; so a failed pass gives back
     /// everything without anyone having to remember to.
     pub fn offer(&self, max: usize, now: DateTime<Utc>) -> Offered<'_> {
-        let mut offers = Vec::new();
+        let (mut offers, mut passes) = (Vec::new(), Vec::new());
         for (consumer, slots) in &self.slots {
             for slot in slots {
                 // A stream waiting to lease pending work keeps the larger half, and its last slot.
@@ -190,6 +232,7 @@ impl PushSlots {
                 let half = if slot.credits.wants_pending.load(Ordering::Acquire) { free / 2 } else { free.div_ceil(2) };
                 let room = slot.credits.take(half.min(max));
                 if room > 0 {
+                    passes.push(slot.credits.pass_begins());
                     offers.push(PushOffer {
                         consumer: consumer.clone(),
                         session: slot.session.clone(),
@@ -200,16 +243,19 @@ impl PushSlots {
             }
         }
         let used = vec![0; offers.len()];
-        Offered { slots: self, offers, used }
+        Offered { slots: self, offers, used, passes }
     }
 }
 
 /// Room taken from streams for one relay pass; what the pass did not lease goes back on drop.
+/// The relay drops it only after handing the pushed deliveries over to their streams.
 #[derive(Debug)]
 pub struct Offered<'a> {
     slots: &'a PushSlots,
     offers: Vec<PushOffer>,
     used: Vec<usize>,
+    /// Each offer's pass number on its stream.
+    passes: Vec<u64>,
 }
 
 impl Offered<'_> {
@@ -229,9 +275,10 @@ impl Offered<'_> {
 
 impl Drop for Offered<'_> {
     fn drop(&mut self) {
-        for (o, used) in self.offers.iter().zip(&self.used) {
+        for ((o, used), pass) in self.offers.iter().zip(&self.used).zip(&self.passes) {
             if let Some(slot) = self.slots.slot(&o.consumer, &o.session) {
                 slot.credits.give_back(o.room - used);
+                slot.credits.pass_over(*pass);
             }
         }
     }
@@ -464,6 +511,32 @@ mod tests {
             hub.push_slots().offer(3, now).offers().iter().all(|o| o.session != "open"),
             "a withdrawn slot gets nothing"
         );
+    }
+
+    #[tokio::test]
+    async fn a_session_waits_for_the_passes_that_held_its_room_and_not_for_later_ones() {
+        use futures::FutureExt as _;
+        let hub = Hub::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let credits = Arc::new(Credits::new(8));
+        let _slot = hub.offer(
+            "c",
+            PushSlot { session: "s".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx },
+        );
+        let (slots, now) = (hub.push_slots(), Utc::now());
+        assert!(credits.passes_handed_over().now_or_never().is_some(), "no pass: no wait");
+
+        let first = slots.offer(2, now);
+        let mut wait = Box::pin(credits.passes_handed_over());
+        assert!((&mut wait).now_or_never().is_none(), "a pass holds room: wait for its hand-over");
+        // A pass that takes room after the wait began is not waited for.
+        let second = slots.offer(2, now);
+        drop(first);
+        assert!(wait.now_or_never().is_some(), "the first pass handed over");
+        let mut wait = Box::pin(credits.passes_handed_over());
+        assert!((&mut wait).now_or_never().is_none(), "the second one now counts");
+        drop(second);
+        assert!(wait.now_or_never().is_some());
     }
 
     #[tokio::test]

@@ -461,12 +461,23 @@ impl Session {
         drop(turn);
         let n = leased.as_ref().map_or(0, Vec::len);
         self.window.unreserve(room - n);
-        let leased = leased?;
+        let mut leased = leased?;
         self.key_cursor = next_key_cursor(&self.key_cursor, &leased);
         // Held before anything is sent, so that whatever happens next releases all of them.
         for d in &leased {
             self.window.hold(d);
         }
+        // A relay pass that committed before this lease may have pushed lower seqs to this
+        // stream: wait for its hand-over and send them together, in seq order (guarantee 6).
+        // The wait is the rest of one pass, and only while a pass holds room of this stream.
+        self.window.credits().passes_handed_over().await;
+        while let Ok(batch) = self.pushed.try_recv() {
+            for d in &batch {
+                self.window.hold(d);
+            }
+            leased.extend(batch);
+        }
+        leased.sort_by_key(|d| d.message.seq);
         Ok(self.send_all(leased, now, out).await.then_some((room, n)))
     }
 

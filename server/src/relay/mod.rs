@@ -130,9 +130,11 @@ impl Relay {
         let mut offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
         let mut out = self.store.relay_batch(batch, from, now, notify, offered.offers()).await?;
         offered.used(&out.pushed);
-        drop(offered);
         self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
         self.hand_over(&slots, std::mem::take(&mut out.pushed)).await;
+        // Only now: a stream that leased meanwhile waits for this before sending (see
+        // `Credits::passes_handed_over`).
+        drop(offered);
         if out.messages > 0 {
             crate::metrics::relayed(out.messages, started.elapsed());
             self.hub.relayed().notify();
