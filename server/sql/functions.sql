@@ -1,4 +1,4 @@
--- revision: 4
+-- revision: 5
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -521,6 +521,26 @@ LANGUAGE sql VOLATILE SET jit = off AS $$
      ORDER BY m.seq
 $$;
 
+-- ---- outbox.wake_relay ----
+-- Wakes a relay that has backed off (ADR 0051): one `NOTIFY outbox_enqueued` from a statement
+-- that inserts into `outbox.messages` while a relay has asked for it (the flag
+-- `outbox.relay_wakeup` is 1: set by a relay as it backs off, back to 0 by the next relay pass
+-- that finds work). The trigger's WHEN reads the flag, so while it is 0, as it is whenever the
+-- relay is busy, the function is not even called: a producer's statement pays one read of the
+-- sequence's buffer, and sends no notification (one per commit would serialise producers'
+-- commits). Once per statement, however many rows it inserts. Runs as the inserting role;
+-- every name is qualified.
+CREATE OR REPLACE FUNCTION outbox.wake_relay() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_catalog.pg_notify('outbox_enqueued', '');
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER wake_relay BEFORE INSERT ON outbox.messages FOR EACH STATEMENT
+    WHEN (pg_catalog.pg_sequence_last_value('outbox.relay_wakeup'::regclass) = 1)
+    EXECUTE FUNCTION outbox.wake_relay();
+
 -- ---- outbox.relay_pass ----
 -- One relay pass, in the caller's transaction (autocommit: one round trip):
 --  * takes the consumers lock shared (consumer changes take it exclusively), so that the fan-out
@@ -613,6 +633,11 @@ BEGIN
     v_read := coalesce(array_length(v_claimed, 1), 0);
 
     IF v_read > 0 THEN
+        -- Found work: a relay that asked to be woken is awake now (ADR 0051). After the read:
+        -- setval gives this transaction its id.
+        IF pg_sequence_last_value('outbox.relay_wakeup'::regclass) = 1 THEN
+            PERFORM setval('outbox.relay_wakeup'::regclass, 0);
+        END IF;
         SELECT max(m.seq) FILTER (WHERE m.seq > v_position), range_agg(int8range(m.seq, m.seq + 1))
           INTO v_read_to, v_found
           FROM unnest(v_claimed) m;

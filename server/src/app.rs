@@ -126,6 +126,7 @@ impl App {
                 poll_max: config.relay_poll_max,
                 hot_for: RelayConfig::default().hot_for,
                 notify: config.listen_notify,
+                wake_on_commit: config.listen_notify,
                 gather: if store.backend() == "sqlite" { SQLITE_RELAY_GATHER } else { Duration::ZERO },
             },
         );

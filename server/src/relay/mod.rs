@@ -1,5 +1,6 @@
 //! The relay: moves committed messages from the outbox into every matching consumer's inbox.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,13 +11,13 @@ use crate::domain::{ConsumerName, DeliveryState};
 use crate::hub::{Hub, PushSlots};
 use crate::store::{LeasedDelivery, RelayOutcome, Release, ReleaseGuard, SharedStore, StoreError};
 
-/// How the relay waits for work. Producers writing through their own transactions cannot signal
-/// this process (a NOTIFY on their commit path would serialise their commits), so the relay
-/// polls: again at once after a pass that found work; every `poll_min` for `hot_for` after the
-/// last work it found (traffic is likely to go on, and each empty poll is one cheap indexed
-/// probe); then doubling up to `poll_max` while nothing comes. Messages enqueued through this
-/// process's `Enqueue` RPC (and, on SQLite, commits noticed by the store's watcher) wake it at
-/// once.
+/// How the relay waits for work. It polls: again at once after a pass that found work; every
+/// `poll_min` for `hot_for` after the last work it found (traffic is likely to go on, and each
+/// empty poll is one cheap indexed probe); then doubling up to `poll_max` while nothing comes.
+/// Messages enqueued through this process's `Enqueue` RPC wake it at once, and so do, once it
+/// has backed off and asked for it (`wake_on_commit`), producers' commits in other processes:
+/// on PostgreSQL a NOTIFY from their statement, sent only while a relay has asked (a NOTIFY on
+/// every commit would serialise producers' commits; ADR 0051); on SQLite the store's watcher.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayConfig {
     pub batch_size: i64,
@@ -25,6 +26,9 @@ pub struct RelayConfig {
     pub hot_for: Duration,
     /// Announce new deliveries to other replicas with one NOTIFY per batch.
     pub notify: bool,
+    /// On backing off, ask producers' commits to wake this relay
+    /// ([`crate::store::Store::relay_wakeup_wanted`]); needs the store's watcher to listen.
+    pub wake_on_commit: bool,
     /// After a pass that found work but less than a batch, wait this long before the next
     /// (zero: at once). On SQLite, where every pass takes the one write lock that producers
     /// need too, a short gap lets a busy flow gather into fewer, larger passes.
@@ -39,6 +43,7 @@ impl Default for RelayConfig {
             poll_max: Duration::from_millis(500),
             hot_for: Duration::from_secs(1),
             notify: true,
+            wake_on_commit: true,
             gather: Duration::ZERO,
         }
     }
@@ -108,11 +113,14 @@ pub struct Relay {
     hub: Hub,
     config: RelayConfig,
     hint: Arc<Mutex<ScanHint>>,
+    /// Whether this process has asked producers' commits to wake it since a pass last found
+    /// work (that pass cleared the request in the database).
+    wakeup_asked: Arc<AtomicBool>,
 }
 
 impl Relay {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
-        Self { store, clock, hub, config, hint: Arc::default() }
+        Self { store, clock, hub, config, hint: Arc::default(), wakeup_asked: Arc::default() }
     }
 
     fn hint(&self) -> std::sync::MutexGuard<'_, ScanHint> {
@@ -136,6 +144,7 @@ impl Relay {
         // `Credits::passes_handed_over`).
         drop(offered);
         if out.messages > 0 {
+            self.wakeup_asked.store(false, Ordering::Relaxed);
             crate::metrics::relayed(out.messages, started.elapsed());
             self.hub.relayed().notify();
         }
@@ -257,6 +266,21 @@ impl Relay {
                     let idle = last_work.map_or(Duration::MAX, |at| at.elapsed());
                     wait = next_wait(&self.config, idle, wait);
                     probe = true;
+                    // Backing off: ask producers' commits to wake us, then look once more
+                    // before sleeping (a commit between the last look and the request did not).
+                    if self.config.wake_on_commit
+                        && idle >= self.config.hot_for
+                        && !self.wakeup_asked.load(Ordering::Relaxed)
+                    {
+                        match self.store.relay_wakeup_wanted().await {
+                            Ok(()) => {
+                                self.wakeup_asked.store(true, Ordering::Relaxed);
+                                continue;
+                            }
+                            // Polling still finds the work; asked again at the next back-off.
+                            Err(e) => tracing::warn!(error = %e, "could not ask producers to wake the relay"),
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "relay pass failed; retrying");

@@ -257,6 +257,10 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.message_unrelayed_exists(from_seq).await
     }
 
+    async fn relay_wakeup_wanted(&self) -> Result<()> {
+        self.driver.relay_wakeup_wanted().await
+    }
+
     async fn message_last_seq(&self) -> Result<i64> {
         self.driver.message_last_seq().await
     }

@@ -147,6 +147,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
     /// Whether a committed message with `seq >= from_seq` waits for the relay: one indexed probe.
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
+    /// A relay backs off: until a relay pass next finds work, producers' commits should wake
+    /// the relay (PostgreSQL: a `NOTIFY outbox_enqueued` from their statement, which
+    /// [`Store::watch`] turns into [`WorkHint::Enqueued`]; ADR 0051). SQLite's watcher notices
+    /// every commit anyway: nothing to do there.
+    async fn relay_wakeup_wanted(&self) -> Result<()>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
     /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`

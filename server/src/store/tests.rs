@@ -390,6 +390,116 @@ async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
     assert!(err.to_string().contains("transaction of its own"), "{err}");
 }
 
+/// A relay that backed off is woken by a producer's commit instead of its next poll (ADR 0051):
+/// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued` while a
+/// relay has asked for it, and none while it has not (a notification on every commit would
+/// serialise producers' commits). The relay polls every 60 s here, so only the notification
+/// can relay the message within the bound.
+#[tokio::test]
+async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_notified() {
+    use sqlx::postgres::PgListener;
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    store.consumer_create(&spec("c", &["t"], 5), Utc::now()).await.unwrap();
+    let writer = format!("outboxd_test_writer_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {writer} NOLOGIN; GRANT USAGE ON SCHEMA outbox TO {writer};
+         GRANT INSERT ON outbox.messages TO {writer}; GRANT USAGE ON SEQUENCE outbox.messages_seq TO {writer};"
+    )))
+    .execute(pg.pool())
+    .await
+    .unwrap();
+    let insert = |type_: &'static str| {
+        let (pool, writer) = (pg.pool().clone(), writer.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE {writer}"))).execute(&mut *tx).await.unwrap();
+            sqlx::query("INSERT INTO outbox.messages (message_id, topic, type, payload) VALUES ($1, 't', $2, '')")
+                .bind(uuid::Uuid::new_v4())
+                .bind(type_)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    let wanted = || async {
+        sqlx::query_scalar::<_, bool>("SELECT coalesce(pg_sequence_last_value('outbox.relay_wakeup') = 1, false)")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap()
+    };
+    let mut heard = PgListener::connect_with(pg.pool()).await.unwrap();
+    heard.listen(super::postgres::ENQUEUED_CHANNEL).await.unwrap();
+    // Notifications of different transactions arrive in commit order: a marker sent after an
+    // insert is heard first exactly when the insert sent nothing.
+    async fn next_heard(heard: &mut PgListener) -> String {
+        tokio::time::timeout(Duration::from_secs(10), heard.recv()).await.unwrap().unwrap().payload().to_owned()
+    }
+    let marker = || async {
+        sqlx::query("SELECT pg_notify('outbox_enqueued', 'marker')").execute(pg.pool()).await.unwrap();
+    };
+
+    // No relay has asked: an insert notifies nobody.
+    assert!(!wanted().await);
+    insert("quiet").await;
+    marker().await;
+    assert_eq!(next_heard(&mut heard).await, "marker", "an insert while no relay asked sent a notification");
+    store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
+
+    // A relay that polls every 60 s, woken as outboxd wires it: watch → hint → the relay.
+    let hub = Hub::default();
+    let config =
+        RelayConfig { poll_min: Duration::from_secs(60), poll_max: Duration::from_secs(60), ..RelayConfig::default() };
+    let relay = Relay::new(store.clone(), Arc::new(crate::clock::SystemClock), hub.clone(), config);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (hints, mut hinted) = tokio::sync::mpsc::unbounded_channel();
+    let watch = tokio::spawn({
+        let (store, cancel) = (store.clone(), cancel.clone());
+        async move { store.watch(hints, cancel).await }
+    });
+    let wake = tokio::spawn({
+        let hub = hub.clone();
+        async move {
+            while let Some(hint) = hinted.recv().await {
+                if hint == WorkHint::Enqueued {
+                    hub.enqueued().notify();
+                }
+            }
+        }
+    });
+    let relaying = tokio::spawn(relay.run(cancel.clone()));
+    // Nothing to do since it started: it asks to be woken, looks once more, and sleeps.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !wanted().await {
+        assert!(std::time::Instant::now() < deadline, "the relay did not ask to be woken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    insert("wakes").await;
+    assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.message_unrelayed_exists(0).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "the relay slept through the insert's notification");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The pass that found it cleared the request: while the relay is busy, inserts notify nobody.
+    assert!(!wanted().await, "the relay pass that found work cleared the request");
+    insert("busy").await;
+    marker().await;
+    assert_eq!(next_heard(&mut heard).await, "marker", "an insert after the relay woke sent a notification");
+
+    cancel.cancel();
+    relaying.await.unwrap();
+    watch.await.unwrap();
+    wake.abort();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {writer}; DROP ROLE {writer};")))
+        .execute(pg.pool())
+        .await
+        .unwrap();
+}
+
 /// `outboxd migrate` takes a PostgreSQL database written before the relay cursor, with relayed
 /// and unrelayed messages interleaved (a late commit below the highest relayed seq) and
 /// deliveries in every state, to the cursor: every unrelayed message is relayed once, nothing

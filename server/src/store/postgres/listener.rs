@@ -1,12 +1,13 @@
-//! Work announced by other replicas: listens on `outbox_work`, where every relay announces the
-//! consumers it just fanned out to, and passes each announcement on as a [`WorkHint`].
-//! Notifications are hints: one lost while the connection was down is covered by a
-//! [`WorkHint::All`] after a reconnect, and by the streams' fallback poll.
+//! Work announced by other processes: listens on `outbox_work`, where every relay announces the
+//! consumers it just fanned out to, and on `outbox_enqueued`, where producers' statements wake a
+//! relay that backed off (ADR 0051), and passes each on as a [`WorkHint`]. Notifications are
+//! hints: one lost while the connection was down is covered by a [`WorkHint::All`] and a
+//! [`WorkHint::Enqueued`] after a reconnect, and by the streams' and the relay's fallback polls.
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::PgDriver;
+use super::{ENQUEUED_CHANNEL, PgDriver};
 use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
@@ -20,8 +21,10 @@ impl WorkListener {
         Self { store, hints }
     }
 
-    fn dispatch(&self, payload: &str) {
-        if payload.is_empty() {
+    fn dispatch(&self, channel: &str, payload: &str) {
+        if channel == ENQUEUED_CHANNEL {
+            self.hint(WorkHint::Enqueued);
+        } else if payload.is_empty() {
             self.hint(WorkHint::All);
         } else {
             self.hint(WorkHint::Consumers(payload.split(',').map(str::to_owned).collect()));
@@ -54,15 +57,19 @@ impl WorkListener {
             backoff = Duration::from_millis(100);
             // Anything announced while we were not listening: wake everyone once.
             self.hint(WorkHint::All);
+            self.hint(WorkHint::Enqueued);
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return,
                     n = listener.try_recv() => n,
                 };
                 match next {
-                    Ok(Some(n)) => self.dispatch(n.payload()),
+                    Ok(Some(n)) => self.dispatch(n.channel(), n.payload()),
                     // The connection dropped; the next try_recv reconnects.
-                    Ok(None) => self.hint(WorkHint::All),
+                    Ok(None) => {
+                        self.hint(WorkHint::All);
+                        self.hint(WorkHint::Enqueued);
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "relay notification listener failed; reconnecting");
                         break;

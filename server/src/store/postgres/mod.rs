@@ -36,6 +36,9 @@ pub(crate) const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
 /// The channel on which relays announce new deliveries: the payload is a comma-separated list
 /// of consumer names, or empty for "all".
 pub const WORK_CHANNEL: &str = "outbox_work";
+/// Where producers' statements wake a relay that asked for it (ADR 0051; `outbox.wake_relay`
+/// in server/sql/functions.sql names it too).
+pub const ENQUEUED_CHANNEL: &str = "outbox_enqueued";
 
 /// Connections of the relay's own pool (a relay loop and its helper).
 const RELAY_CONNECTIONS: u32 = 2;
@@ -87,7 +90,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 4;
+pub(crate) const FUNCTIONS_REVISION: i32 = 5;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -429,10 +432,10 @@ impl PgDriver {
         &self.pool
     }
 
-    /// A listener on [`WORK_CHANNEL`], on its own connection.
+    /// A listener on [`WORK_CHANNEL`] and [`ENQUEUED_CHANNEL`], on its own connection.
     pub async fn work_listener(&self) -> Result<PgListener> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(WORK_CHANNEL).await?;
+        listener.listen_all([WORK_CHANNEL, ENQUEUED_CHANNEL]).await?;
         Ok(listener)
     }
 }
@@ -1099,6 +1102,12 @@ impl Driver for PgDriver {
         // The cursor knows where the relay stands; `from_seq` is the SQLite relay's hint.
         let _ = from_seq;
         Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages)").fetch_one(&self.pool).await?)
+    }
+
+    async fn relay_wakeup_wanted(&self) -> Result<()> {
+        // Back to 0 by the relay pass that next finds work (server/sql/functions.sql).
+        sqlx::query("SELECT setval('outbox.relay_wakeup', 1)").execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn message_last_seq(&self) -> Result<i64> {

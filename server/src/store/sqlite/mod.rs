@@ -1027,6 +1027,11 @@ impl Driver for SqliteDriver {
             .await?)
     }
 
+    async fn relay_wakeup_wanted(&self) -> Result<()> {
+        // The watcher wakes the relay on every commit to the file (`PRAGMA data_version`).
+        Ok(())
+    }
+
     async fn message_last_seq(&self) -> Result<i64> {
         Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox_messages").fetch_one(&self.pool).await?)
     }

@@ -78,6 +78,11 @@ const DRAIN_MAX_IN_FLIGHT: u32 = 1000;
 const FANOUT_CONSUMERS: [u32; 3] = [1, 4, 16];
 const FANOUT_STREAMS_PER_CONSUMER: u32 = 2;
 const IDLE_MAX_IN_FLIGHT: u32 = 16;
+/// The quiet-latency phase: the wait before each message, longer than the relay stays hot (1 s)
+/// after its last work, so that each finds the relay backed off, as the first message after a
+/// quiet spell does; and how many messages [with --quick: 4].
+const QUIET_GAP: Duration = Duration::from_millis(2_500);
+const QUIET_SAMPLES: usize = 12;
 /// Rows per INSERT statement when loading a backlog.
 const INSERT_CHUNK: u64 = 50_000;
 /// Most message ids in one ack request.
@@ -1132,6 +1137,39 @@ async fn idle(url: &str, admin: &mut AdminClient, endpoint: &str, len: Duration)
     Ok(per_second(outboxd as u64, elapsed))
 }
 
+/// Commit → delivery of messages that each come after a quiet spell.
+#[derive(Debug, Serialize)]
+struct QuietLatency {
+    #[serde(flatten)]
+    delivery: Quantiles,
+    gap_s: f64,
+    samples: usize,
+}
+
+/// Phase 7b: one message at a time, each `QUIET_GAP` after the last was delivered, committed by
+/// a producer's own transaction (the SQL function): outboxd hears of it only by polling or by
+/// being woken by the commit (ADR 0051), not through its own `Enqueue`.
+async fn latency_after_quiet(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<QuietLatency> {
+    create_consumer(admin, consumer("bench-quiet", &["bench.quiet"])).await?;
+    let mut stream = RawStream::open(endpoint, "bench-quiet", 16).await?;
+    let mut conn = b.producers.acquire().await?;
+    let n = if b.params.quick { 4 } else { QUIET_SAMPLES };
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        tokio::time::sleep(QUIET_GAP).await;
+        let id = Uuid::now_v7();
+        Work::SqlFunction { topic: "bench.quiet" }.commit_one(&mut conn, id, &b.payload).await?;
+        let committed = Instant::now();
+        let d = stream.take(1, Duration::from_secs(30)).await?.remove(0);
+        let delivered = Instant::now();
+        ensure!(d.message_id == id.to_string(), "the quiet phase got {} instead of {id}", d.message_id);
+        stream.ack(&[&d.message_id]).await;
+        samples.push(delivered.saturating_duration_since(committed));
+    }
+    stream.close();
+    Ok(QuietLatency { delivery: Quantiles::of(samples)?, gap_s: QUIET_GAP.as_secs_f64(), samples: n })
+}
+
 /// Resident memory of a process, from `/proc/PID/status`.
 fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -1227,6 +1265,8 @@ struct Report {
     keyed_drain_per_s: ByDepth,
     /// The same from the first ack to the last.
     keyed_drain_acking_per_s: ByDepth,
+    /// Commit → delivery of single messages from the SQL function, each after a quiet spell.
+    latency_after_quiet_ms: QuietLatency,
 }
 
 /// Figures keyed by depth per key.
@@ -1298,6 +1338,14 @@ fn print_table(r: &Report) {
             ),
         ],
         ["".into(), format!("commit->ack      {}", quantiles_text(&r.latency_ms.ack)), "".into()],
+        [
+            "latency after quiet".into(),
+            format!("commit->delivery {}", quantiles_text(&r.latency_after_quiet_ms.delivery)),
+            format!(
+                "one message at a time from outbox.enqueue, each {:.1} s after the last; {} samples",
+                r.latency_after_quiet_ms.gap_s, r.latency_after_quiet_ms.samples
+            ),
+        ],
         [
             "drain".into(),
             format!("{} msg/s", grouped(r.drain_per_s)),
@@ -1429,6 +1477,8 @@ async fn run(args: Args) -> Result<Report> {
     // Idle first, while outboxd has done nothing else: its counters are then its own.
     tracing::info!(ceiling_per_s, "phase 7 (run first): idle");
     let idle_queries_per_s = idle(&url, &mut admin, &endpoint, Duration::from_secs(b.params.idle_seconds)).await?;
+    tracing::info!(idle_queries_per_s, "phase 7b: latency after a quiet spell");
+    let quiet = latency_after_quiet(&b, &mut admin, &endpoint).await?;
 
     tracing::info!(idle_queries_per_s, "phase 2: enqueue");
     let enq = enqueue(&b, &mut admin).await?;
@@ -1473,6 +1523,7 @@ async fn run(args: Args) -> Result<Report> {
         fanout_time_ratio: fan_by(&|d| round(d.elapsed.as_secs_f64() / one, 2)),
         keyed_drain_per_s: ByDepth(keyed.iter().map(|&(d, r, _)| (d, r)).collect()),
         keyed_drain_acking_per_s: ByDepth(keyed.iter().map(|&(d, _, a)| (d, a)).collect()),
+        latency_after_quiet_ms: quiet,
         ceiling_per_s: round(ceiling_per_s, 1),
         enqueue_per_s: round(enq.per_s, 1),
         end_to_end_per_s: round(e2e.per_s, 1),
