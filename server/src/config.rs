@@ -76,7 +76,9 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_REPLAY_RATE", default_value_t = 1000)]
     pub replay_rate: u32,
     /// Longest wait between relay polls when idle (the relay polls every millisecond or so
-    /// while messages flow, and backs off to this when none come).
+    /// while messages flow, and backs off to this when none come). On PostgreSQL a relay that
+    /// backed off is woken by producers' inserts (unless --no-listen), so this bounds only the
+    /// rare commit that raced its request.
     #[arg(long, env = "OUTBOXD_RELAY_POLL_MAX", default_value = "1s", value_parser = humantime::parse_duration)]
     pub relay_poll_max: Duration,
     /// Longest sleep of the lease sweeper. It wakes at the earliest lease deadline it knows of;
