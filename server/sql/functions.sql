@@ -523,13 +523,13 @@ $$;
 
 -- ---- outbox.wake_relay ----
 -- Wakes a relay that has backed off (ADR 0051): one `NOTIFY outbox_enqueued` from a statement
--- that inserts into `outbox.messages` while a relay has asked for it (the flag
--- `outbox.relay_wakeup` is 1: set by a relay as it backs off, back to 0 by the next relay pass
--- that finds work). The trigger's WHEN reads the flag, so while it is 0, as it is whenever the
--- relay is busy, the function is not even called: a producer's statement pays one read of the
--- sequence's buffer, and sends no notification (one per commit would serialise producers'
--- commits). Once per statement, however many rows it inserts. Runs as the inserting role;
--- every name is qualified.
+-- that inserts into `outbox.messages` while a relay's request holds (`outbox.relay_wakeup`: the
+-- Unix time until which a relay that backed off asked for it, renewed while it sleeps, 0 again
+-- from the next relay pass that finds work). The trigger's WHEN reads the request, so while none
+-- holds, as whenever the relay is busy or no relay runs, the function is not even called: a
+-- producer's statement pays one read of the sequence's buffer, and sends no notification (one
+-- per commit would serialise producers' commits). Once per statement, however many rows it
+-- inserts. Runs as the inserting role; every name is qualified.
 CREATE OR REPLACE FUNCTION outbox.wake_relay() RETURNS trigger
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -538,7 +538,8 @@ BEGIN
 END
 $$;
 CREATE OR REPLACE TRIGGER wake_relay BEFORE INSERT ON outbox.messages FOR EACH STATEMENT
-    WHEN (pg_catalog.pg_sequence_last_value('outbox.relay_wakeup'::regclass) = 1)
+    WHEN (pg_catalog.pg_sequence_last_value('outbox.relay_wakeup'::regclass)
+          > pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()))
     EXECUTE FUNCTION outbox.wake_relay();
 
 -- ---- outbox.relay_pass ----
@@ -635,7 +636,7 @@ BEGIN
     IF v_read > 0 THEN
         -- Found work: a relay that asked to be woken is awake now (ADR 0051). After the read:
         -- setval gives this transaction its id.
-        IF pg_sequence_last_value('outbox.relay_wakeup'::regclass) = 1 THEN
+        IF pg_sequence_last_value('outbox.relay_wakeup'::regclass) > 0 THEN
             PERFORM setval('outbox.relay_wakeup'::regclass, 0);
         END IF;
         SELECT max(m.seq) FILTER (WHERE m.seq > v_position), range_agg(int8range(m.seq, m.seq + 1))

@@ -1,6 +1,5 @@
 //! The relay: moves committed messages from the outbox into every matching consumer's inbox.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +25,9 @@ pub struct RelayConfig {
     pub hot_for: Duration,
     /// Announce new deliveries to other replicas with one NOTIFY per batch.
     pub notify: bool,
-    /// On backing off, ask producers' commits to wake this relay
-    /// ([`crate::store::Store::relay_wakeup_wanted`]); needs the store's watcher to listen.
+    /// While backed off, ask producers' commits to wake this relay
+    /// ([`crate::store::Store::message_unrelayed_exists_asking_wakeup`]); needs the store's
+    /// watcher to listen.
     pub wake_on_commit: bool,
     /// After a pass that found work but less than a batch, wait this long before the next
     /// (zero: at once). On SQLite, where every pass takes the one write lock that producers
@@ -53,6 +53,13 @@ impl Default for RelayConfig {
 /// last wait.
 fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Duration {
     if idle < config.hot_for { config.poll_min } else { (previous * 2).clamp(config.poll_min, config.poll_max) }
+}
+
+/// How long a backed-off relay's request to be woken holds: several of its longest polls, so
+/// that the probe that renews it comes well before it lapses, and at least a few seconds. A relay
+/// that died stops renewing it, and producers' commits stop notifying within this long.
+fn wakeup_lease(config: &RelayConfig) -> Duration {
+    (config.poll_max * 4).max(Duration::from_secs(4))
 }
 
 /// How often a pass looks for unrelayed messages from the start of the table rather than from
@@ -113,18 +120,41 @@ pub struct Relay {
     hub: Hub,
     config: RelayConfig,
     hint: Arc<Mutex<ScanHint>>,
-    /// Whether this process has asked producers' commits to wake it since a pass last found
-    /// work (that pass cleared the request in the database).
-    wakeup_asked: Arc<AtomicBool>,
+    /// Until when this process's request to be woken by producers' commits holds, if it asked
+    /// since a pass last found work (that pass cleared the request in the database).
+    wakeup_asked_until: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl Relay {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
-        Self { store, clock, hub, config, hint: Arc::default(), wakeup_asked: Arc::default() }
+        Self { store, clock, hub, config, hint: Arc::default(), wakeup_asked_until: Arc::default() }
     }
 
     fn hint(&self) -> std::sync::MutexGuard<'_, ScanHint> {
         self.hint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn asked_until(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.wakeup_asked_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A probe for unrelayed messages; once the relay has backed off (idle for `hot_for`), the
+    /// same statement asks producers' commits to wake it, and renews that request when half of
+    /// it has run out (ADR 0051).
+    async fn probe(&self, idle: Duration) -> Result<bool, StoreError> {
+        // Peek only: the pass that follows must start where the probe looked.
+        let from = self.hint().peek();
+        let lease = wakeup_lease(&self.config);
+        let now = std::time::Instant::now();
+        let ask = self.config.wake_on_commit
+            && idle >= self.config.hot_for
+            && self.asked_until().is_none_or(|until| until.saturating_duration_since(now) < lease / 2);
+        if !ask {
+            return self.store.message_unrelayed_exists(from).await;
+        }
+        let found = self.store.message_unrelayed_exists_asking_wakeup(from, lease).await?;
+        *self.asked_until() = Some(now + lease);
+        Ok(found)
     }
 
     /// One pass: claim a batch, fan it out, commit, wake the consumers that got deliveries.
@@ -144,7 +174,7 @@ impl Relay {
         // `Credits::passes_handed_over`).
         drop(offered);
         if out.messages > 0 {
-            self.wakeup_asked.store(false, Ordering::Relaxed);
+            *self.asked_until() = None;
             crate::metrics::relayed(out.messages, started.elapsed());
             self.hub.relayed().notify();
         }
@@ -232,13 +262,8 @@ impl Relay {
         let mut probe = false;
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
-            let found = if probe {
-                // Peek only: the pass that follows must start where the probe looked.
-                let from = self.hint().peek();
-                self.store.message_unrelayed_exists(from).await
-            } else {
-                Ok(true)
-            };
+            let found =
+                if probe { self.probe(last_work.map_or(Duration::MAX, |at| at.elapsed())).await } else { Ok(true) };
             let pass = match found {
                 Ok(true) => self.run_once().await.map(|out| out.messages),
                 Ok(false) => Ok(0),
@@ -266,20 +291,9 @@ impl Relay {
                     let idle = last_work.map_or(Duration::MAX, |at| at.elapsed());
                     wait = next_wait(&self.config, idle, wait);
                     probe = true;
-                    // Backing off: ask producers' commits to wake us, then look once more
-                    // before sleeping (a commit between the last look and the request did not).
-                    if self.config.wake_on_commit
-                        && idle >= self.config.hot_for
-                        && !self.wakeup_asked.load(Ordering::Relaxed)
-                    {
-                        match self.store.relay_wakeup_wanted().await {
-                            Ok(()) => {
-                                self.wakeup_asked.store(true, Ordering::Relaxed);
-                                continue;
-                            }
-                            // Polling still finds the work; asked again at the next back-off.
-                            Err(e) => tracing::warn!(error = %e, "could not ask producers to wake the relay"),
-                        }
+                    // Backed off and not asked yet: the probe that asks comes before any sleep.
+                    if self.config.wake_on_commit && idle >= self.config.hot_for && self.asked_until().is_none() {
+                        continue;
                     }
                 }
                 Err(e) => {

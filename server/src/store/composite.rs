@@ -2,6 +2,8 @@
 //! statement or a composite of several, written here for every backend — create-or-compare and
 //! the EARLIEST backfill of a consumer, the prune loop, batches in one transaction, lookups that
 //! turn "no row" into the error naming it, and decoding records into domain values.
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
@@ -257,8 +259,8 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.message_unrelayed_exists(from_seq).await
     }
 
-    async fn relay_wakeup_wanted(&self) -> Result<()> {
-        self.driver.relay_wakeup_wanted().await
+    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
+        self.driver.message_unrelayed_exists_asking_wakeup(from_seq, wake_for).await
     }
 
     async fn message_last_seq(&self) -> Result<i64> {

@@ -8,6 +8,8 @@
 //!
 //! Methods that a composite runs inside its transaction take `conn` (a transaction or a pooled
 //! connection dereferences to it); the others run on the driver's own pools.
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sqlx::Transaction;
 use sqlx::pool::PoolConnection;
@@ -60,8 +62,8 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
     /// See [`super::Store::message_unrelayed_exists`].
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
-    /// See [`super::Store::relay_wakeup_wanted`].
-    async fn relay_wakeup_wanted(&self) -> Result<()>;
+    /// See [`super::Store::message_unrelayed_exists_asking_wakeup`].
+    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool>;
     async fn message_last_seq(&self) -> Result<i64>;
     /// How many committed messages the relay has not read, and the oldest one's enqueue time.
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)>;

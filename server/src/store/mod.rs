@@ -147,11 +147,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
     /// Whether a committed message with `seq >= from_seq` waits for the relay: one indexed probe.
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
-    /// A relay backs off: until a relay pass next finds work, producers' commits should wake
-    /// the relay (PostgreSQL: a `NOTIFY outbox_enqueued` from their statement, which
+    /// [`Store::message_unrelayed_exists`], for a relay that has backed off: the same statement
+    /// asks producers' commits to wake the relay for the next `wake_for` or until a relay pass
+    /// next finds work (PostgreSQL: a `NOTIFY outbox_enqueued` from their statement, which
     /// [`Store::watch`] turns into [`WorkHint::Enqueued`]; ADR 0051). SQLite's watcher notices
-    /// every commit anyway: nothing to do there.
-    async fn relay_wakeup_wanted(&self) -> Result<()>;
+    /// every commit anyway: there it is the plain probe.
+    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
     /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`

@@ -392,9 +392,9 @@ async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
 
 /// A relay that backed off is woken by a producer's commit instead of its next poll (ADR 0051):
 /// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued` while a
-/// relay has asked for it, and none while it has not (a notification on every commit would
-/// serialise producers' commits). The relay polls every 60 s here, so only the notification
-/// can relay the message within the bound.
+/// relay's request holds, and none while none does or after it lapsed (a notification on every
+/// commit would serialise producers' commits). The relay polls every 60 s here, so only the
+/// notification can relay the message within the bound.
 #[tokio::test]
 async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_notified() {
     use sqlx::postgres::PgListener;
@@ -426,10 +426,12 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
         }
     };
     let wanted = || async {
-        sqlx::query_scalar::<_, bool>("SELECT coalesce(pg_sequence_last_value('outbox.relay_wakeup') = 1, false)")
-            .fetch_one(pg.pool())
-            .await
-            .unwrap()
+        sqlx::query_scalar::<_, bool>(
+            "SELECT coalesce(pg_sequence_last_value('outbox.relay_wakeup') > extract(epoch FROM now()), false)",
+        )
+        .fetch_one(pg.pool())
+        .await
+        .unwrap()
     };
     let mut heard = PgListener::connect_with(pg.pool()).await.unwrap();
     heard.listen(super::postgres::ENQUEUED_CHANNEL).await.unwrap();
@@ -489,6 +491,15 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
     insert("busy").await;
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert after the relay woke sent a notification");
+
+    // A request that lapsed (its relay died before renewing it) wakes nobody either.
+    sqlx::query("SELECT setval('outbox.relay_wakeup', extract(epoch FROM now())::bigint - 1)")
+        .execute(pg.pool())
+        .await
+        .unwrap();
+    insert("lapsed").await;
+    marker().await;
+    assert_eq!(next_heard(&mut heard).await, "marker", "an insert under a lapsed request sent a notification");
 
     cancel.cancel();
     relaying.await.unwrap();

@@ -1104,10 +1104,19 @@ impl Driver for PgDriver {
         Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages)").fetch_one(&self.pool).await?)
     }
 
-    async fn relay_wakeup_wanted(&self) -> Result<()> {
-        // Back to 0 by the relay pass that next finds work (server/sql/functions.sql).
-        sqlx::query("SELECT setval('outbox.relay_wakeup', 1)").execute(&self.pool).await?;
-        Ok(())
+    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
+        let _ = from_seq;
+        // The request holds until the database's clock passes it (the trigger compares with
+        // the database's clock too), or until a relay pass that finds work sets it back to 0
+        // (server/sql/functions.sql). One statement: the probe costs no extra query.
+        let (found, _): (bool, i64) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages),
+                    setval('outbox.relay_wakeup', ceil(extract(epoch FROM clock_timestamp()) + $1)::bigint)",
+        )
+        .bind(wake_for.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(found)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {

@@ -1027,9 +1027,10 @@ impl Driver for SqliteDriver {
             .await?)
     }
 
-    async fn relay_wakeup_wanted(&self) -> Result<()> {
+    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
         // The watcher wakes the relay on every commit to the file (`PRAGMA data_version`).
-        Ok(())
+        let _ = wake_for;
+        self.message_unrelayed_exists(from_seq).await
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
