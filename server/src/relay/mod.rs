@@ -138,6 +138,11 @@ impl Relay {
         self.wakeup_asked_until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a relay idle for `idle` has backed off and asks producers' commits to wake it.
+    fn backed_off(&self, idle: Duration) -> bool {
+        self.config.wake_on_commit && idle >= self.config.hot_for
+    }
+
     /// A probe for unrelayed messages; once the relay has backed off (idle for `hot_for`), the
     /// same statement asks producers' commits to wake it, and renews that request when half of
     /// it has run out (ADR 0051).
@@ -146,8 +151,7 @@ impl Relay {
         let from = self.hint().peek();
         let lease = wakeup_lease(&self.config);
         let now = std::time::Instant::now();
-        let ask = self.config.wake_on_commit
-            && idle >= self.config.hot_for
+        let ask = self.backed_off(idle)
             && self.asked_until().is_none_or(|until| until.saturating_duration_since(now) < lease / 2);
         if !ask {
             return self.store.message_unrelayed_exists(from).await;
@@ -292,7 +296,7 @@ impl Relay {
                     wait = next_wait(&self.config, idle, wait);
                     probe = true;
                     // Backed off and not asked yet: the probe that asks comes before any sleep.
-                    if self.config.wake_on_commit && idle >= self.config.hot_for && self.asked_until().is_none() {
+                    if self.backed_off(idle) && self.asked_until().is_none() {
                         continue;
                     }
                 }

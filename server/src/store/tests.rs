@@ -473,7 +473,7 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
         }
     });
     let relaying = tokio::spawn(relay.run(cancel.clone()));
-    // Nothing to do since it started: it asks to be woken, looks once more, and sleeps.
+    // Nothing to do since it started: its probe asks to be woken, and it sleeps.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !wanted().await {
         assert!(std::time::Instant::now() < deadline, "the relay did not ask to be woken");
