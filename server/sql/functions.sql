@@ -1,4 +1,4 @@
--- revision: 5
+-- revision: 6
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -236,44 +236,87 @@ END
 $$;
 
 -- ---- outbox.ack ----
--- The transactional ack: a consumer acks in the transaction of its effect. True once, false
--- when the delivery was already acked, is dead, or is unknown. A first delivery held in a lease
--- batch (ADR 0041) or waiting in a pending batch (ADR 0042) gets an acked row of its own here,
--- so that the consumer's transaction never locks a batch; the batch's own ack, and the prune's
--- fold, later find the row and leave it alone.
+-- The transactional ack: a consumer acks in the transaction of its effect. The answer is exact
+-- (docs/sql-api.md):
+--  * true: this call acked the delivery (leased, pending, waiting in a batch, or not relayed yet:
+--    then the relay's delivery of it will find it acked);
+--  * false: the delivery was acked already, or is dead (given up after `max_deliveries`: only a
+--    replay delivers it again, and the replayed delivery can then be acked), or the consumer
+--    does not take the message (unknown or pruned message, unknown consumer, a topic it does
+--    not match, or a message from before a consumer that starts from NEW).
+-- Never false for a delivery that can still be delivered.
+--
+-- A delivery's state is in one of four places: a row of its own, a seq in a lease batch
+-- (ADR 0041), in a pending batch (ADR 0042), or in the ack log. Relay passes, leases, stream
+-- acks, releases and the sweeper move it between them, each in a transaction of its own, while
+-- this runs in the consumer's (READ COMMITTED: every statement sees the commits before it). So
+-- every decision below reads all four places in ONE statement, one snapshot, in which each
+-- mover's transaction is wholly visible or not at all; the write that follows is checked
+-- again on the row it writes, and whatever a mover changed in between sends the call around
+-- the loop to read again (ADR 0052). A first delivery held in a batch gets an acked row of its
+-- own here, so that the consumer's transaction never locks a batch; the batch's own ack, a
+-- lease from a pending batch, the sweeper and the prune's fold later find the row and leave it
+-- alone (a row wins over a batch).
 CREATE OR REPLACE FUNCTION outbox.ack(consumer text, message_id uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_rows bigint;
-    v_seq  bigint;
+    v_rows  bigint;
+    v_seen  record;
 BEGIN
-    UPDATE outbox.deliveries d
-       SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
-     WHERE d.consumer = $1 AND d.message_id = $2 AND d.state IN ('leased', 'pending');
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    IF v_rows > 0 THEN
-        RETURN true;
-    END IF;
-    SELECT m.seq INTO v_seq FROM outbox.messages m WHERE m.message_id = $2;
-    IF v_seq IS NULL OR (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b
-                                      WHERE b.consumer = $1 AND b.seqs @> v_seq)
-                         AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p
-                                          WHERE p.consumer = $1 AND p.seqs @> v_seq)) THEN
-        RETURN false;
-    END IF;
-    INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
-                                        available_at, created_at, updated_at, acked_at)
-    SELECT m.message_id, $1, m.seq, m.ordering_key, 'acked',
-           CASE WHEN EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> v_seq)
-                THEN 1 ELSE 0 END,
-           m.available_at, now(), now(), now()
-      FROM outbox.messages m WHERE m.message_id = $2
-    -- The sweeper turned the batch's seq into a row meanwhile: ack that row, as above.
-    ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
-       SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
-     WHERE d.state IN ('leased', 'pending');
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    RETURN v_rows > 0;
+    FOR v_round IN 1..100 LOOP
+        -- A row of its own that is leased or pending: acked here, or waited for while another
+        -- transaction holds it, and then decided on its newest version.
+        UPDATE outbox.deliveries d
+           SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
+         WHERE d.consumer = $1 AND d.message_id = $2 AND d.state IN ('leased', 'pending');
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows > 0 THEN
+            RETURN true;
+        END IF;
+        -- Every place at once, in one snapshot.
+        SELECT m.seq,
+               (SELECT d.state FROM outbox.deliveries d WHERE d.consumer = $1 AND d.message_id = $2) AS row_state,
+               EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq) AS leased,
+               EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq) AS waiting,
+               EXISTS (SELECT 1 FROM outbox.ack_log a WHERE a.consumer = $1 AND a.seqs @> m.seq) AS logged,
+               EXISTS (SELECT 1 FROM outbox.consumers c
+                        WHERE c.name = $1 AND m.seq > c.start_seq AND outbox.topic_matches(c.topics, m.topic)) AS taken,
+               outbox.seq_relayed(m.seq) AS relayed
+          INTO v_seen
+          FROM outbox.messages m WHERE m.message_id = $2;
+        IF NOT FOUND OR v_seen.row_state IN ('acked', 'dead') THEN
+            RETURN false;
+        ELSIF v_seen.row_state IS NOT NULL THEN
+            -- Leased or pending in this snapshot, though the update above found it in no such
+            -- state: it changed meanwhile. Read again.
+            CONTINUE;
+        ELSIF v_seen.logged AND NOT (v_seen.leased OR v_seen.waiting) THEN
+            RETURN false;   -- acked out of a lease batch
+        ELSIF NOT (v_seen.leased OR v_seen.waiting) AND (NOT v_seen.taken OR v_seen.relayed) THEN
+            -- Nowhere, and relayed or never the consumer's: the consumer does not take it (a
+            -- relayed message it takes is always in one of the four places).
+            RETURN false;
+        END IF;
+        -- Held in a batch, or not relayed yet: an acked row of its own. A row that a mover
+        -- wrote meanwhile is acked instead if it is leased or pending; if it is acked or dead,
+        -- nothing is written and the loop reads again, to answer from that row.
+        INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                            available_at, created_at, updated_at, acked_at)
+        SELECT m.message_id, $1, m.seq, m.ordering_key, 'acked',
+               CASE WHEN v_seen.leased THEN 1 ELSE 0 END, m.available_at, now(), now(), now()
+          FROM outbox.messages m WHERE m.message_id = $2
+        ON CONFLICT ON CONSTRAINT deliveries_pkey DO UPDATE
+           SET state = 'acked', acked_at = now(), updated_at = now(), lease_expires_at = NULL, leased_by = NULL
+         WHERE d.state IN ('leased', 'pending');
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows > 0 THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+    -- Only a delivery that movers keep changing under every one of a hundred reads gets here:
+    -- a serialization failure, which the caller retries with its transaction, never a guess.
+    RAISE EXCEPTION 'outbox.ack: the delivery of % to % kept changing while it was read; retry the transaction', $2, $1
+        USING ERRCODE = 'serialization_failure';
 END
 $$;
 
@@ -283,8 +326,15 @@ $$;
 -- acked; the seqs are taken out of the consumer's lease batches (emptied batches go), and the
 -- time of the ack of the batch-held ones is logged (`outbox.ack_log`). A seq still in a pending
 -- batch (acked by a stream that was not sent it) leaves the batch for an acked row of its own
--- with count 0. Streams ack what they hold, so that last part runs only for seqs held nowhere
--- else. Returns how many deliveries changed.
+-- with count 0. Returns how many deliveries changed.
+--
+-- The places are read in the order in which deliveries move between them: pending batches,
+-- then lease batches, then rows (a lease moves a seq from a pending batch to a lease batch; a
+-- release, the sweeper and a transactional ack move it from a batch to a row). Each step locks
+-- what it takes, waiting for a mover that holds it, and each later step is a later snapshot,
+-- so a seq that a mover's commit takes out of one place is found in the next (ADR 0052). Read
+-- the other way round, as before, a sweeper that turned an expired batch entry into a row
+-- between the steps made the ack miss both: acked on the wire, then delivered again.
 --
 -- Rows are the exception (ADR 0041): they are found by one range scan of `(consumer, seq)` per
 -- run, never by a look-up per acked message, which was most of a call of hundreds (ADR 0048).
@@ -298,23 +348,28 @@ DECLARE
     v_taken   int8multirange;
     v_emptied bigint[];
     v_own     int8multirange;
-    v_rest    int8multirange;
     v_pend    int8multirange;
+    v_drained boolean;
 BEGIN
     SELECT range_agg(int8range(r.lo, r.hi)) INTO v_want FROM unnest(p_seq_lo, p_seq_hi) AS r(lo, hi);
     IF v_want IS NULL OR isempty(v_want) THEN
         RETURN 0;
     END IF;
-    UPDATE outbox.deliveries d
-       SET state = 'acked', acked_at = p_at, updated_at = p_at, lease_expires_at = NULL, leased_by = NULL
-     WHERE d.consumer = p_consumer AND d.seq > 0
-       AND d.seq = ANY (ARRAY(SELECT x.seq FROM unnest(v_want) r,
-                                     -- OFFSET 0: a range scan of the index per run.
-                                     LATERAL (SELECT x.seq FROM outbox.deliveries x
-                                               WHERE x.consumer = p_consumer
-                                                 AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x))
-       AND d.state IN ('leased', 'pending');
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- 1. Pending batches (only a stream that was not sent a delivery acks one of these).
+    WITH held AS (
+        SELECT p.id, p.seqs * v_want AS taken FROM outbox.pending_batches p
+         WHERE p.consumer = p_consumer AND p.seqs && v_want
+           FOR UPDATE
+    ), moved AS (
+        UPDATE outbox.pending_batches p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id
+        RETURNING h.taken, isempty(p.seqs) AS emptied
+    )
+    SELECT (SELECT range_agg(r) FROM moved, unnest(moved.taken) r), (SELECT bool_or(moved.emptied) FROM moved)
+      INTO v_pend, v_drained;
+    IF v_drained THEN
+        DELETE FROM outbox.pending_batches p WHERE p.consumer = p_consumer AND isempty(p.seqs);
+    END IF;
+    -- 2. Lease batches: the first deliveries a stream was pushed or leased.
     WITH held AS (
         SELECT b.id, b.seqs * v_want AS taken FROM outbox.lease_batches b
          WHERE b.consumer = p_consumer AND b.seqs && v_want
@@ -330,6 +385,20 @@ BEGIN
     IF v_emptied IS NOT NULL THEN
         DELETE FROM outbox.lease_batches b WHERE b.id = ANY (v_emptied) AND isempty(b.seqs);
     END IF;
+    -- 3. Rows: leased or pending ones become acked.
+    UPDATE outbox.deliveries d
+       SET state = 'acked', acked_at = p_at, updated_at = p_at, lease_expires_at = NULL, leased_by = NULL
+     WHERE d.consumer = p_consumer AND d.seq > 0
+       AND d.seq = ANY (ARRAY(SELECT x.seq FROM unnest(v_want) r,
+                                     -- OFFSET 0: a range scan of the index per run.
+                                     LATERAL (SELECT x.seq FROM outbox.deliveries x
+                                               WHERE x.consumer = p_consumer
+                                                 AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x))
+       AND d.state IN ('leased', 'pending');
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    IF isempty(v_taken) AND v_pend IS NULL THEN
+        RETURN v_rows;
+    END IF;
     v_own := coalesce((SELECT range_agg(int8range(x.seq, x.seq + 1)) FROM unnest(v_want) r,
                               LATERAL (SELECT x.seq FROM outbox.deliveries x
                                         WHERE x.consumer = p_consumer
@@ -342,23 +411,10 @@ BEGIN
         INSERT INTO outbox.ack_log (consumer, seqs, at) VALUES (p_consumer, v_taken, p_at);
         v_rows := v_rows + (SELECT sum(upper(r) - lower(r)) FROM unnest(v_taken) r)::bigint;
     END IF;
-    v_rest := v_want - v_taken - v_own;
-    IF isempty(v_rest) THEN
+    v_pend := coalesce(v_pend, '{}') - v_own;
+    IF isempty(v_pend) THEN
         RETURN v_rows;
     END IF;
-    WITH held AS (
-        SELECT p.id, p.seqs * v_rest AS taken FROM outbox.pending_batches p
-         WHERE p.consumer = p_consumer AND p.seqs && v_rest
-           FOR UPDATE
-    ), moved AS (
-        UPDATE outbox.pending_batches p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id
-        RETURNING h.taken
-    )
-    SELECT range_agg(r) INTO v_pend FROM moved, unnest(moved.taken) r;
-    IF v_pend IS NULL THEN
-        RETURN v_rows;
-    END IF;
-    DELETE FROM outbox.pending_batches p WHERE p.consumer = p_consumer AND isempty(p.seqs);
     INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
                                         available_at, created_at, updated_at, acked_at)
     SELECT m.message_id, p_consumer, m.seq, m.ordering_key, 'acked', 0, m.available_at, p_at, p_at, p_at

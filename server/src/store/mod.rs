@@ -19,6 +19,8 @@ mod driver_tests;
 #[cfg(test)]
 mod limits_tests;
 pub mod postgres;
+#[cfg(test)]
+mod race_tests;
 pub mod records;
 pub mod sqlite;
 #[cfg(test)]
