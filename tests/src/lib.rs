@@ -316,6 +316,12 @@ impl RawStream {
         .await;
     }
 
+    /// A sender of requests on this stream that other tasks can hold (handlers that ack while
+    /// the stream's owner reads the next delivery); `None` once closed.
+    pub fn requests(&self) -> Option<mpsc::Sender<pb::SubscribeRequest>> {
+        self.tx.clone()
+    }
+
     /// Half-closes the request stream, as a client that goes away cleanly does.
     pub fn close(&mut self) {
         self.tx = None;

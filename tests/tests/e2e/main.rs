@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin;
+mod chaos;
 mod delivery;
 mod failure_matrix;
 mod healthcheck;
