@@ -44,8 +44,9 @@ pub enum ClientError {
     /// On SQLite the text is the failed CHECK constraint.
     #[error("invalid message: {0}")]
     InvalidMessage(String),
-    /// A transactional ack found the delivery already acked (or dead): another delivery of
-    /// the same message got there first. Roll back the effect.
+    /// A transactional ack found nothing to ack: the delivery was acked already (another
+    /// delivery of the same message got there first), is dead, or does not exist for this
+    /// consumer (yet). Roll back the effect: it was made already, or its delivery comes later.
     #[error("message {message_id} was already acked by consumer {consumer:?}")]
     AlreadyAcked { consumer: String, message_id: uuid::Uuid },
     #[error("database error: {0}")]

@@ -161,8 +161,13 @@ where
 /// Transactional ack, for consumers that share outboxd's database: call it inside the
 /// transaction that performs the effect, so effect and ack commit together or not at all.
 ///
-/// Returns [`ClientError::AlreadyAcked`] when another delivery of the message was acked first;
-/// propagate it (roll back) and the [`Subscriber`](crate::Subscriber) treats it as done.
+/// `Ok(())` when this call acked the delivery. [`ClientError::AlreadyAcked`] when there is
+/// nothing for it to ack: the delivery was acked already (another delivery of the message got
+/// there first), is dead (only a replay delivers it again), or there is no delivery of the
+/// message to this consumer (unknown, not its topics, or not relayed yet: that delivery comes
+/// later). Propagate it (roll back) and the [`Subscriber`](crate::Subscriber) treats it as done:
+/// it never leaves a delivery that can still be delivered without its effect (`outbox.ack` in
+/// docs/sql-api.md; on PostgreSQL the answer is decided from one consistent view, ADR 0052).
 pub async fn ack_in_tx<'e, DB, E>(exec: E, consumer: &'e str, message_id: Uuid) -> Result<(), ClientError>
 where
     DB: OutboxDatabase,

@@ -238,25 +238,27 @@ $$;
 -- ---- outbox.ack ----
 -- The transactional ack: a consumer acks in the transaction of its effect. The answer is exact
 -- (docs/sql-api.md):
---  * true: this call acked the delivery (leased, pending, waiting in a batch, or not relayed yet:
---    then the relay's delivery of it will find it acked);
+--  * true: this call acked the delivery (a row that is leased or pending, or a first delivery
+--    held in a lease batch or waiting in a pending batch);
 --  * false: the delivery was acked already, or is dead (given up after `max_deliveries`: only a
---    replay delivers it again, and the replayed delivery can then be acked), or the consumer
---    does not take the message (unknown or pruned message, unknown consumer, a topic it does
---    not match, or a message from before a consumer that starts from NEW).
--- Never false for a delivery that can still be delivered.
+--    replay delivers it again, and the ack of the replayed delivery then takes), or there is no
+--    delivery of the message to this consumer (an unknown or pruned message or consumer, a topic
+--    the consumer does not match, a message from before a consumer that starts from NEW, or a
+--    message the relay has not read yet: its delivery comes later, and its ack then takes).
+-- So false never leaves a delivery that can still be delivered without its effect: whatever
+-- the consumer rolls back on false is either done already or still to come.
 --
 -- A delivery's state is in one of four places: a row of its own, a seq in a lease batch
 -- (ADR 0041), in a pending batch (ADR 0042), or in the ack log. Relay passes, leases, stream
 -- acks, releases and the sweeper move it between them, each in a transaction of its own, while
 -- this runs in the consumer's (READ COMMITTED: every statement sees the commits before it). So
--- every decision below reads all four places in ONE statement, one snapshot, in which each
--- mover's transaction is wholly visible or not at all; the write that follows is checked
--- again on the row it writes, and whatever a mover changed in between sends the call around
--- the loop to read again (ADR 0052). A first delivery held in a batch gets an acked row of its
--- own here, so that the consumer's transaction never locks a batch; the batch's own ack, a
--- lease from a pending batch, the sweeper and the prune's fold later find the row and leave it
--- alone (a row wins over a batch).
+-- the decision reads all four places in ONE statement, one snapshot, in which each mover's
+-- transaction is wholly visible or not at all; the write that follows is checked again on the
+-- row it writes, and whatever a mover changed in between sends the call around the loop to
+-- read again (ADR 0052). A first delivery held in a batch gets an acked row of its own here, so
+-- that the consumer's transaction never locks a batch; the batch's own ack, a lease from a
+-- pending batch, the sweeper and the prune's fold later find the row and leave it alone (a row
+-- wins over a batch).
 CREATE OR REPLACE FUNCTION outbox.ack(consumer text, message_id uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -273,33 +275,25 @@ BEGIN
         IF v_rows > 0 THEN
             RETURN true;
         END IF;
-        -- Every place at once, in one snapshot.
-        SELECT m.seq,
-               (SELECT d.state FROM outbox.deliveries d WHERE d.consumer = $1 AND d.message_id = $2) AS row_state,
+        -- The row and both kinds of batch, in one snapshot. (The ack log need not be read: a
+        -- seq in none of these is acked, dead, or not this consumer's delivery, and false is
+        -- the answer for each.)
+        SELECT (SELECT d.state FROM outbox.deliveries d WHERE d.consumer = $1 AND d.message_id = $2) AS row_state,
                EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq) AS leased,
-               EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq) AS waiting,
-               EXISTS (SELECT 1 FROM outbox.ack_log a WHERE a.consumer = $1 AND a.seqs @> m.seq) AS logged,
-               EXISTS (SELECT 1 FROM outbox.consumers c
-                        WHERE c.name = $1 AND m.seq > c.start_seq AND outbox.topic_matches(c.topics, m.topic)) AS taken,
-               outbox.seq_relayed(m.seq) AS relayed
+               EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq) AS waiting
           INTO v_seen
           FROM outbox.messages m WHERE m.message_id = $2;
-        IF NOT FOUND OR v_seen.row_state IN ('acked', 'dead') THEN
+        IF NOT FOUND OR v_seen.row_state IN ('acked', 'dead')
+           OR (v_seen.row_state IS NULL AND NOT v_seen.leased AND NOT v_seen.waiting) THEN
             RETURN false;
         ELSIF v_seen.row_state IS NOT NULL THEN
             -- Leased or pending in this snapshot, though the update above found it in no such
-            -- state: it changed meanwhile. Read again.
+            -- state: a mover wrote the row meanwhile. Read again.
             CONTINUE;
-        ELSIF v_seen.logged AND NOT (v_seen.leased OR v_seen.waiting) THEN
-            RETURN false;   -- acked out of a lease batch
-        ELSIF NOT (v_seen.leased OR v_seen.waiting) AND (NOT v_seen.taken OR v_seen.relayed) THEN
-            -- Nowhere, and relayed or never the consumer's: the consumer does not take it (a
-            -- relayed message it takes is always in one of the four places).
-            RETURN false;
         END IF;
-        -- Held in a batch, or not relayed yet: an acked row of its own. A row that a mover
-        -- wrote meanwhile is acked instead if it is leased or pending; if it is acked or dead,
-        -- nothing is written and the loop reads again, to answer from that row.
+        -- Held in a batch: an acked row of its own. A row that a mover wrote meanwhile is acked
+        -- instead if it is leased or pending; if it is acked or dead, nothing is written and
+        -- the loop reads again, to answer from that row.
         INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
                                             available_at, created_at, updated_at, acked_at)
         SELECT m.message_id, $1, m.seq, m.ordering_key, 'acked',

@@ -126,8 +126,12 @@ export async function enqueue(client: Queryable, message: EnqueueMessage): Promi
 /**
  * The transactional ack: marks `messageId` acked for `consumer` in the caller's transaction,
  * the one that performs the message's effect, so that effect and ack commit together or not
- * at all. Resolves `true` when this call acked it, `false` when it was acked already (or is
- * dead, or unknown): then roll the effect back, it happened before.
+ * at all. Resolves `true` when this call acked it; `false` when there is nothing for it to ack:
+ * the delivery was acked already (another delivery of the message got there first), is dead
+ * (only a replay delivers it again), or there is no delivery of the message to this consumer
+ * (unknown, not its topics, or not relayed yet: that delivery comes later). Then roll the
+ * effect back and return normally: `false` never leaves a delivery that can still be delivered
+ * without its effect (docs/sql-api.md, `outbox.ack`).
  */
 export async function ackIn(client: Queryable, consumer: string, messageId: string): Promise<boolean> {
   if (typeof consumer !== "string" || consumer === "") {

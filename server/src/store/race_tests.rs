@@ -400,9 +400,9 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
 }
 
 /// `outbox.ack`'s answers, one per place a delivery can be in (no race): true once for a
-/// leased row, a lease batch, a pending batch and a message not relayed yet; false for an
-/// acked row, an ack logged from a batch, a dead row, a message the consumer does not take, an
-/// unknown message or consumer.
+/// leased row, a lease batch and a pending batch; false for an acked row, an ack logged from a
+/// batch, a dead row, a message not relayed yet (then true for its delivery), a message the
+/// consumer does not take, an unknown message or consumer.
 #[tokio::test]
 async fn the_transactional_ack_answers_exactly_from_every_place() {
     let (_db, store) = setup().await;
@@ -441,11 +441,12 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     assert!(!ack(as_row.message_id.0, "c").await);
 
     let unrelayed = enqueue(&store, at).await;
-    assert!(ack(unrelayed.message_id.0, "c").await, "not relayed yet: acked ahead of its delivery");
+    assert!(!ack(unrelayed.message_id.0, "c").await, "not relayed yet: no delivery to ack");
     let out = d.relay_batch(10, 0, at, false, &[]).await.unwrap();
     assert_eq!(out.messages, 1);
-    assert!(d.delivery_lease_batch(&consumer(), "s3", 10, "", until, at).await.unwrap().is_empty());
-    assert!(!ack(unrelayed.message_id.0, "c").await);
+    let leased = d.delivery_lease_batch(&consumer(), "s3", 10, "", until, at).await.unwrap();
+    assert_eq!(leased.len(), 1, "delivered after all");
+    assert!(ack(unrelayed.message_id.0, "c").await, "and its delivery's ack takes");
 
     let dead = pushed(&store, at, until).await;
     d.delivery_expired_batch(until, 10).await.unwrap();

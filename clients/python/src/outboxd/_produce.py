@@ -202,9 +202,12 @@ def ack_in(conn: SyncConn, consumer: str, message_id: uuid.UUID | str) -> bool: 
 def ack_in(conn: SyncConn | AsyncConn, consumer: str, message_id: uuid.UUID | str) -> bool | Awaitable[bool]:
     """The transactional ack: acks `consumer`'s delivery of `message_id` inside the transaction
     `conn` is in, so that the effect written in that transaction and the ack commit together or
-    not at all. Returns False when the delivery was already acked (another delivery of the same
-    message got there first), is dead, or is unknown: roll the effect back then, and return
-    from the handler normally (its ack is then a no-op).
+    not at all. Returns True when this call acked it; False when there is nothing for it to ack:
+    the delivery was already acked (another delivery of the same message got there first), is
+    dead (only a replay delivers it again), or there is no delivery of the message to this
+    consumer (unknown, not its topics, or not relayed yet: that delivery comes later). Roll the
+    effect back then, and return from the handler normally (its ack is then a no-op): False never
+    leaves a delivery that can still be delivered without its effect (docs/sql-api.md).
 
     With a psycopg `AsyncConnection`, await the result.
     """
