@@ -6,7 +6,6 @@ use outbox_proto::v1::outbox_admin_server::OutboxAdminServer;
 use outbox_proto::v1::outbox_server::OutboxServer;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
@@ -29,6 +28,7 @@ use crate::grpc::auth::{AuthLayer, Authenticator};
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
+use crate::listen::ConnectionLimit;
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::Replayer;
 use crate::maintenance::sweeper::LeaseSweeper;
@@ -76,6 +76,16 @@ pub struct App {
 const STREAM_TASK_GRACE: Duration = Duration::from_secs(5);
 
 const SERVICES: [&str; 3] = ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"];
+
+/// The largest health request or answer (a service name and a status): anything larger is
+/// refused before it is buffered, since health answers anyone.
+const HEALTH_MAX_DECODE: usize = 1024;
+/// Streams on one connection of `--health-listen` (health checks and watches only).
+const HEALTH_MAX_STREAMS: u32 = 16;
+/// The largest reflection request (a file or symbol name).
+const REFLECTION_MAX_DECODE: usize = 64 * 1024;
+/// HTTP/2 headers of one request, together (a token and gRPC's own are well under 8 KiB).
+const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 
 impl App {
     /// Connects (creating the database if needed), migrates unless told not to, binds the
@@ -134,18 +144,24 @@ impl App {
         let pruner = Pruner::new(store.clone(), clock.clone(), config.retention, config.prune_interval);
 
         let (health, health_service) = tonic_health::server::health_reporter();
+        // Health is open to anyone: its requests (a service name) are decoded with a tiny limit,
+        // so that a declared large message is refused before any of it is buffered.
+        let health_service =
+            health_service.max_decoding_message_size(HEALTH_MAX_DECODE).max_encoding_message_size(HEALTH_MAX_DECODE);
         for s in SERVICES {
             health.set_service_status(s, ServingStatus::Serving).await;
         }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+            .build_v1()?
+            .max_decoding_message_size(REFLECTION_MAX_DECODE);
         // Tools that speak only the older protocol (grpcurl before 1.8.7, some IDEs).
         let reflection_v1alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()?;
+            .build_v1alpha()?
+            .max_decoding_message_size(REFLECTION_MAX_DECODE);
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
         let max_decode = (config.max_payload_bytes + 64 * 1024).saturating_mul(16);
@@ -165,20 +181,30 @@ impl App {
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .tcp_keepalive(Some(Duration::from_secs(60)))
             .max_concurrent_streams(config.limits.http2_max_concurrent_streams())
-            .layer(crate::limits::UnaryLimitLayer::new(config.limits.max_concurrent_requests))
-            // Every request is authenticated before it reaches a service (health excepted).
+            .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+            // Outermost first. Every request is authenticated, and refused if its caller holds
+            // no permission of the method's kind, from its headers alone, before it takes a
+            // place of any limit or a byte of its body is read (health excepted) (ADR 0053).
             .layer(AuthLayer { auth: auth.clone() })
+            .layer(crate::limits::UnaryLimitLayer::new(
+                config.limits.max_concurrent_requests,
+                config.limits.max_requests_per_principal,
+            ))
+            .layer(crate::limits::BodyDeadlineLayer { timeout: config.limits.request_body_timeout })
             .add_service(health_service.clone())
             .add_service(reflection)
             .add_service(reflection_v1alpha)
             .add_service(outbox)
             .add_service(admin);
         let stopped = async move { stop_accepting.cancelled().await };
+        let connections =
+            ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
         let server = match &tls {
-            Some(tls) => tokio::spawn(
-                router.serve_with_incoming_shutdown(tls.clone().incoming(listener, shutdown.clone()), stopped),
-            ),
-            None => tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)),
+            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                tls.clone().incoming(listener, connections.clone(), shutdown.clone()),
+                stopped,
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(connections.clone().incoming(listener), stopped)),
         };
 
         let mut tasks = JoinSet::new();
@@ -188,11 +214,19 @@ impl App {
             // that probes see NOT_SERVING while streams drain.
             let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
             let bound = listener.local_addr().map_err(|source| AppError::Bind { addr, source })?;
-            let probe = tonic::transport::Server::builder().add_service(health_service);
+            let probe = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+                .max_concurrent_streams(HEALTH_MAX_STREAMS)
+                .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+                .layer(crate::limits::BodyDeadlineLayer { timeout: config.limits.request_body_timeout })
+                .add_service(health_service);
             let cancel = loops.clone();
+            let probes =
+                ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
             tasks.spawn(async move {
                 let stopped = async move { cancel.cancelled().await };
-                if let Err(e) = probe.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped).await {
+                if let Err(e) = probe.serve_with_incoming_shutdown(probes.incoming(listener), stopped).await {
                     tracing::warn!(error = %e, "health listener failed");
                 }
             });

@@ -33,7 +33,10 @@
 //!   written once over any driver; [`store::records`], rows decoded into the domain. The store
 //!   returns data and [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
-//! - [`limits`]: bounds on message and consumer shapes, stream counts, unary load shedding.
+//! - [`limits`]: bounds on message and consumer shapes, stream counts (per process, connection
+//!   and principal), unary load shedding and per-principal quotas, request-body deadlines.
+//! - [`listen`]: accepting connections: a bounded number per listener, each closed unless it
+//!   sends HTTP/2's preface in time.
 //! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
 //! - [`reload`]: re-reading the TLS and auth files on a timer and on SIGHUP.
 //! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
@@ -50,6 +53,7 @@ pub mod grpc;
 pub mod healthcheck;
 pub mod hub;
 pub mod limits;
+pub mod listen;
 pub mod maintenance;
 pub mod metrics;
 pub mod once;

@@ -54,6 +54,31 @@ pub struct Limits {
     /// at once with UNAVAILABLE (load shedding) instead of waiting.
     #[arg(long, env = "OUTBOXD_MAX_CONCURRENT_REQUESTS", default_value_t = Limits::DEFAULT.max_concurrent_requests)]
     pub max_concurrent_requests: usize,
+    /// Most unary requests of one principal in progress at once (with an auth file); the
+    /// excess gets RESOURCE_EXHAUSTED, so that one tenant cannot take every slot of
+    /// --max-concurrent-requests.
+    #[arg(long, env = "OUTBOXD_MAX_REQUESTS_PER_PRINCIPAL", default_value_t = Limits::DEFAULT.max_requests_per_principal)]
+    pub max_requests_per_principal: usize,
+    /// Most streams (Subscribe, Tail and ReplayStream) of one principal at once (with an auth
+    /// file), counted from the moment a stream opens, before its `start`; the excess gets
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "OUTBOXD_MAX_STREAMS_PER_PRINCIPAL", default_value_t = Limits::DEFAULT.max_streams_per_principal)]
+    pub max_streams_per_principal: usize,
+    /// How long a request's body may take to arrive in full (every method but Subscribe, whose
+    /// `start` has the same deadline); a body that stalls gets DEADLINE_EXCEEDED and gives its
+    /// slot back.
+    #[arg(long, env = "OUTBOXD_REQUEST_BODY_TIMEOUT", value_parser = humantime::parse_duration,
+          default_value = "10s")]
+    pub request_body_timeout: Duration,
+    /// How long a new connection may take to send HTTP/2's connection preface (after the TLS
+    /// handshake, with TLS); a connection that sends nothing is closed.
+    #[arg(long, env = "OUTBOXD_HTTP2_PREFACE_TIMEOUT", value_parser = humantime::parse_duration,
+          default_value = "10s")]
+    pub http2_preface_timeout: Duration,
+    /// Most client connections open at once on each listener; a connection beyond it is closed
+    /// as soon as it is accepted.
+    #[arg(long, env = "OUTBOXD_MAX_CLIENT_CONNECTIONS", default_value_t = Limits::DEFAULT.max_client_connections)]
+    pub max_client_connections: usize,
 }
 
 impl Default for Limits {
@@ -63,8 +88,16 @@ impl Default for Limits {
 }
 
 impl Limits {
-    pub const DEFAULT: Limits =
-        Limits { max_streams: 1000, max_streams_per_connection: 100, max_concurrent_requests: 256 };
+    pub const DEFAULT: Limits = Limits {
+        max_streams: 1000,
+        max_streams_per_connection: 100,
+        max_concurrent_requests: 256,
+        max_requests_per_principal: 64,
+        max_streams_per_principal: 250,
+        request_body_timeout: Duration::from_secs(10),
+        http2_preface_timeout: Duration::from_secs(10),
+        max_client_connections: 4096,
+    };
 
     /// Names the flag that cannot work.
     pub fn validate(&self) -> Result<(), String> {
@@ -72,9 +105,20 @@ impl Limits {
             ("--max-streams", self.max_streams),
             ("--max-streams-per-connection", self.max_streams_per_connection),
             ("--max-concurrent-requests", self.max_concurrent_requests),
+            ("--max-requests-per-principal", self.max_requests_per_principal),
+            ("--max-streams-per-principal", self.max_streams_per_principal),
+            ("--max-client-connections", self.max_client_connections),
         ] {
             if v == 0 || v > 1_000_000 {
                 return Err(format!("{flag} must be between 1 and 1000000, not {v}"));
+            }
+        }
+        for (flag, d) in [
+            ("--request-body-timeout", self.request_body_timeout),
+            ("--http2-preface-timeout", self.http2_preface_timeout),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                return Err(format!("{flag} must be between 1ms and 1h, not {d:?}"));
             }
         }
         Ok(())
@@ -101,6 +145,33 @@ pub struct StreamLimiter {
 struct OpenStreams {
     total: usize,
     per_peer: HashMap<SocketAddr, usize>,
+    per_principal: HashMap<Arc<str>, usize>,
+}
+
+/// Who a request's quotas are counted against: the principal's name, put in the request's
+/// extensions by the auth layer when an auth file is in force (without one there is no
+/// per-principal quota: every caller is the same unrestricted one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaKey(pub Arc<str>);
+
+/// One principal's open stream (counted from the moment it opens); returned when dropped.
+#[derive(Debug)]
+pub struct PrincipalStreamPermit {
+    open: Arc<Mutex<OpenStreams>>,
+    principal: Option<Arc<str>>,
+}
+
+impl Drop for PrincipalStreamPermit {
+    fn drop(&mut self) {
+        let Some(principal) = &self.principal else { return };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.per_principal.get_mut(principal) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_principal.remove(principal);
+            }
+        }
+    }
 }
 
 /// One open stream's place; returned when dropped.
@@ -143,6 +214,32 @@ impl StreamLimiter {
         Ok(StreamPermit { open: self.open.clone(), peer })
     }
 
+    /// A place for one more stream of `principal`, taken as the stream opens, before it has
+    /// said what it wants: one principal's streams cannot take every place of the process. With
+    /// no principal (no auth file) it always succeeds.
+    #[allow(clippy::result_large_err)] // a Status is what the caller returns
+    pub fn acquire_principal(&self, principal: Option<&QuotaKey>) -> Result<PrincipalStreamPermit, Status> {
+        let Some(QuotaKey(name)) = principal else {
+            return Ok(PrincipalStreamPermit { open: self.open.clone(), principal: None });
+        };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let held = open.per_principal.get(name).copied().unwrap_or(0);
+        if held >= self.limits.max_streams_per_principal {
+            refused("max_streams_per_principal");
+            return Err(Status::resource_exhausted(format!(
+                "too many streams of principal {name:?}: {held} open, the limit is {} (--max-streams-per-principal)",
+                self.limits.max_streams_per_principal
+            )));
+        }
+        *open.per_principal.entry(name.clone()).or_default() += 1;
+        Ok(PrincipalStreamPermit { open: self.open.clone(), principal: Some(name.clone()) })
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Streams open now.
     pub fn open(&self) -> usize {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).total
@@ -179,15 +276,22 @@ pub fn is_limited_unary(path: &str) -> bool {
 /// concurrency limit on one shared semaphore); a call beyond that is answered at once with
 /// UNAVAILABLE naming the limit (tower's load shed), so that a burst cannot queue without
 /// bound. Streams and health/reflection pass through untouched.
+///
+/// Before that, each principal's own quota (`--max-requests-per-principal`, with an auth file):
+/// a call beyond it is refused with RESOURCE_EXHAUSTED without taking a place of the process, so
+/// that one tenant's stalled or slow calls leave the others served. The auth layer runs first:
+/// a caller refused there takes no place of either.
 #[derive(Debug, Clone)]
 pub struct UnaryLimitLayer {
     semaphore: Arc<Semaphore>,
     max: usize,
+    per_principal: Arc<Mutex<HashMap<Arc<str>, Arc<Semaphore>>>>,
+    max_per_principal: usize,
 }
 
 impl UnaryLimitLayer {
-    pub fn new(max: usize) -> Self {
-        Self { semaphore: Arc::new(Semaphore::new(max)), max }
+    pub fn new(max: usize, max_per_principal: usize) -> Self {
+        Self { semaphore: Arc::new(Semaphore::new(max)), max, per_principal: Arc::default(), max_per_principal }
     }
 }
 
@@ -199,6 +303,8 @@ impl<S: Clone> Layer<S> for UnaryLimitLayer {
             limited: LoadShed::new(ConcurrencyLimit::with_semaphore(inner.clone(), self.semaphore.clone())),
             inner,
             max: self.max,
+            per_principal: self.per_principal.clone(),
+            max_per_principal: self.max_per_principal,
         }
     }
 }
@@ -208,6 +314,28 @@ pub struct UnaryLimit<S> {
     inner: S,
     limited: LoadShed<ConcurrencyLimit<S>>,
     max: usize,
+    per_principal: Arc<Mutex<HashMap<Arc<str>, Arc<Semaphore>>>>,
+    max_per_principal: usize,
+}
+
+impl<S> UnaryLimit<S> {
+    /// A place in `principal`'s quota, or the refusal. The map holds one semaphore per
+    /// principal of the auth file that has called (names come from the file, not the client).
+    #[allow(clippy::result_large_err)]
+    fn principal_permit(&self, principal: &QuotaKey) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        let semaphore = {
+            let mut map = self.per_principal.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(principal.0.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.max_per_principal))).clone()
+        };
+        semaphore.try_acquire_owned().map_err(|_| {
+            refused("max_requests_per_principal");
+            Status::resource_exhausted(format!(
+                "principal {:?} already has {} requests in progress, its limit (--max-requests-per-principal); \
+                 retry with backoff",
+                principal.0, self.max_per_principal
+            ))
+        })
+    }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -232,11 +360,16 @@ where
             let fut = self.inner.call(req);
             return Box::pin(async move { fut.await.map_err(Into::into) });
         }
+        let mine = match req.extensions().get::<QuotaKey>().map(|k| self.principal_permit(k)).transpose() {
+            Ok(permit) => permit,
+            Err(status) => return Box::pin(async move { Err(Box::new(status) as BoxError) }),
+        };
         // `ready` on the clone takes a permit if one is free; load shed turns "none free" into
         // an immediate error instead of a wait. The permit is held until the call is answered.
         let limited = self.limited.clone();
         let max = self.max;
         Box::pin(async move {
+            let _mine = mine;
             limited.oneshot(req).await.map_err(|e| {
                 if e.is::<tower::load_shed::error::Overloaded>() {
                     refused("max_concurrent_requests");
@@ -251,9 +384,119 @@ where
     }
 }
 
+/// The one method whose request body stays open for as long as its client wants (a `Subscribe`
+/// stream's acks): its first message, `start`, has the same deadline in the service instead.
+const OPEN_ENDED_BODY: &str = "/outbox.v1.Outbox/Subscribe";
+
+/// A deadline on every request body (but [`OPEN_ENDED_BODY`]'s): the whole body must have
+/// arrived within `--request-body-timeout`, or the call ends with DEADLINE_EXCEEDED and gives
+/// back every place it held. Without it, a client that declares a message and stops sending
+/// holds a slot of the unary limit, and the bytes sent so far, for as long as it keeps the
+/// connection open.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadlineLayer {
+    pub timeout: Duration,
+}
+
+impl<S> Layer<S> for BodyDeadlineLayer {
+    type Service = BodyDeadline<S>;
+
+    fn layer(&self, inner: S) -> BodyDeadline<S> {
+        BodyDeadline { inner, timeout: self.timeout }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BodyDeadline<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+impl<S> Service<http::Request<tonic::body::Body>> for BodyDeadline<S>
+where
+    S: Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> S::Future {
+        if req.uri().path() == OPEN_ENDED_BODY {
+            return self.inner.call(req);
+        }
+        let timeout = self.timeout;
+        self.inner.call(req.map(|inner| {
+            tonic::body::Body::new(DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout })
+        }))
+    }
+}
+
+/// A request body that fails with DEADLINE_EXCEEDED once its deadline passes while it waits for
+/// more bytes.
+struct DeadlineBody {
+    inner: tonic::body::Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = tonic::codegen::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Status>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    refused("request_body_timeout");
+                    Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                        "the request's body did not arrive within {:?} (--request-body-timeout)",
+                        this.timeout
+                    )))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_principals_streams_are_bounded_apart_from_the_process_and_given_back() {
+        let limits = Limits { max_streams_per_principal: 2, ..Limits::DEFAULT };
+        let l = StreamLimiter::new(limits);
+        let (a, b) = (QuotaKey("a".into()), QuotaKey("b".into()));
+        let first = l.acquire_principal(Some(&a)).unwrap();
+        let _second = l.acquire_principal(Some(&a)).unwrap();
+        let err = l.acquire_principal(Some(&a)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.message().contains("--max-streams-per-principal") && err.message().contains("\"a\""), "{err:?}");
+        assert!(l.acquire_principal(Some(&b)).is_ok(), "another principal is not affected");
+        assert_eq!(l.open(), 0, "waiting streams take no place of the process");
+        drop(first);
+        assert!(l.acquire_principal(Some(&a)).is_ok(), "given back when dropped");
+        let unrestricted: Vec<_> = (0..10).map(|_| l.acquire_principal(None).unwrap()).collect();
+        assert_eq!(unrestricted.len(), 10, "no auth file: no per-principal quota");
+    }
 
     fn peer(port: u16) -> Option<SocketAddr> {
         Some(SocketAddr::from(([127, 0, 0, 1], port)))
@@ -302,7 +545,7 @@ mod tests {
                 Ok::<_, std::convert::Infallible>(req.uri().path().to_owned())
             }
         });
-        let svc = UnaryLimitLayer::new(1).layer(inner);
+        let svc = UnaryLimitLayer::new(1, 1).layer(inner);
         let call = |path: &str| {
             let req = http::Request::builder().uri(path).body(()).unwrap();
             svc.clone().oneshot(req)
@@ -335,6 +578,10 @@ mod tests {
         assert!(Limits::DEFAULT.validate().is_ok());
         let e = Limits { max_streams: 0, ..Limits::DEFAULT }.validate().unwrap_err();
         assert!(e.contains("--max-streams"), "{e}");
+        let e = Limits { request_body_timeout: Duration::ZERO, ..Limits::DEFAULT }.validate().unwrap_err();
+        assert!(e.contains("--request-body-timeout"), "{e}");
+        let e = Limits { max_requests_per_principal: 0, ..Limits::DEFAULT }.validate().unwrap_err();
+        assert!(e.contains("--max-requests-per-principal"), "{e}");
         assert_eq!(Limits::DEFAULT.http2_max_concurrent_streams(), 356);
     }
 }

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::grpc::auth::RELOADS;
+use crate::listen::{ConnectionLimit, Guarded};
 
 /// A client has this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -148,13 +149,15 @@ impl TlsState {
         crate::reload::every_interval_and_sighup(interval, cancel, move || self.reload()).await;
     }
 
-    /// Accepts on `listener` and handshakes each connection (concurrently, bounded in time)
-    /// with the config in force; yields the connections that completed it. Ends at `stop`.
+    /// Accepts on `listener` and handshakes each connection (concurrently, bounded in time and
+    /// by `limit`'s places, which the handshake already holds) with the config in force; yields
+    /// the connections that completed it, with the preface deadline armed. Ends at `stop`.
     pub fn incoming(
         self,
         listener: TcpListener,
+        limit: ConnectionLimit,
         stop: CancellationToken,
-    ) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    ) -> ReceiverStream<io::Result<Guarded<TlsStream<TcpStream>>>> {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             loop {
@@ -171,12 +174,13 @@ impl TlsState {
                         }
                     },
                 };
+                let Some(place) = limit.admit() else { continue };
                 let acceptor = TlsAcceptor::from(self.current());
-                let tx = tx.clone();
+                let (tx, limit) = (tx.clone(), limit.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send(Ok(tls)).await;
+                            let _ = tx.send(Ok(limit.guard(tls, place))).await;
                         }
                         Ok(Err(e)) => handshake_failed(peer, &e),
                         Err(_) => handshake_failed(peer, &"timed out"),

@@ -7,6 +7,7 @@ use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
 use crate::delivery::session::SessionContext;
 use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
+use crate::limits::QuotaKey;
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::{Origin, ReplayPlan, ReplayProgress, Replayer};
 use crate::store::ReplayFilter;
@@ -79,6 +80,17 @@ impl Audit {
     }
 }
 
+/// `message` as `caller` may see it: with its payload only if it may read the message's topic
+/// (`tail:` covering it). `admin:read` shows a message's metadata, states and errors; the
+/// payload is a tenant's data, readable only where the same principal could tail it.
+fn readable_by(caller: &Caller, mut message: pb::Message) -> pb::Message {
+    let may_read = TopicPattern::parse("topic", &message.topic).is_ok_and(|t| caller.allows(Need::Tail(&t)));
+    if !may_read {
+        message.payload = Vec::new();
+    }
+    message
+}
+
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
@@ -91,20 +103,30 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
         let caller = auth::caller(&request)?;
-        let permit = self.streams.acquire(request.remote_addr())?;
+        let mine = self.streams.acquire_principal(request.extensions().get::<QuotaKey>())?;
+        let peer = request.remote_addr();
         let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
         // No topics is every topic: `tail:>`.
         let everything = [TopicPattern::parse("topics", ">").map_err(invalid)?];
         for p in if patterns.is_empty() { &everything[..] } else { &patterns[..] } {
             caller.check(Need::Tail(p))?;
         }
+        let permit = (self.streams.acquire(peer)?, mine);
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let ctx = self.ctx.clone();
+        // A reloaded auth file that takes the caller's permission away ends the tail.
+        let wanted: Vec<TopicPattern> = if patterns.is_empty() { everything.to_vec() } else { patterns.clone() };
+        let revoked = async move { caller.revoked(move |p| wanted.iter().all(|t| p.allows(&Need::Tail(t)))).await };
         ctx.tasks.clone().spawn(async move {
             let _permit = permit;
             let mut enqueued = ctx.hub.enqueued().subscribe();
+            let mut revoked = std::pin::pin!(revoked);
             loop {
+                if let Some(status) = futures::FutureExt::now_or_never(revoked.as_mut()) {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 match ctx.store.message_list_after(cursor, 500).await {
                     Ok(batch) => {
                         let full = batch.len() == 500;
@@ -122,6 +144,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                     Err(e) => tracing::warn!(error = %e, "tail read failed; retrying"),
                 }
                 tokio::select! {
+                    status = revoked.as_mut() => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
                     _ = tx.closed() => return,
                     _ = ctx.shutdown.cancelled() => return,
                     _ = enqueued.changed() => {}
@@ -147,6 +173,14 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 return Err(invalid(InvalidField::new("consumer", "required")));
             };
             let spec = convert::consumer_spec(c).map_err(invalid)?;
+            if spec.sink.is_some() {
+                // A sink sends every payload of its topics out of outboxd: creating one is a
+                // permission of its own, and it takes only topics its creator may read.
+                audit.caller.check(Need::Sink(spec.name.as_str()))?;
+                for p in &spec.topics {
+                    audit.caller.check(Need::Tail(p))?;
+                }
+            }
             let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
             self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
@@ -269,6 +303,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         &self,
         request: Request<pb::ListDeadLettersRequest>,
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let req = request.into_inner();
         let n = name("consumer", &req.consumer)?;
         let size = match req.page_size {
@@ -293,7 +328,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             dead_letters: page
                 .into_iter()
                 .map(|d| pb::DeadLetter {
-                    message: Some(convert::pb_message(d.message)),
+                    message: Some(readable_by(&caller, convert::pb_message(d.message))),
                     consumer: d.consumer,
                     delivery_count: d.delivery_count,
                     last_error: d.last_error.unwrap_or_default(),
@@ -308,10 +343,11 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         &self,
         request: Request<pb::GetMessageRequest>,
     ) -> Result<Response<pb::GetMessageResponse>, Status> {
+        let caller = auth::caller(&request)?;
         let id = MessageId::parse("message_id", &request.into_inner().message_id).map_err(invalid)?;
         let (message, deliveries) = self.ctx.store.message_get(id).await.map_err(store_status)?;
         Ok(Response::new(pb::GetMessageResponse {
-            message: Some(convert::pb_message(message)),
+            message: Some(readable_by(&caller, convert::pb_message(message))),
             deliveries: deliveries.into_iter().map(convert::pb_delivery_state).collect(),
         }))
     }
@@ -348,9 +384,10 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     ) -> Result<Response<Self::ReplayStreamStream>, Status> {
         let peer = request.remote_addr();
         let audit = Audit::of("replay_stream", &request)?;
+        let mine = self.streams.acquire_principal(request.extensions().get::<QuotaKey>())?;
         let plan = replay_plan(request.into_inner()).inspect_err(|s| audit.log(Err(s)))?;
         audit.check(Need::Replay(plan.consumer.as_str()))?;
-        let permit = self.streams.acquire(peer)?;
+        let permit = (self.streams.acquire(peer)?, mine);
         let origin = audit.origin();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::channel::<ReplayProgress>(1);

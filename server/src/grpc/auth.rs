@@ -84,6 +84,32 @@ pub enum Permission {
     AdminWrite,
     /// `replay:NAME`: `Replay`, `ReplayStream` for matching consumers.
     Replay(NameGlob),
+    /// `sink:NAME`: create a consumer named NAME that outboxd delivers itself (a sink), with
+    /// `admin:write`, and only on topics that `tail:` lets the same principal read.
+    Sink(NameGlob),
+}
+
+/// The kinds of permission that a method checks against the request's content: a caller that
+/// holds no permission of the kind is refused from the request's headers, before its body is
+/// read (ADR 0053).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Produce,
+    Consume,
+    Tail,
+    Replay,
+}
+
+impl Kind {
+    /// How the auth file writes a permission of this kind.
+    fn written(self) -> &'static str {
+        match self {
+            Kind::Produce => "produce:PATTERN",
+            Kind::Consume => "consume:NAME",
+            Kind::Tail => "tail:PATTERN",
+            Kind::Replay => "replay:NAME",
+        }
+    }
 }
 
 impl Permission {
@@ -105,9 +131,10 @@ impl Permission {
             Some(("tail", p)) => topics("tail", p).map(Permission::Tail),
             Some(("consume", g)) => glob("consume", g).map(Permission::Consume),
             Some(("replay", g)) => glob("replay", g).map(Permission::Replay),
+            Some(("sink", g)) => glob("sink", g).map(Permission::Sink),
             _ => Err(format!(
                 "unknown permission {s:?}: one of produce:PATTERN, consume:NAME, tail:PATTERN, admin:read, \
-                 admin:write, replay:NAME, *"
+                 admin:write, replay:NAME, sink:NAME, *"
             )),
         }
     }
@@ -120,8 +147,20 @@ impl Permission {
             (Permission::Tail(p), Need::Tail(wanted)) => p.covers(wanted),
             (Permission::AdminRead, Need::AdminRead) | (Permission::AdminWrite, Need::AdminWrite) => true,
             (Permission::Replay(g), Need::Replay(name)) => g.matches(name),
+            (Permission::Sink(g), Need::Sink(name)) => g.matches(name),
             _ => false,
         }
+    }
+
+    fn is_of(&self, kind: Kind) -> bool {
+        matches!(
+            (self, kind),
+            (Permission::All, _)
+                | (Permission::Produce(_), Kind::Produce)
+                | (Permission::Consume(_), Kind::Consume)
+                | (Permission::Tail(_), Kind::Tail)
+                | (Permission::Replay(_), Kind::Replay)
+        )
     }
 }
 
@@ -134,6 +173,7 @@ pub enum Need<'a> {
     AdminRead,
     AdminWrite,
     Replay(&'a str),
+    Sink(&'a str),
     /// A method the layer does not know: only `*` may call it.
     Everything,
 }
@@ -144,7 +184,7 @@ impl Need<'_> {
         match self {
             Need::Produce(t) => format!("topic {t:?}"),
             Need::Tail(p) => format!("topics matching {:?}", p.as_str()),
-            Need::Consume(c) | Need::Replay(c) => format!("consumer {c:?}"),
+            Need::Consume(c) | Need::Replay(c) | Need::Sink(c) => format!("consumer {c:?}"),
             Need::AdminRead => "the admin API (reads)".into(),
             Need::AdminWrite => "the admin API (changes)".into(),
             Need::Everything => "this method".into(),
@@ -162,6 +202,7 @@ impl fmt::Display for Need<'_> {
             Need::AdminRead => f.write_str("admin:read"),
             Need::AdminWrite => f.write_str("admin:write"),
             Need::Replay(c) => write!(f, "replay:{c}"),
+            Need::Sink(c) => write!(f, "sink:{c}"),
             Need::Everything => f.write_str("*"),
         }
     }
@@ -177,6 +218,11 @@ pub struct Principal {
 impl Principal {
     pub fn allows(&self, need: &Need<'_>) -> bool {
         self.permissions.iter().any(|p| p.allows(need))
+    }
+
+    /// Whether it holds any permission of `kind` (on any resource).
+    pub fn holds(&self, kind: Kind) -> bool {
+        self.permissions.iter().any(|p| p.is_of(kind))
     }
 }
 
@@ -292,12 +338,59 @@ pub struct Caller {
     pub name: Arc<str>,
     /// `None`: no auth file, everything is allowed.
     principal: Option<Arc<Principal>>,
+    /// How it was authenticated, to find it again in a reloaded auth file.
+    credential: Option<(Authenticator, Credential)>,
+}
+
+/// What authenticated a caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Credential {
+    /// A bearer token, by its SHA-256.
+    Token([u8; 32]),
+    /// A client certificate, by the identity the auth file named.
+    Subject(String),
 }
 
 impl Caller {
     /// Everything allowed (no auth file): in tests and unauthenticated servers.
     pub fn unrestricted(name: &str) -> Self {
-        Self { name: name.into(), principal: None }
+        Self { name: name.into(), principal: None, credential: None }
+    }
+
+    /// Resolves once this caller may no longer do what `still` asks of its principal: its
+    /// credential is gone from a reloaded auth file (UNAUTHENTICATED), or the principal it now
+    /// names lacks the permission (PERMISSION_DENIED). Open streams race it, so that revoking
+    /// a principal ends them within a reload. Never resolves for an unrestricted caller.
+    pub async fn revoked(&self, still: impl Fn(&Principal) -> bool) -> Status {
+        let Some((auth, credential)) = &self.credential else { return std::future::pending().await };
+        let mut reloads = auth.inner.generation.subscribe();
+        loop {
+            if reloads.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let table = auth.table();
+            let now = match credential {
+                Credential::Token(hash) => table.by_token.get(hash),
+                Credential::Subject(s) => table.by_subject.get(s),
+            };
+            match now {
+                None => {
+                    tracing::info!(principal = %self.name, "credential revoked: ending its stream");
+                    return Status::unauthenticated(format!(
+                        "the credential of principal {:?} was revoked (the auth file changed)",
+                        self.name
+                    ));
+                }
+                Some(p) if !still(p) => {
+                    tracing::info!(principal = %p.name, "permission revoked: ending its stream");
+                    return Status::permission_denied(format!(
+                        "principal {:?} no longer holds the permission this stream needs (the auth file changed)",
+                        p.name
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
     }
 
     /// `PERMISSION_DENIED` naming the permission and the resource unless this caller holds it.
@@ -315,6 +408,35 @@ impl Caller {
                 need.resource()
             )))
         }
+    }
+}
+
+impl Caller {
+    /// Whether it holds what `need` names (no refusal, nothing counted): for what a response
+    /// shows, not whether it is answered.
+    pub fn allows(&self, need: Need<'_>) -> bool {
+        self.principal.as_ref().is_none_or(|p| p.allows(&need))
+    }
+
+    /// `PERMISSION_DENIED` unless this caller holds some permission of `kind`.
+    pub fn check_kind(&self, kind: Kind) -> Result<(), Status> {
+        let Some(p) = &self.principal else { return Ok(()) };
+        if p.holds(kind) {
+            Ok(())
+        } else {
+            count(&p.name, "denied");
+            Err(Status::permission_denied(format!(
+                "principal {:?} lacks the permission {} that this method needs",
+                p.name,
+                kind.written()
+            )))
+        }
+    }
+
+    /// The principal's name when an auth file is in force (for per-principal quotas); `None`
+    /// without one, where every caller is unrestricted.
+    pub fn principal_name(&self) -> Option<&str> {
+        self.principal.as_ref().map(|p| p.name.as_str())
     }
 }
 
@@ -351,12 +473,21 @@ struct Inner {
     table: RwLock<Arc<AuthTable>>,
     /// The text last read, parsed or not: a bad file is logged once, not at every poll.
     last_text: Mutex<Option<String>>,
+    /// Bumped at every table swapped in: open streams look their caller up again.
+    generation: tokio::sync::watch::Sender<u64>,
 }
 
 impl Authenticator {
     /// No auth file: everyone may do everything.
     pub fn open() -> Self {
-        Self { inner: Arc::new(Inner { path: None, table: RwLock::default(), last_text: Mutex::new(None) }) }
+        Self {
+            inner: Arc::new(Inner {
+                path: None,
+                table: RwLock::default(),
+                last_text: Mutex::new(None),
+                generation: tokio::sync::watch::Sender::new(0),
+            }),
+        }
     }
 
     /// Loads `path`; an unreadable or invalid file is an error here (at start-up).
@@ -369,6 +500,7 @@ impl Authenticator {
                 path: Some(path.to_owned()),
                 table: RwLock::new(Arc::new(table)),
                 last_text: Mutex::new(Some(text)),
+                generation: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -406,6 +538,7 @@ impl Authenticator {
                 tracing::info!(path = %path.display(), principals = table.principals, "auth file reloaded");
                 metrics::counter!(RELOADS, "file" => "auth", "outcome" => "ok").increment(1);
                 *self.inner.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+                self.inner.generation.send_modify(|g| *g += 1);
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "the auth file does not parse; keeping the principals in force");
@@ -444,7 +577,11 @@ impl Authenticator {
                 })?;
             let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
             return match table.by_token.get(&hash) {
-                Some(p) => Ok(Caller { name: p.name.as_str().into(), principal: Some(p.clone()) }),
+                Some(p) => Ok(Caller {
+                    name: p.name.as_str().into(),
+                    principal: Some(p.clone()),
+                    credential: Some((self.clone(), Credential::Token(hash))),
+                }),
                 None => {
                     count("unknown", "unauthenticated");
                     Err(Status::unauthenticated("the bearer token is not valid"))
@@ -453,7 +590,11 @@ impl Authenticator {
         }
         for id in identities() {
             if let Some(p) = table.by_subject.get(&id) {
-                return Ok(Caller { name: p.name.as_str().into(), principal: Some(p.clone()) });
+                return Ok(Caller {
+                    name: p.name.as_str().into(),
+                    principal: Some(p.clone()),
+                    credential: Some((self.clone(), Credential::Subject(id))),
+                });
             }
         }
         count("unknown", "unauthenticated");
@@ -500,8 +641,9 @@ pub enum Route {
     AnyCredential,
     /// A permission without a resource, checked by the layer.
     Checked(Need<'static>),
-    /// Checked by the service against the request's content (topic, consumer).
-    ByService,
+    /// Checked by the service against the request's content (topic, consumer); the layer
+    /// refuses at once a caller that holds no permission of the kind.
+    ByService(Kind),
 }
 
 /// Every method of `outbox.v1.Outbox` and `outbox.v1.OutboxAdmin`, with what it needs. A
@@ -513,8 +655,10 @@ pub fn route(path: &str) -> Route {
     match (service, method) {
         ("grpc.health.v1.Health", _) => Route::Open,
         ("grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection", _) => Route::AnyCredential,
-        ("outbox.v1.Outbox", "Enqueue" | "EnqueueBatch" | "Subscribe") => Route::ByService,
-        ("outbox.v1.OutboxAdmin", "Tail" | "Replay" | "ReplayStream") => Route::ByService,
+        ("outbox.v1.Outbox", "Enqueue" | "EnqueueBatch") => Route::ByService(Kind::Produce),
+        ("outbox.v1.Outbox", "Subscribe") => Route::ByService(Kind::Consume),
+        ("outbox.v1.OutboxAdmin", "Tail") => Route::ByService(Kind::Tail),
+        ("outbox.v1.OutboxAdmin", "Replay" | "ReplayStream") => Route::ByService(Kind::Replay),
         ("outbox.v1.OutboxAdmin", "GetStats" | "GetConsumer" | "ListConsumers" | "ListDeadLetters" | "GetMessage") => {
             Route::Checked(Need::AdminRead)
         }
@@ -581,7 +725,17 @@ where
                     return refuse(&req, route, Some(&caller), status);
                 }
             }
+            // Refused from the headers: the body of a caller that may not call this method at
+            // all is never read, and it takes no slot of any limit.
+            Route::ByService(kind) => {
+                if let Err(status) = caller.check_kind(kind) {
+                    return refuse(&req, route, Some(&caller), status);
+                }
+            }
             _ => {}
+        }
+        if caller.principal.is_some() {
+            req.extensions_mut().insert(crate::limits::QuotaKey(caller.name.clone()));
         }
         req.extensions_mut().insert(caller);
         Box::pin(inner.call(req))
@@ -712,6 +866,46 @@ permissions = ["consume:inventory-*"]
         let dup = format!("{FILE}\n[[principal]]\nname = \"x\"\nsubjects = [\"CN=inventory\"]\n");
         assert!(err(&dup).contains("also a subject of \"inventory\""));
         assert!(err("[principal]\nname = 1").len() > 5);
+    }
+
+    #[test]
+    fn a_caller_is_refused_a_method_from_its_kind_alone_when_it_holds_no_permission_of_it() {
+        let caller = |perms: &[&str]| Caller {
+            name: "p".into(),
+            principal: Some(Arc::new(Principal {
+                name: "p".into(),
+                permissions: perms.iter().map(|s| Permission::parse(s).unwrap()).collect(),
+            })),
+            credential: None,
+        };
+        let nobody = caller(&[]);
+        for kind in [Kind::Produce, Kind::Consume, Kind::Tail, Kind::Replay] {
+            let err = nobody.check_kind(kind).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::PermissionDenied);
+            assert!(err.message().contains(kind.written()), "{err:?}");
+            assert!(caller(&["*"]).check_kind(kind).is_ok());
+        }
+        let producer = caller(&["produce:orders.>", "admin:read"]);
+        assert!(producer.check_kind(Kind::Produce).is_ok(), "any topic of the kind passes the layer");
+        assert!(producer.check_kind(Kind::Consume).is_err());
+        assert!(caller(&["sink:to-*"]).check_kind(Kind::Tail).is_err(), "sink: is not tail:");
+        assert!(Caller::unrestricted("anonymous").check_kind(Kind::Replay).is_ok());
+        assert_eq!(route("/outbox.v1.Outbox/Enqueue"), Route::ByService(Kind::Produce));
+        assert_eq!(route("/outbox.v1.Outbox/Subscribe"), Route::ByService(Kind::Consume));
+        assert_eq!(route("/outbox.v1.OutboxAdmin/Tail"), Route::ByService(Kind::Tail));
+        assert_eq!(route("/outbox.v1.OutboxAdmin/ReplayStream"), Route::ByService(Kind::Replay));
+    }
+
+    #[test]
+    fn a_sink_permission_names_consumers_and_allows_nothing_else() {
+        let p = Permission::parse("sink:to-*").unwrap();
+        assert_eq!(p, Permission::Sink(NameGlob("to-*".into())));
+        assert!(p.allows(&Need::Sink("to-partner")));
+        assert!(!p.allows(&Need::Sink("exfil")));
+        assert!(!p.allows(&Need::AdminWrite));
+        assert!(!p.allows(&Need::Consume("to-partner")));
+        assert_eq!(Need::Sink("x").to_string(), "sink:x");
+        assert!(Permission::parse("sink:").is_err());
     }
 
     #[test]

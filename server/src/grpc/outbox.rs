@@ -1,5 +1,4 @@
 //! `service Outbox`: Enqueue, EnqueueBatch and Subscribe.
-use std::time::Duration;
 
 use futures::StreamExt;
 use outbox_proto::v1 as pb;
@@ -12,9 +11,8 @@ use super::stream;
 use super::{invalid, store_status};
 use crate::delivery::session::{Rejected, Session, SessionContext, SessionStart};
 use crate::domain::InvalidField;
+use crate::limits::QuotaKey;
 
-/// A stream must send `start` this soon.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub use super::convert::{DEFAULT_MAX_IN_FLIGHT, MAX_MAX_IN_FLIGHT, MIN_ACK_DEADLINE};
 
 #[derive(Debug, Clone)]
@@ -96,11 +94,19 @@ impl pb::outbox_server::Outbox for OutboxService {
             return Err(Status::unavailable("outboxd is shutting down; reconnect"));
         }
         let caller = auth::caller(&request)?;
-        // Counted from the first byte: a stream waiting for its start holds a place too.
-        let permit = self.streams.acquire(request.remote_addr())?;
+        // Counted against its principal from the first byte: a stream waiting for its start
+        // holds a place of its own tenant's quota, never one of the process's.
+        let mine = self.streams.acquire_principal(request.extensions().get::<QuotaKey>())?;
+        let peer = request.remote_addr();
         let mut inbound = request.into_inner();
-        let first = match tokio::time::timeout(START_TIMEOUT, inbound.next()).await {
-            Err(_) => return Err(invalid(InvalidField::new("start", "no start request within 10 s"))),
+        let start_timeout = self.streams.limits().request_body_timeout;
+        let first = match tokio::time::timeout(start_timeout, inbound.next()).await {
+            Err(_) => {
+                return Err(invalid(InvalidField::new(
+                    "start",
+                    format!("no start request within {start_timeout:?} (--request-body-timeout)"),
+                )));
+            }
             Ok(Some(Ok(req))) => req,
             Ok(Some(Err(status))) => return Err(status),
             Ok(None) => return Err(invalid(InvalidField::new("start", "the stream closed before start"))),
@@ -111,6 +117,8 @@ impl pb::outbox_server::Outbox for OutboxService {
         let start = convert::start_request(&start).map_err(invalid)?;
         // Before the lookup: a caller without the permission learns nothing of the consumer.
         caller.check(Need::Consume(start.consumer.as_str()))?;
+        // A place of the process and of the connection only once the start is authorised.
+        let permit = self.streams.acquire(peer)?;
         let consumer = self.ctx.store.consumer_get(&start.consumer).await.map_err(store_status)?;
         if let Some(sink) = &consumer.spec.sink {
             return Err(Status::failed_precondition(format!(
@@ -123,14 +131,21 @@ impl pb::outbox_server::Outbox for OutboxService {
         let ack_deadline = start.ack_deadline.unwrap_or(consumer.spec.ack_deadline);
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
+        let revoked_name = consumer.spec.name.as_str().to_owned();
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
-        // The session sees commands, never the wire.
-        let commands = inbound.map(|r| match r {
-            Ok(req) => stream::parse(req).map_err(Rejected::Invalid),
-            Err(status) => Err(Rejected::Broken(status)),
-        });
+        // The session sees commands, never the wire; a reloaded auth file that takes the
+        // caller's permission away ends the stream.
+        let name = revoked_name;
+        let revoked = async move { caller.revoked(move |p| p.allows(&Need::Consume(&name))).await };
+        let commands = stream::until_revoked(
+            inbound.map(|r| match r {
+                Ok(req) => stream::parse(req).map_err(Rejected::Invalid),
+                Err(status) => Err(Rejected::Broken(status)),
+            }),
+            revoked,
+        );
         self.ctx.tasks.spawn(async move {
-            let _permit = permit;
+            let _permits = (permit, mine);
             session.run(commands, tx).await
         });
         Ok(Response::new(ReceiverStream::new(rx).map(|d| d.map(stream::delivery)).boxed()))

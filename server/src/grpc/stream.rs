@@ -8,6 +8,7 @@ use tonic::Status;
 
 use super::convert::{duration, timestamp};
 use super::invalid;
+use crate::delivery::session::Rejected;
 use crate::domain::{InvalidField, MessageId};
 use crate::store::LeasedDelivery;
 
@@ -125,6 +126,42 @@ pub fn delivery(d: LeasedDelivery) -> pb::SubscribeResponse {
         ack_deadline: Some(timestamp(d.lease_expires_at)),
     };
     pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(delivery)) }
+}
+
+/// A stream's commands, ended by `revoked`: once it resolves (its caller's credential or
+/// permission was revoked), the session gets `Rejected::Invalid` with that status, which ends
+/// the stream with it and releases what it held, and then no more commands. Until then the
+/// commands pass through as they come, their end included.
+pub fn until_revoked<S>(
+    commands: S,
+    revoked: impl std::future::Future<Output = Status> + Send + 'static,
+) -> UntilRevoked<S> {
+    UntilRevoked { commands, revoked: Some(Box::pin(revoked)) }
+}
+
+pub struct UntilRevoked<S> {
+    commands: S,
+    /// `None` once it has resolved: the stream has ended.
+    revoked: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Status> + Send>>>,
+}
+
+impl<S> futures::Stream for UntilRevoked<S>
+where
+    S: futures::Stream<Item = Result<Command, Rejected>> + Unpin,
+{
+    type Item = Result<Command, Rejected>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let Some(revoked) = self.revoked.as_mut() else { return std::task::Poll::Ready(None) };
+        if let std::task::Poll::Ready(status) = revoked.as_mut().poll(cx) {
+            self.revoked = None;
+            return std::task::Poll::Ready(Some(Err(Rejected::Invalid(status))));
+        }
+        std::pin::Pin::new(&mut self.commands).poll_next(cx)
+    }
 }
 
 #[cfg(test)]

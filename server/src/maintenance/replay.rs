@@ -160,11 +160,11 @@ impl Replayer {
     async fn page(&self, plan: &ReplayPlan, spec: &ConsumerSpec, after: i64, limit: i64) -> Result<Page, StoreError> {
         let mut candidates = self.store.replay_candidates(&plan.consumer, &plan.filter, after, limit).await?;
         let next = if (candidates.len() as i64) < limit { None } else { candidates.last().map(|c| c.seq) };
-        // Named ids are replayed as named, even off the consumer's topics.
-        let by_id = !plan.filter.message_ids.is_empty();
+        // Only the consumer's own topics, also for ids named one by one: a replay must not
+        // hand a consumer (and whoever may replay into it) messages it never takes, and a dry
+        // run says nothing of ids outside them.
         candidates.retain(|c| {
-            (by_id || spec.matches(&c.topic))
-                && (plan.topics.is_empty() || plan.topics.iter().any(|p| p.matches(&c.topic)))
+            spec.matches(&c.topic) && (plan.topics.is_empty() || plan.topics.iter().any(|p| p.matches(&c.topic)))
         });
         let ids = candidates.iter().map(|c| c.message_id).collect();
         Ok(Page { candidates, ids, next })

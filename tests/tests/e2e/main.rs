@@ -10,6 +10,7 @@ mod chaos;
 mod delivery;
 mod failure_matrix;
 mod healthcheck;
+mod hostile;
 mod limits;
 mod metrics;
 mod otlp;

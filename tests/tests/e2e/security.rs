@@ -18,7 +18,7 @@ use tonic::Code;
 
 use crate::WAIT;
 
-fn hash(token: &str) -> String {
+pub(crate) fn hash(token: &str) -> String {
     let d = sha2::Sha256::digest(token.as_bytes());
     format!("sha256:{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
@@ -35,7 +35,7 @@ const PRINCIPALS: &[(&str, &[&str])] = &[
     ("root", &["*"]),
 ];
 
-fn auth_file(principals: &[(&str, &[&str])]) -> String {
+pub(crate) fn auth_file(principals: &[(&str, &[&str])]) -> String {
     let mut s = String::new();
     for (name, perms) in principals {
         let perms: Vec<String> = perms.iter().map(|p| format!("{p:?}")).collect();
@@ -48,21 +48,21 @@ fn auth_file(principals: &[(&str, &[&str])]) -> String {
     s
 }
 
-fn tok(name: &str) -> Credentials {
+pub(crate) fn tok(name: &str) -> Credentials {
     Credentials::token(format!("tok-{name}"))
 }
 
 /// A scratch directory for auth files, removed when dropped.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("outboxd-auth-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir)?;
         Ok(Self(dir))
     }
 
-    fn write(&self, name: &str, text: &str) -> Result<PathBuf> {
+    pub(crate) fn write(&self, name: &str, text: &str) -> Result<PathBuf> {
         let p = self.0.join(name);
         write_atomically(&p, text.as_bytes())?;
         Ok(p)
@@ -75,12 +75,12 @@ impl Drop for Scratch {
     }
 }
 
-async fn start(store: &TestStore, extra: &[&str]) -> Result<Outboxd> {
+pub(crate) async fn start(store: &TestStore, extra: &[&str]) -> Result<Outboxd> {
     let args: Vec<&str> = FAST.iter().chain(extra).copied().collect();
     Outboxd::start(store.url(), &args).await
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
@@ -237,12 +237,10 @@ async fn every_method_is_denied_without_its_permission_and_allowed_with_it() -> 
         }
     }
 
-    // The permission and the resource are named.
+    // The permission is named: of the method's kind for a caller that holds none of it
+    // (refused from its headers), with the resource for one that holds others (below).
     let err = call("Enqueue", &srv.endpoint, &tok("none"), &root, &msg_id).await.unwrap_err();
-    assert!(
-        err.message().contains("produce:orders.created") && err.message().contains("topic \"orders.created\""),
-        "{err:?}"
-    );
+    assert!(err.message().contains("produce:PATTERN"), "{err:?}");
     let err = call("PauseConsumer", &srv.endpoint, &tok("reader"), &root, &msg_id).await.unwrap_err();
     assert!(err.message().contains("admin:write"), "{err:?}");
 

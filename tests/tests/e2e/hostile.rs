@@ -1,0 +1,507 @@
+//! The attacks of a hostile tenant, each against a real outboxd with an auth file: what a token
+//! with no permission, a tenant flooding its own quota, a raw HTTP/2 client and a slow socket
+//! can make outboxd hold, and what another tenant's calls see meanwhile. Raw HTTP/2 (the `h2`
+//! crate) where a gRPC client cannot express the attack: a declared message whose bytes stop
+//! coming, a connection that never says anything.
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use outbox_client::grpc::{admin_with, outbox_with};
+use outbox_proto::v1 as pb;
+use outbox_tests::{Backend, Outboxd, TestStore, consumer};
+use tokio::io::AsyncReadExt as _;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+use crate::security::{Scratch, auth_file, s, start, tok};
+use crate::sinks::webhook_sink;
+
+const TENANTS: &[(&str, &[&str])] = &[
+    ("nobody", &[]),
+    ("producer", &["produce:orders.>"]),
+    ("other-producer", &["produce:payments.>"]),
+    ("billing", &["consume:billing"]),
+    ("reader", &["admin:read"]),
+    ("writer", &["admin:write"]),
+    ("sinker", &["admin:write", "sink:to-*", "tail:orders.>"]),
+    ("replayer", &["replay:billing", "consume:billing"]),
+    ("root", &["*"]),
+];
+
+async fn serve(extra: &[&str]) -> Result<(TestStore, Scratch, Outboxd)> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write("auth.toml", &auth_file(TENANTS))?;
+    let mut args = vec!["--auth-file", s(&file)];
+    args.extend_from_slice(extra);
+    let srv = start(&store, &args).await?;
+    Ok((store, scratch, srv))
+}
+
+/// A raw HTTP/2 connection to outboxd.
+struct Raw {
+    addr: SocketAddr,
+    client: h2::client::SendRequest<Bytes>,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Result<Self> {
+        let tcp = TcpStream::connect(addr).await?;
+        let (client, conn) = h2::client::handshake(tcp).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Self { addr, client })
+    }
+
+    /// Starts a call of `path` whose message declares `declared` bytes, of which `sent` are
+    /// sent, and then nothing more (the stream is left open).
+    async fn stalled(
+        &mut self,
+        path: &str,
+        token: Option<&str>,
+        declared: u32,
+        sent: usize,
+    ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>)> {
+        let mut req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{path}", self.addr))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let mut client = self.client.clone().ready().await?;
+        let (response, mut body) = client.send_request(req.body(())?, false)?;
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&declared.to_be_bytes());
+        frame.resize(5 + sent, b'x');
+        body.reserve_capacity(frame.len());
+        body.send_data(Bytes::from(frame), false)?;
+        Ok((response, body))
+    }
+}
+
+/// The gRPC status of a response: from its headers (a trailers-only answer) or its trailers.
+async fn status_of(response: h2::client::ResponseFuture, within: Duration) -> Result<(i32, String)> {
+    let response = tokio::time::timeout(within, response).await.context("no response in time")??;
+    let find = |h: &http::HeaderMap| {
+        h.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i32>().ok()).map(|c| {
+            let msg = h.get("grpc-message").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+            (c, percent_decode(&msg))
+        })
+    };
+    if let Some(s) = find(response.headers()) {
+        return Ok(s);
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = tokio::time::timeout(within, body.data()).await.context("no body in time")? {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = tokio::time::timeout(within, body.trailers()).await.context("no trailers in time")??;
+    trailers.as_ref().and_then(find).context("no grpc-status")
+}
+
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// Waits (at most a second) until `n` of the calls have been answered; returns how many were.
+async fn eventually_count(answers: &[tokio::task::JoinHandle<Result<(i32, String)>>], n: usize) -> Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let done = answers.iter().filter(|a| a.is_finished()).count();
+        if done >= n {
+            return Ok(done);
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("only {done} of {n} calls answered within a second");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The resident memory of a process, in bytes.
+fn rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS")?;
+    Ok(kb * 1024)
+}
+
+/// Reads until the server closes the connection (whatever it sent before).
+async fn closed(c: &mut TcpStream) -> Result<()> {
+    let mut buf = [0u8; 1024];
+    loop {
+        match c.read(&mut buf).await {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// A GetStats call of `who`, which must be answered within a second.
+async fn served_within_a_second(srv: &Outboxd, who: &str) -> Result<()> {
+    let mut admin = admin_with(&srv.endpoint, &tok(who)).await?;
+    let began = Instant::now();
+    tokio::time::timeout(Duration::from_secs(1), admin.get_stats(pb::GetStatsRequest::default()))
+        .await
+        .with_context(|| format!("{who}'s call was not answered within a second"))??;
+    assert!(began.elapsed() < Duration::from_secs(1));
+    Ok(())
+}
+
+/// Finding 2: a token with no produce permission sends Enqueue calls whose bodies never come.
+/// Each is refused from its headers at once, takes no place of --max-concurrent-requests, and
+/// the tenants' calls are served meanwhile.
+#[tokio::test]
+async fn a_caller_without_the_methods_permission_is_refused_before_its_body_and_holds_nothing() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&["--max-concurrent-requests", "4"]).await?;
+    let mut raw = Raw::connect(srv.addr).await?;
+    let mut open = Vec::new();
+    for _ in 0..20 {
+        let (response, body) =
+            raw.stalled("/outbox.v1.Outbox/Enqueue", Some("tok-nobody"), 16 * 1024 * 1024, 1024).await?;
+        let (code, message) = status_of(response, Duration::from_secs(2)).await?;
+        assert_eq!(code, Code::PermissionDenied as i32, "{message}");
+        assert!(message.contains("produce:PATTERN"), "{message}");
+        open.push(body);
+    }
+    // The bodies are still "coming": none of them holds a place of the four.
+    let mut producer = outbox_with(&srv.endpoint, &tok("producer")).await?;
+    for i in 0..6 {
+        let req = pb::EnqueueRequest { topic: "orders.created".into(), r#type: format!("T{i}"), ..Default::default() };
+        tokio::time::timeout(Duration::from_secs(1), producer.enqueue(req)).await.context("enqueue")??;
+    }
+    served_within_a_second(&srv, "reader").await?;
+    drop(open);
+    Ok(())
+}
+
+/// Finding 2, from a tenant that may call the method: its stalled bodies take at most its own
+/// quota (--max-requests-per-principal), beyond which it is refused at once; another tenant is
+/// served in under a second; and each stalled call ends with DEADLINE_EXCEEDED after
+/// --request-body-timeout, giving its place back.
+#[tokio::test]
+async fn a_tenants_stalled_bodies_fill_only_its_own_quota_and_time_out() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[
+        "--max-concurrent-requests",
+        "8",
+        "--max-requests-per-principal",
+        "3",
+        "--request-body-timeout",
+        "1500ms",
+    ])
+    .await?;
+    let mut raw = Raw::connect(srv.addr).await?;
+    // Five calls whose bodies stall: three take the quota, two are refused at once (which ones
+    // depends on the order in which the server takes the streams).
+    let mut bodies = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let (response, body) = raw.stalled("/outbox.v1.Outbox/Enqueue", Some("tok-producer"), 1024, 10).await?;
+        bodies.push(body);
+        answers.push(tokio::spawn(status_of(response, Duration::from_secs(10))));
+    }
+    let began = Instant::now();
+    let refused = eventually_count(&answers, 2).await?;
+    assert!(began.elapsed() < Duration::from_secs(1), "refused at once");
+    // Another producer and an admin are served meanwhile.
+    let mut other = outbox_with(&srv.endpoint, &tok("other-producer")).await?;
+    let req = pb::EnqueueRequest { topic: "payments.created".into(), r#type: "T".into(), ..Default::default() };
+    tokio::time::timeout(Duration::from_secs(1), other.enqueue(req)).await.context("other tenant's enqueue")??;
+    served_within_a_second(&srv, "reader").await?;
+    // The stalled calls end by themselves, and the quota is free again.
+    let mut codes = Vec::new();
+    for answer in answers {
+        let (code, message) = answer.await??;
+        if code == Code::ResourceExhausted as i32 {
+            assert!(message.contains("--max-requests-per-principal"), "{message}");
+        } else {
+            assert_eq!(code, Code::DeadlineExceeded as i32, "{message}");
+            assert!(message.contains("--request-body-timeout"), "{message}");
+        }
+        codes.push(code);
+    }
+    assert_eq!(codes.iter().filter(|c| **c == Code::ResourceExhausted as i32).count(), 2, "{codes:?}");
+    assert_eq!(refused, 2);
+    drop(bodies);
+    let mut producer = outbox_with(&srv.endpoint, &tok("producer")).await?;
+    let req = pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    tokio::time::timeout(Duration::from_secs(1), producer.enqueue(req)).await.context("quota back")??;
+    Ok(())
+}
+
+/// Finding 1: health answers anyone, so what it buffers must be tiny. 100 health streams on one
+/// connection, each declaring a 4 MiB message and sending 64 KiB of it, are refused at once,
+/// and outboxd's memory stays within 30 MB of where it was.
+#[tokio::test]
+async fn health_refuses_a_large_declared_message_before_buffering_it() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[]).await?;
+    let before = rss(srv.pid())?;
+    let mut raw = Raw::connect(srv.addr).await?;
+    let mut calls = Vec::new();
+    for _ in 0..100 {
+        calls.push(raw.stalled("/grpc.health.v1.Health/Check", None, 4 * 1024 * 1024, 64 * 1024).await?);
+    }
+    for (response, _body) in calls {
+        let (code, message) = status_of(response, Duration::from_secs(5)).await?;
+        assert_ne!(code, Code::Ok as i32, "a declared 4 MiB health request is refused: {message}");
+    }
+    let grown = rss(srv.pid())?.saturating_sub(before);
+    assert!(grown < 30 * 1024 * 1024, "RSS grew by {} MB", grown / (1024 * 1024));
+    // Health still answers.
+    let channel = outbox_client::grpc::connect(&srv.endpoint).await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await?;
+    Ok(())
+}
+
+/// Findings 1 and 14: a connection that never sends HTTP/2's preface is closed after
+/// --http2-preface-timeout, and connections beyond --max-client-connections are closed at once.
+#[tokio::test]
+async fn silent_connections_are_closed_and_their_number_is_bounded() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&["--http2-preface-timeout", "700ms", "--max-client-connections", "5"]).await?;
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(TcpStream::connect(srv.addr).await?);
+    }
+    // The sixth is closed as soon as it is accepted, while the five still hold their places.
+    let mut sixth = TcpStream::connect(srv.addr).await?;
+    tokio::time::timeout(Duration::from_millis(500), closed(&mut sixth)).await.context("the sixth kept open")??;
+    // The five are closed after the preface deadline (having been sent the server's SETTINGS).
+    let began = Instant::now();
+    for mut c in silent {
+        tokio::time::timeout(Duration::from_secs(5), closed(&mut c)).await.context("a silent one kept open")??;
+    }
+    assert!(began.elapsed() < Duration::from_secs(5));
+    // And the places are free again for a real client.
+    served_within_a_second(&srv, "reader").await?;
+    Ok(())
+}
+
+/// Finding 6: streams take a place of the process only once their `start` is authorised. A
+/// principal with no consume permission is refused from its headers; one with a permission can
+/// hold at most its own quota of streams waiting for their start; another tenant still
+/// subscribes.
+#[tokio::test]
+async fn streams_waiting_for_their_start_hold_only_their_principals_places() -> Result<()> {
+    let (_store, _scratch, srv) =
+        serve(&["--max-streams", "6", "--max-streams-per-principal", "4", "--request-body-timeout", "30s"]).await?;
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    for name in ["billing", "audit"] {
+        admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer(name, &["orders.*"])) }).await?;
+    }
+    let mut raw = Raw::connect(srv.addr).await?;
+    // No consume permission at all: refused at once.
+    let (response, _body) = raw.stalled("/outbox.v1.Outbox/Subscribe", Some("tok-nobody"), 64, 0).await?;
+    let (code, message) = status_of(response, Duration::from_secs(1)).await?;
+    assert_eq!(code, Code::PermissionDenied as i32, "{message}");
+    // billing's streams without a start: four wait, a fifth is refused at once.
+    let mut waiting = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let (response, body) = raw.stalled("/outbox.v1.Outbox/Subscribe", Some("tok-billing"), 64, 0).await?;
+        waiting.push(body);
+        answers.push(tokio::spawn(status_of(response, Duration::from_secs(60))));
+    }
+    eventually_count(&answers, 1).await?;
+    let refused = answers.iter().position(|a| a.is_finished()).context("one answered")?;
+    let (code, message) = answers.remove(refused).await??;
+    assert_eq!(code, Code::ResourceExhausted as i32, "{message}");
+    assert!(message.contains("--max-streams-per-principal"), "{message}");
+    assert!(answers.iter().all(|a| !a.is_finished()), "the other four wait for their start");
+    // root subscribes to audit three times: the process's six places were not taken.
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut c = outbox_with(&srv.endpoint, &tok("root")).await?;
+        let (tx, rx) = mpsc::channel(4);
+        let start = pb::Start { consumer: "audit".into(), max_in_flight: 1, ack_deadline: None };
+        tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) }).await?;
+        let s = tokio::time::timeout(Duration::from_secs(2), c.subscribe(ReceiverStream::new(rx)))
+            .await
+            .context("subscribe")??;
+        streams.push((s, tx));
+    }
+    drop(waiting);
+    for a in answers {
+        a.abort();
+    }
+    Ok(())
+}
+
+/// Finding 3: `admin:write` alone cannot create a sink; `sink:` may, on topics its holder may
+/// read (`tail:`) only.
+#[tokio::test]
+async fn a_sink_needs_its_own_permission_and_only_topics_its_creator_may_read() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[]).await?;
+    let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3";
+    let sink = |name: &str, topics: &[&str]| pb::CreateConsumerRequest {
+        consumer: Some(pb::Consumer {
+            sink: Some(webhook_sink("https://partner.example/hook", secret)),
+            ..consumer(name, topics)
+        }),
+    };
+    let mut writer = admin_with(&srv.endpoint, &tok("writer")).await?;
+    let err = writer.create_consumer(sink("to-exfil", &[">"])).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("sink:to-exfil"), "{err:?}");
+    // A consumer without a sink stays admin:write's.
+    writer.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("plain", &[">"])) }).await?;
+
+    let mut sinker = admin_with(&srv.endpoint, &tok("sinker")).await?;
+    for topics in [&[">"][..], &["payments.*"], &["orders.*", "secrets.>"]] {
+        let err = sinker.create_consumer(sink("to-partner", topics)).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{topics:?}: {err:?}");
+        assert!(err.message().contains("tail:"), "{err:?}");
+    }
+    let err = sinker.create_consumer(sink("exfil", &["orders.*"])).await.unwrap_err();
+    assert!(err.message().contains("sink:exfil"), "the name must match its sink: permission: {err:?}");
+    sinker.create_consumer(sink("to-partner", &["orders.*", "orders.eu.>"])).await?;
+    let list = admin_with(&srv.endpoint, &tok("root")).await?.list_consumers(pb::ListConsumersRequest {}).await?;
+    let names: Vec<String> = list.into_inner().consumers.into_iter().map(|c| c.name).collect();
+    assert_eq!(names, ["plain", "to-partner"]);
+    Ok(())
+}
+
+/// Finding 4: a replay by message id stays inside the consumer's topics, and its dry run says
+/// nothing of ids outside them.
+#[tokio::test]
+async fn a_replay_by_id_stays_inside_the_consumers_topics() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[]).await?;
+    let root = tok("root");
+    let mut admin = admin_with(&srv.endpoint, &root).await?;
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("billing", &["orders.*"])) }).await?;
+    let mut client = outbox_with(&srv.endpoint, &root).await?;
+    let mut ids = Vec::new();
+    for topic in ["orders.created", "secrets.key", "payments.card"] {
+        let req = pb::EnqueueRequest { topic: topic.into(), r#type: "T".into(), ..Default::default() };
+        ids.push(client.enqueue(req).await?.into_inner().message_id);
+    }
+    let mut replayer = admin_with(&srv.endpoint, &tok("replayer")).await?;
+    let replay = |ids: Vec<String>, dry_run: bool| pb::ReplayRequest {
+        consumer: "billing".into(),
+        message_ids: ids,
+        dry_run,
+        ..Default::default()
+    };
+    for dry_run in [true, false] {
+        let foreign = replayer.replay(replay(ids[1..].to_vec(), dry_run)).await?.into_inner();
+        assert_eq!((foreign.selected, foreign.replayed), (0, 0), "dry run {dry_run}: {foreign:?}");
+        let unknown = replayer.replay(replay(vec![uuid::Uuid::now_v7().to_string()], dry_run)).await?.into_inner();
+        assert_eq!(foreign, pb::ReplayResponse { dry_run, ..unknown }, "ids outside look like unknown ones");
+    }
+    let own = replayer.replay(replay(ids[..1].to_vec(), true)).await?.into_inner();
+    assert_eq!(own.selected, 1, "{own:?}");
+    Ok(())
+}
+
+/// Finding 7: revoking a principal ends its open streams. The auth file loses billing's token
+/// and takes tail: away from the tailer; within a reload their open Subscribe and Tail end with
+/// UNAUTHENTICATED and PERMISSION_DENIED, and nothing more reaches them.
+#[tokio::test]
+async fn revoking_a_principal_ends_its_open_streams_within_a_reload() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let before: &[(&str, &[&str])] =
+        &[("billing", &["consume:billing"]), ("tailer", &["tail:orders.>"]), ("root", &["*"])];
+    let file = scratch.write("auth.toml", &auth_file(before))?;
+    let srv = start(&store, &["--auth-file", s(&file), "--reload-interval", "200ms"]).await?;
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("billing", &["orders.*"])) }).await?;
+
+    let mut c = outbox_with(&srv.endpoint, &tok("billing")).await?;
+    let (tx, rx) = mpsc::channel(4);
+    let start_req = pb::Start { consumer: "billing".into(), max_in_flight: 10, ack_deadline: None };
+    tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start_req)) }).await?;
+    let mut subscribed = c.subscribe(ReceiverStream::new(rx)).await?.into_inner();
+    let mut tailer = admin_with(&srv.endpoint, &tok("tailer")).await?;
+    let mut tail = tailer.tail(pb::TailRequest { topics: vec!["orders.*".into()] }).await?.into_inner();
+    // Both work before.
+    let mut producer = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let req = || pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    producer.enqueue(req()).await?;
+    tokio::time::timeout(Duration::from_secs(10), subscribed.message()).await.context("delivery before")??;
+    tokio::time::timeout(Duration::from_secs(10), tail.message()).await.context("tail before")??;
+
+    let after: &[(&str, &[&str])] = &[("tailer", &["admin:read"]), ("root", &["*"])];
+    let _ = scratch.write("auth.toml", &auth_file(after))?;
+    let ended = Instant::now();
+    let sub_end = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            match subscribed.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => bail!("the stream ended without a status"),
+                Err(status) => return Ok(status),
+            }
+        }
+    })
+    .await
+    .context("the revoked principal's Subscribe stayed open")??;
+    assert_eq!(sub_end.code(), Code::Unauthenticated, "{sub_end:?}");
+    assert!(sub_end.message().contains("revoked"), "{sub_end:?}");
+    let tail_end = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            match tail.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => bail!("the tail ended without a status"),
+                Err(status) => return Ok(status),
+            }
+        }
+    })
+    .await
+    .context("the tail of a principal that lost tail: stayed open")??;
+    assert_eq!(tail_end.code(), Code::PermissionDenied, "{tail_end:?}");
+    assert!(ended.elapsed() < Duration::from_secs(3));
+    // New calls are refused too, and the delivery the stream held is free for others.
+    let err = outbox_with(&srv.endpoint, &tok("billing")).await?.enqueue(req()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    Ok(())
+}
+
+/// A payload is readable only by a principal that may read its topic: `admin:read` sees a
+/// message's metadata and states through GetMessage and ListDeadLetters, and its payload only
+/// where its own `tail:` covers the topic.
+#[tokio::test]
+async fn admin_read_shows_payloads_only_of_topics_its_holder_may_tail() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let principals: &[(&str, &[&str])] =
+        &[("reader", &["admin:read"]), ("orders-reader", &["admin:read", "tail:orders.>"]), ("root", &["*"])];
+    let file = scratch.write("auth.toml", &auth_file(principals))?;
+    let srv = start(&store, &["--auth-file", s(&file)]).await?;
+    let mut client = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let mut ids = Vec::new();
+    for topic in ["orders.created", "payments.card"] {
+        let req = pb::EnqueueRequest {
+            topic: topic.into(),
+            r#type: "T".into(),
+            payload: b"secret".to_vec(),
+            ..Default::default()
+        };
+        ids.push(client.enqueue(req).await?.into_inner().message_id);
+    }
+    let payload = |who: &'static str, id: String| {
+        let endpoint = srv.endpoint.clone();
+        async move {
+            let mut admin = admin_with(&endpoint, &tok(who)).await?;
+            let m = admin.get_message(pb::GetMessageRequest { message_id: id }).await?.into_inner().message;
+            anyhow::Ok(m.context("no message")?.payload.to_vec())
+        }
+    };
+    assert_eq!(payload("reader", ids[0].clone()).await?, b"");
+    assert_eq!(payload("reader", ids[1].clone()).await?, b"");
+    assert_eq!(payload("orders-reader", ids[0].clone()).await?, b"secret");
+    assert_eq!(payload("orders-reader", ids[1].clone()).await?, b"");
+    assert_eq!(payload("root", ids[1].clone()).await?, b"secret");
+    Ok(())
+}
