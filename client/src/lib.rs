@@ -49,6 +49,10 @@ pub enum ClientError {
     /// consumer (yet). Roll back the effect: it was made already, or its delivery comes later.
     #[error("message {message_id} was already acked by consumer {consumer:?}")]
     AlreadyAcked { consumer: String, message_id: uuid::Uuid },
+    /// The message_id names another message already (a different topic, type or payload): an
+    /// id names one message; enqueue this one under a new id. The text names the field.
+    #[error("{0}")]
+    MessageIdTaken(String),
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
     #[error("cannot connect to outboxd at {endpoint}: {source}")]
@@ -64,6 +68,12 @@ pub enum ClientError {
 
 impl From<sqlx::Error> for ClientError {
     fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &e
+            && db.message().contains("message_id")
+            && db.message().contains("exists already with a different")
+        {
+            return ClientError::MessageIdTaken(db.message().to_owned());
+        }
         if let sqlx::Error::Database(db) = &e
             && (matches!(db.kind(), sqlx::error::ErrorKind::CheckViolation | sqlx::error::ErrorKind::NotNullViolation)
                 || db.code().is_some_and(|c| c.starts_with("22")))

@@ -96,6 +96,31 @@ BEGIN
 END
 $$;
 
+-- ---- outbox.same_message ----
+-- A message_id enqueued again is an idempotent success only for the same message: the same
+-- topic, type and payload. Another message under an existing id is refused (SQLSTATE 23505,
+-- unique_violation), naming the first field that differs but not its stored value: a producer
+-- must not claim another topic's id, and a message must not be dropped as a "duplicate" of one
+-- it is not. Called by the enqueue functions when their insert found the id taken.
+CREATE OR REPLACE FUNCTION outbox.same_message(p_id uuid, p_topic text, p_type text, p_payload bytea)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_differs text;
+BEGIN
+    SELECT CASE WHEN m.topic <> p_topic THEN 'topic'
+                WHEN m.type <> p_type THEN 'type'
+                WHEN m.payload <> p_payload THEN 'payload' END
+      INTO v_differs
+      FROM outbox.messages m WHERE m.message_id = p_id;
+    IF v_differs IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.enqueue: message_id % exists already with a different %', p_id, v_differs
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'A message_id names one message: enqueue another message under a new id.';
+    END IF;
+END
+$$;
+
 -- ---- outbox.enqueue_message ----
 -- Inserts one message and reports whether it already existed. An existing message_id is an
 -- idempotent success: nothing is written and the caller's transaction is not aborted.
@@ -146,6 +171,7 @@ BEGIN
     IF v_seq IS NOT NULL THEN
         RETURN QUERY SELECT v_id, v_seq, false;
     ELSE
+        PERFORM outbox.same_message(v_id, topic, type, payload);
         RETURN QUERY SELECT m.message_id, m.seq, true FROM outbox.messages m WHERE m.message_id = v_id;
     END IF;
 END
@@ -231,6 +257,9 @@ BEGIN
             nullif(ordering_key, ''))
     ON CONFLICT ON CONSTRAINT messages_message_id_key DO NOTHING
     RETURNING m.message_id INTO v_id;
+    IF v_id IS NULL THEN
+        PERFORM outbox.same_message(message_id, topic, type, payload);
+    END IF;
     RETURN coalesce(v_id, message_id);
 END
 $$;
@@ -838,8 +867,21 @@ END
 $$;
 
 -- ---- privileges ----
--- Nothing in schema outbox is callable by everyone (migration 0009 revokes PUBLIC's EXECUTE by
--- default); each role gets what it needs. The owner, outboxd's own login, keeps every privilege.
+-- Nothing in schema outbox is callable by everyone; each role gets what it needs. The owner,
+-- outboxd's own login, keeps every privilege. Migration 0009's per-schema default privileges do
+-- not override the global default (EXECUTE to PUBLIC on every new function), so every function
+-- is revoked from PUBLIC here, explicitly, each time this file is applied.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'outbox'::regnamespace LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
+-- An INSERT's default for `seq` (any role granted INSERT on the table also needs it).
 GRANT EXECUTE ON FUNCTION outbox.next_seq() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, bytea, jsonb, uuid, text) TO outbox_producer;
 GRANT EXECUTE ON FUNCTION outbox.ack(text, uuid) TO outbox_consumer;

@@ -62,9 +62,13 @@ async def test_a_duplicate_id_returns_the_same_id_and_keeps_the_transaction(
     mid = uuid.uuid4()
     with pg.transaction():
         assert outboxd.enqueue(pg, topic, "T", b"1", message_id=mid) == mid
-        assert outboxd.enqueue(pg, topic, "T", b"2", message_id=str(mid)) == mid
+        assert outboxd.enqueue(pg, topic, "T", b"1", message_id=str(mid)) == mid
         # The transaction is still usable.
         assert pg.execute("SELECT 1").fetchone() == (1,)
+    # Another message under the same id is refused: an id names one message.
+    with pytest.raises(psycopg.errors.UniqueViolation, match="different payload"):
+        with pg.transaction():
+            outboxd.enqueue(pg, topic, "T", b"2", message_id=mid)
     assert (await admin.get_message(str(mid))).message.payload == b"1"
 
 
@@ -172,7 +176,10 @@ async def test_sqlite_enqueue_in_a_transaction_delivers_what_committed_and_acks_
                 raise RuntimeError("roll back")
         with conn:
             last = outboxd.enqueue(conn, topic, "T", {"n": 3})
-            assert outboxd.enqueue(conn, topic, "T", b"dup", message_id=last) == last
+            assert outboxd.enqueue(conn, topic, "T", {"n": 3}, message_id=last) == last
+        with pytest.raises(sqlite3.DatabaseError, match="different payload"):
+            with conn:
+                outboxd.enqueue(conn, topic, "T", b"dup", message_id=last)
         seen: list[outboxd.Delivery] = []
 
         async def handler(d: outboxd.Delivery) -> None:

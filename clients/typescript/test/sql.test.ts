@@ -56,11 +56,18 @@ test("enqueueing an existing message id again returns that id and writes nothing
   const chosen = "0193a0b4-7c1e-7d2a-9f00-000000000002";
   await client.query("BEGIN");
   const first = await enqueue(client, { topic: "orders.created", type: "A", payload: "1", messageId: chosen.toUpperCase() });
-  const again = await enqueue(client, { topic: "orders.created", type: "B", payload: "2", messageId: chosen });
+  const again = await enqueue(client, { topic: "orders.created", type: "A", payload: "1", messageId: chosen });
   await client.query("COMMIT");
   assert.equal(first, chosen);
   assert.equal(again, chosen);
   assert.equal((await admin.getMessage(chosen)).message?.type, "A");
+  // Another message under the same id is refused (SQLSTATE 23505): an id names one message.
+  await client.query("BEGIN");
+  await assert.rejects(
+    enqueue(client, { topic: "orders.created", type: "B", payload: "2", messageId: chosen }),
+    /exists already with a different type/,
+  );
+  await client.query("ROLLBACK");
 });
 
 test("bad arguments throw naming the field, before the database sees them: the transaction goes on", async () => {

@@ -311,11 +311,13 @@ impl AuthTable {
                 }
             }
             for (j, s) in p.subjects.iter().enumerate() {
-                let ok = s.strip_prefix("CN=").is_some_and(|cn| !cn.is_empty()) || s.contains(':');
-                if !ok {
-                    return Err(format!("{at}: subjects[{j}] {s:?} is neither \"CN=name\" nor a URI (spiffe://…)"));
-                }
-                match table.by_subject.entry(s.clone()) {
+                let Some(key) = subject_key(s) else {
+                    return Err(format!(
+                        "{at}: subjects[{j}] {s:?} is none of \"CN=name\" (or \"cn:name\"), a URI \
+                         (spiffe://…, or \"uri:…\"), \"dns:name\""
+                    ));
+                };
+                match table.by_subject.entry(key) {
                     Entry::Occupied(o) => {
                         return Err(format!("{at}: subjects[{j}] {s:?} is also a subject of {:?}", o.get().name));
                     }
@@ -559,7 +561,7 @@ impl Authenticator {
                 .unwrap_or_default()
         };
         if !self.enabled() {
-            let name = identities().into_iter().next().unwrap_or_else(|| "anonymous".into());
+            let name = identities().first().map_or_else(|| "anonymous".into(), |k| shown_identity(k));
             return Ok(Caller::unrestricted(&name));
         }
         let table = self.table();
@@ -612,24 +614,62 @@ impl Authenticator {
     }
 }
 
-/// The identities of a client certificate that an auth file's `subjects` may name: each SAN
-/// URI, then `CN=` and the subject's common name.
+/// The identities of a client certificate that an auth file's `subjects` may name, each with
+/// its kind, so that one kind can never pose as another (a SAN URI whose text is `CN=admin` is
+/// `uri:CN=admin`, not the common name `cn:admin`): each SAN URI (`uri:`), each SAN DNS name
+/// (`dns:`), then the subject's common name (`cn:`).
 pub fn cert_identities(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return Vec::new() };
     let mut out = Vec::new();
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for n in &san.value.general_names {
             if let x509_parser::extensions::GeneralName::URI(u) = n {
-                out.push((*u).to_owned());
+                out.push(format!("uri:{u}"));
+            }
+        }
+        for n in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(d) = n {
+                out.push(format!("dns:{d}"));
             }
         }
     }
     for cn in cert.subject().iter_common_name() {
         if let Ok(s) = cn.as_str() {
-            out.push(format!("CN={s}"));
+            out.push(format!("cn:{s}"));
         }
     }
     out
+}
+
+/// An auth file's subject as the key [`cert_identities`] gives: `CN=name` or `cn:name` is a
+/// common name, `dns:name` a SAN DNS name, `uri:…` or a bare URI (a scheme, then `:`) a SAN URI.
+/// `None` when it is none of them.
+fn subject_key(s: &str) -> Option<String> {
+    let non_empty = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+    if let Some(cn) = s.strip_prefix("CN=").or_else(|| s.strip_prefix("cn:")) {
+        return non_empty(cn).map(|v| format!("cn:{v}"));
+    }
+    if let Some(d) = s.strip_prefix("dns:") {
+        return non_empty(d).map(|v| format!("dns:{v}"));
+    }
+    if let Some(u) = s.strip_prefix("uri:") {
+        return non_empty(u).map(|v| format!("uri:{v}"));
+    }
+    let (scheme, rest) = s.split_once(':')?;
+    let valid = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (valid && !rest.is_empty()).then(|| format!("uri:{s}"))
+}
+
+/// An identity as logs and audit lines show it: `CN=name`, the URI itself, `DNS:name`.
+fn shown_identity(key: &str) -> String {
+    if let Some(cn) = key.strip_prefix("cn:") {
+        format!("CN={cn}")
+    } else if let Some(d) = key.strip_prefix("dns:") {
+        format!("DNS:{d}")
+    } else {
+        key.strip_prefix("uri:").unwrap_or(key).to_owned()
+    }
 }
 
 /// How the layer treats a method.
@@ -844,9 +884,38 @@ permissions = ["consume:inventory-*"]
         assert!(!p.allows(&Need::AdminWrite));
         assert!(p.allows(&Need::Consume("billing")));
         assert!(!p.allows(&Need::Consume("billing-2")));
-        let inv = &t.by_subject["spiffe://example.org/inventory"];
+        let inv = &t.by_subject["uri:spiffe://example.org/inventory"];
         assert!(inv.allows(&Need::Consume("inventory-eu")));
         assert!(!inv.allows(&Need::Replay("inventory-eu")));
+    }
+
+    #[test]
+    fn identities_have_kinds_so_that_one_kind_cannot_pose_as_another() {
+        assert_eq!(subject_key("CN=admincn").as_deref(), Some("cn:admincn"));
+        assert_eq!(subject_key("cn:admincn").as_deref(), Some("cn:admincn"));
+        assert_eq!(subject_key("spiffe://example.org/a").as_deref(), Some("uri:spiffe://example.org/a"));
+        assert_eq!(subject_key("uri:urn:x").as_deref(), Some("uri:urn:x"));
+        assert_eq!(subject_key("dns:billing.svc").as_deref(), Some("dns:billing.svc"));
+        for bad in ["CN=", "admincn", "=x:y", ":x", "dns:", "1a:b"] {
+            assert_eq!(subject_key(bad), None, "{bad}");
+        }
+        // A certificate whose SAN URI reads "CN=admincn" (its CN is someone else).
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "someone");
+        params.subject_alt_names = vec![
+            rcgen::SanType::URI("CN=admincn".try_into().unwrap()),
+            rcgen::SanType::DnsName("a.svc".try_into().unwrap()),
+        ];
+        let cert = params.self_signed(&key).unwrap();
+        let ids = cert_identities(cert.der());
+        assert_eq!(ids, ["uri:CN=admincn", "dns:a.svc", "cn:someone"]);
+        let table =
+            AuthTable::parse("[[principal]]\nname = \"admin\"\nsubjects = [\"CN=admincn\"]\npermissions = [\"*\"]\n")
+                .unwrap();
+        assert!(ids.iter().all(|id| !table.by_subject.contains_key(id)), "the SAN URI does not pose as the CN");
+        assert_eq!(shown_identity("cn:someone"), "CN=someone");
+        assert_eq!(shown_identity("uri:spiffe://x/y"), "spiffe://x/y");
     }
 
     #[test]

@@ -97,6 +97,33 @@ async fn the_roles_are_nologin_and_the_functions_run_as_their_owner_with_a_pinne
     .unwrap();
     let pinned = vec!["search_path=pg_catalog, pg_temp".to_owned()];
     assert_eq!(fns, [("ack".to_owned(), true, pinned.clone()), ("enqueue".to_owned(), true, pinned)]);
+    // PUBLIC may execute no function of the schema but the INSERT default `next_seq`; the two
+    // roles only their entry point.
+    let callable: Vec<(String, String)> = sqlx::query_as(
+        "SELECT r.rolname::text, p.proname::text FROM pg_proc p, pg_roles r
+          WHERE p.pronamespace = 'outbox'::regnamespace AND r.rolname IN ('outbox_producer', 'outbox_consumer')
+            AND has_function_privilege(r.oid, p.oid, 'EXECUTE')
+          ORDER BY 1, 2",
+    )
+    .fetch_all(&owner)
+    .await
+    .unwrap();
+    let want = [
+        ("outbox_consumer", "ack"),
+        ("outbox_consumer", "next_seq"),
+        ("outbox_producer", "enqueue"),
+        ("outbox_producer", "next_seq"),
+    ];
+    assert_eq!(callable, want.map(|(r, f)| (r.to_owned(), f.to_owned())), "who may execute what");
+    let public: Vec<String> = sqlx::query_scalar(
+        "SELECT p.proname::text FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+          WHERE p.pronamespace = 'outbox'::regnamespace AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
+          ORDER BY 1",
+    )
+    .fetch_all(&owner)
+    .await
+    .unwrap();
+    assert_eq!(public, ["next_seq"], "PUBLIC executes only the INSERT default");
 }
 
 #[tokio::test]
@@ -153,9 +180,9 @@ async fn a_producer_role_enqueues_in_its_own_transaction_and_can_read_or_change_
         .unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(message_count(&owner).await, before, "a rolled back enqueue left a message");
-    // The same id again is the documented idempotent success, not an error.
+    // The same message again is the documented idempotent success, not an error.
     let again: uuid::Uuid =
-        sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x'::bytea, '{}', $1)")
+        sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x7b7d'::bytea, '{}', $1)")
             .bind(id)
             .fetch_one(&pool)
             .await
@@ -349,16 +376,26 @@ async fn sqlite_holds_the_same_limits_for_every_writer() {
     refused(run("T".into(), serde_json::json!({"k".repeat(257): "v"}), None).await, "headers exceed their limits");
     refused(run("T".into(), serde_json::json!({"n": 1}), None).await, "headers exceed their limits");
     // The store's own path and a duplicate of an accepted row still work.
-    let id: String =
-        sqlx::query_scalar("SELECT message_id FROM outbox_messages LIMIT 1").fetch_one(&pool).await.unwrap();
+    let (id, type_): (String, String) =
+        sqlx::query_as("SELECT message_id, type FROM outbox_messages LIMIT 1").fetch_one(&pool).await.unwrap();
     let dup = sqlx::query(
-        "INSERT INTO outbox_messages (message_id, topic, type, payload) VALUES (?1, 'a.b', 'T', x'')
+        "INSERT INTO outbox_messages (message_id, topic, type, payload) VALUES (?1, 'orders.created', ?2, x'')
          ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id",
     )
-    .bind(id)
+    .bind(&id)
+    .bind(&type_)
     .execute(&pool)
     .await;
     ok(dup, "a duplicate enqueue");
+    let other = sqlx::query(
+        "INSERT INTO outbox_messages (message_id, topic, type, payload) VALUES (?1, 'a.b', ?2, x'')
+         ON CONFLICT (message_id) DO NOTHING",
+    )
+    .bind(&id)
+    .bind(&type_)
+    .execute(&pool)
+    .await;
+    refused(other, "message_id exists already with a different topic");
     pool.close().await;
 }
 

@@ -210,6 +210,10 @@ pub enum StoreError {
     ConsumerConflict(String),
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
+    /// An enqueue under an existing message_id of another message (SQLSTATE 23505 from
+    /// `outbox.same_message`, or SQLite's trigger); the text names the field that differs.
+    #[error("{0}")]
+    MessageConflict(String),
     #[error(
         "{0} selected message(s) are older than the retention, the dedup horizon: consumers may apply \
          them twice; set allow_beyond_retention to replay them anyway"
@@ -238,6 +242,9 @@ impl From<crate::domain::UnknownValue> for StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if let sqlx::Error::Database(db) = &e {
+            if db.message().contains("message_id") && db.message().contains("exists already with a different") {
+                return StoreError::MessageConflict(db.message().to_owned());
+            }
             let code = db.code().unwrap_or_default();
             // A CHECK constraint, or PostgreSQL's data_exception class (22xxx): the caller's
             // value is wrong.

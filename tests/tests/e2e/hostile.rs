@@ -505,3 +505,71 @@ async fn admin_read_shows_payloads_only_of_topics_its_holder_may_tail() -> Resul
     assert_eq!(payload("root", ids[1].clone()).await?, b"secret");
     Ok(())
 }
+
+crate::conformance!(a_message_id_names_one_message_on_every_enqueue_path);
+
+/// Finding 10: a message id names one message. Enqueued again with the same topic, type and
+/// payload it is an idempotent duplicate; with another topic, type or payload it is refused
+/// (ALREADY_EXISTS; SQLSTATE 23505 from SQL), naming the field that differs, on every path:
+/// the RPC, the Rust client in the producer's transaction, `outbox.enqueue` and SQLite's
+/// documented insert. A producer cannot claim an id that another topic's message will use.
+async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = crate::setup(backend, &[]).await?;
+    let mut client = srv.client().await?;
+    let id = uuid::Uuid::now_v7();
+    let req = |topic: &str, type_: &str, payload: &[u8]| pb::EnqueueRequest {
+        topic: topic.into(),
+        r#type: type_.into(),
+        payload: payload.to_vec(),
+        message_id: Some(id.to_string()),
+        ..Default::default()
+    };
+    assert!(!client.enqueue(req("orders.created", "T", b"a")).await?.into_inner().duplicate);
+    assert!(client.enqueue(req("orders.created", "T", b"a")).await?.into_inner().duplicate);
+    for (topic, type_, payload, field) in [
+        ("payments.card", "T", &b"a"[..], "topic"),
+        ("orders.created", "U", b"a", "type"),
+        ("orders.created", "T", b"b", "payload"),
+    ] {
+        let err = client.enqueue(req(topic, type_, payload)).await.unwrap_err();
+        assert_eq!(err.code(), Code::AlreadyExists, "{field}: {err:?}");
+        assert!(err.message().contains(&format!("different {field}")), "{err:?}");
+        let batch = pb::EnqueueBatchRequest { messages: vec![req(topic, type_, payload)] };
+        assert_eq!(client.enqueue_batch(batch).await.unwrap_err().code(), Code::AlreadyExists);
+    }
+    // The Rust client, in the producer's transaction.
+    let same = outbox_client::Message::new("orders.created", "T", b"a".to_vec()).message_id(id);
+    assert!(db.enqueue(&same).await?.duplicate);
+    let other = outbox_client::Message::new("payments.card", "T", b"a".to_vec()).message_id(id);
+    let err = db.enqueue(&other).await.unwrap_err().to_string();
+    assert!(err.contains("different topic"), "{err}");
+    // SQL, as any language does it.
+    match &db {
+        outbox_tests::Db::Postgres(pool) => {
+            let err = sqlx::query("SELECT outbox.enqueue('payments.card', 'T', '\\x61'::bytea, '{}', $1)")
+                .bind(id)
+                .execute(pool)
+                .await
+                .unwrap_err();
+            let db_err = err.as_database_error().context("a database error")?;
+            assert_eq!(db_err.code().as_deref(), Some("23505"), "{err}");
+            assert!(db_err.message().contains("different topic"), "{err}");
+            let dup: uuid::Uuid =
+                sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'T', '\\x61'::bytea, '{}', $1)")
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await?;
+            assert_eq!(dup, id, "the same message again is a duplicate");
+        }
+        outbox_tests::Db::Sqlite(pool) => {
+            let insert = "INSERT INTO outbox_messages (topic, type, payload, message_id) VALUES (?1, 'T', x'61', ?2)
+                          ON CONFLICT (message_id) DO NOTHING";
+            let err = sqlx::query(insert).bind("payments.card").bind(id.to_string()).execute(pool).await.unwrap_err();
+            assert!(err.to_string().contains("different topic"), "{err}");
+            let done = sqlx::query(insert).bind("orders.created").bind(id.to_string()).execute(pool).await?;
+            assert_eq!(done.rows_affected(), 0, "the same message again is a duplicate");
+        }
+    }
+    assert_eq!(db.message_count().await?, 1);
+    Ok(())
+}
