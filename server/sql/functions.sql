@@ -222,6 +222,14 @@ BEGIN
         RAISE EXCEPTION 'outbox.enqueue: payload must not be null'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The Enqueue RPC's limit (--max-payload-bytes, written here by outboxd at start-up).
+    v_count := (SELECT s.max_payload_bytes FROM outbox.settings s);
+    IF octet_length(payload) > v_count THEN
+        RAISE EXCEPTION 'outbox.enqueue: payload is % bytes; the limit is % bytes (outboxd''s --max-payload-bytes)',
+                octet_length(payload), v_count
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_count := 0;
     IF headers IS NOT NULL AND headers <> '{}' THEN
         IF jsonb_typeof(headers) <> 'object' THEN
             RAISE EXCEPTION 'outbox.enqueue: headers must be a JSON object of strings'

@@ -105,6 +105,10 @@ impl App {
         if config.migrate {
             store.migrate().await?;
         }
+        // The payload limit holds for producers that write through SQL too.
+        if let Err(e) = store.settings_write(config.max_payload_bytes).await {
+            tracing::warn!(error = %e, "cannot write the payload limit for SQL producers (run the migrations)");
+        }
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| AppError::Bind { addr: config.listen, source })?;
         let local_addr = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;

@@ -53,6 +53,10 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.migrate().await
     }
 
+    async fn settings_write(&self, max_payload_bytes: usize) -> Result<()> {
+        self.driver.settings_write(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX)).await
+    }
+
     async fn close(&self) {
         self.driver.close().await
     }

@@ -35,6 +35,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
     fn backend(&self) -> &'static str;
     /// Applies pending migrations, then refreshes what the planner knows.
     async fn migrate(&self) -> Result<()>;
+    /// Writes the settings that the SQL entry points enforce for every writer (the payload
+    /// limit of `outbox.enqueue` and of SQLite's insert).
+    async fn settings_write(&self, max_payload_bytes: i64) -> Result<()>;
     async fn close(&self);
     /// Open and idle connections of the main pool.
     fn pool_status(&self) -> (u32, usize);

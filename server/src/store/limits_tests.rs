@@ -466,3 +466,42 @@ async fn creating_the_roles_survives_a_concurrent_creation_of_the_same_roles() {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE {r}"))).execute(&observer).await.unwrap();
     }
 }
+
+/// The payload limit of the Enqueue RPC (`--max-payload-bytes`, written by outboxd at
+/// start-up) holds for `outbox.enqueue` and for SQLite's documented insert: a producer that
+/// writes through SQL cannot store a message that every stream would then refuse to carry.
+#[tokio::test]
+async fn the_payload_limit_holds_for_sql_producers_on_both_stores() {
+    let (_db, store, owner) = migrated_pg().await;
+    store.settings_write(16).await.unwrap();
+    let enqueue = |n: usize| {
+        let owner = owner.clone();
+        async move {
+            sqlx::query("SELECT outbox.enqueue('orders.created', 'T', $1)").bind(vec![b'x'; n]).execute(&owner).await
+        }
+    };
+    enqueue(16).await.unwrap();
+    let e = enqueue(17).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "22023");
+    assert!(e.to_string().contains("payload is 17 bytes; the limit is 16 bytes"), "{e}");
+    store.settings_write(1024 * 1024).await.unwrap();
+    enqueue(17).await.unwrap();
+
+    let db = TestSqlite::create().unwrap();
+    let sqlite = connect(&db.url, 4).await.unwrap();
+    sqlite.migrate().await.unwrap();
+    sqlite.settings_write(16).await.unwrap();
+    let pool = SqlitePool::connect(&db.url).await.unwrap();
+    let insert = |n: usize| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("INSERT INTO outbox_messages (topic, type, payload) VALUES ('orders.created', 'T', ?1)")
+                .bind(vec![b'x'; n])
+                .execute(&pool)
+                .await
+        }
+    };
+    insert(16).await.unwrap();
+    let e = insert(17).await.unwrap_err();
+    assert!(e.to_string().contains("--max-payload-bytes"), "{e}");
+}

@@ -46,6 +46,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn backend(&self) -> &'static str;
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<()>;
+    /// Writes the limits that the database's own entry points enforce for every writer.
+    async fn settings_write(&self, max_payload_bytes: usize) -> Result<()>;
     /// Closes the connections (at shutdown).
     async fn close(&self);
     /// Open and idle connections of the pool.

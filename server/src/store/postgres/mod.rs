@@ -493,6 +493,14 @@ impl Driver for PgDriver {
         Ok(())
     }
 
+    async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
+        sqlx::query("UPDATE outbox.settings SET max_payload_bytes = $1 WHERE max_payload_bytes <> $1")
+            .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn message_insert(&self, conn: &mut PgConnection, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         message_insert(conn, msg, Some(now)).await
     }

@@ -489,6 +489,16 @@ impl Driver for SqliteDriver {
         Ok(())
     }
 
+    async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query("UPDATE outbox_settings SET max_payload_bytes = ?1 WHERE max_payload_bytes <> ?1")
+            .bind(max_payload_bytes)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn close(&self) {
         self.writer.close().await;
         self.pool.close().await;
