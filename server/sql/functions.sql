@@ -302,6 +302,18 @@ DECLARE
     v_rows  bigint;
     v_seen  record;
 BEGIN
+    -- A login acks only for the consumers bound to it (outbox.consumer_logins), decided before
+    -- anything about the message is read, so that a refusal says nothing of whether it exists.
+    -- The schema's owner and superusers need no binding.
+    IF session_user <> (SELECT n.nspowner::regrole::name FROM pg_namespace n WHERE n.nspname = 'outbox')
+       AND NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user)
+       AND NOT EXISTS (SELECT 1 FROM outbox.consumer_logins b
+                        WHERE b.login = session_user
+                          AND $1 LIKE replace(replace(b.consumer, '_', '\_'), '*', '%')) THEN
+        RAISE EXCEPTION 'outbox.ack: login % may not ack for consumer %', session_user, quote_literal($1)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Bind the login to the consumer: INSERT INTO outbox.consumer_logins (login, consumer) VALUES (...).';
+    END IF;
     FOR v_round IN 1..100 LOOP
         -- A row of its own that is leased or pending: acked here, or waited for while another
         -- transaction holds it, and then decided on its newest version.

@@ -244,6 +244,23 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
     let app = AppRole::create(&owner, "outbox_test_billing_app", "outbox_consumer").await;
     let pool = app.pool(&db).await;
 
+    // Not bound to any consumer yet: refused, saying nothing of the message.
+    for (consumer, message) in [("billing", id), ("billing", uuid::Uuid::new_v4())] {
+        let e = sqlx::query("SELECT outbox.ack($1, $2)").bind(consumer).bind(message).execute(&pool).await.unwrap_err();
+        assert_eq!(sqlstate(&e), "42501", "{e}");
+        assert!(e.to_string().contains("may not ack for consumer 'billing'"), "{e}");
+    }
+    sqlx::query("INSERT INTO outbox.consumer_logins (login, consumer) VALUES ($1, 'bill*')")
+        .bind(&app.name)
+        .execute(&owner)
+        .await
+        .unwrap();
+    // Bound to bill*: not to payments, whose deliveries it cannot touch.
+    let e = sqlx::query("SELECT outbox.ack('payments', $1)").bind(id).execute(&pool).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "{e}");
+    let e = sqlx::query("SELECT outbox.ack('billXng', $1)").bind(id).execute(&pool).await;
+    assert!(e.is_ok(), "bill* takes billXng: {e:?}");
+
     let mut tx = pool.begin().await.unwrap();
     let acked: bool =
         sqlx::query_scalar("SELECT outbox.ack('billing', $1)").bind(id).fetch_one(&mut *tx).await.unwrap();
