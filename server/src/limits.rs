@@ -30,7 +30,7 @@ pub const MAX_ORDERING_KEY_BYTES: usize = 255;
 /// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
 pub const REFUSALS: &str = "outboxd_limit_refusals_total";
 
-fn refused(limit: &'static str) {
+pub fn refused(limit: &'static str) {
     metrics::counter!(REFUSALS, "limit" => limit).increment(1);
 }
 
@@ -79,6 +79,10 @@ pub struct Limits {
     /// as soon as it is accepted.
     #[arg(long, env = "OUTBOXD_MAX_CLIENT_CONNECTIONS", default_value_t = Limits::DEFAULT.max_client_connections)]
     pub max_client_connections: usize,
+    /// Most consumers (sinks included) the database may hold; CreateConsumer beyond it gets
+    /// RESOURCE_EXHAUSTED. Every relay pass matches every consumer's topics.
+    #[arg(long, env = "OUTBOXD_MAX_CONSUMERS", default_value_t = Limits::DEFAULT.max_consumers)]
+    pub max_consumers: usize,
 }
 
 impl Default for Limits {
@@ -97,6 +101,7 @@ impl Limits {
         request_body_timeout: Duration::from_secs(10),
         http2_preface_timeout: Duration::from_secs(10),
         max_client_connections: 4096,
+        max_consumers: 1000,
     };
 
     /// Names the flag that cannot work.
@@ -108,6 +113,7 @@ impl Limits {
             ("--max-requests-per-principal", self.max_requests_per_principal),
             ("--max-streams-per-principal", self.max_streams_per_principal),
             ("--max-client-connections", self.max_client_connections),
+            ("--max-consumers", self.max_consumers),
         ] {
             if v == 0 || v > 1_000_000 {
                 return Err(format!("{flag} must be between 1 and 1000000, not {v}"));

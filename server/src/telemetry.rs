@@ -18,6 +18,9 @@ use tracing_subscriber::{EnvFilter, Layer as _};
 
 use crate::config::LogFormat;
 
+/// Log targets held at `info` whatever the filter asks: they print secrets at debug level.
+const QUIET_SECRETS: [&str; 2] = ["async_nats=info", "lapin=info"];
+
 /// The header that carries the W3C trace context.
 pub const TRACEPARENT: &str = "traceparent";
 
@@ -74,7 +77,14 @@ pub fn otlp_requested(env: impl Fn(&str) -> Option<String>) -> bool {
 /// (default `info`), plus OTLP span export when the environment asks for it. Call inside the
 /// Tokio runtime (the gRPC exporter needs it).
 pub fn init(format: LogFormat) -> Result<Telemetry, TelemetryError> {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    // The sink clients' own debug logs print their connect options, a URL's password or token
+    // included: they are held at info whatever RUST_LOG asks (a directive added last wins).
+    let filter = || {
+        EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"))
+            .add_directive(QUIET_SECRETS[0].parse().unwrap_or_default())
+            .add_directive(QUIET_SECRETS[1].parse().unwrap_or_default())
+    };
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);

@@ -232,17 +232,32 @@ fn is_loopback(url: &url::Url) -> bool {
     }
 }
 
-/// The URL with its password replaced by `***` (user names stay: they say who, not how).
+/// The URL with every part that may hold a secret replaced by `***`: the password (a user name
+/// beside a password stays: it says who, not how), a user part alone (a NATS token is written
+/// `nats://TOKEN@host`), every query value (a webhook's `?token=`), the fragment.
 pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some(REDACTED));
-            parsed.to_string()
-        }
-        Ok(_) => url.to_owned(),
+    let Ok(mut parsed) = url::Url::parse(url) else {
         // Not stored unless it parsed; never print what might be a secret.
-        Err(_) => REDACTED.to_owned(),
+        return REDACTED.to_owned();
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some(REDACTED));
+    } else if !parsed.username().is_empty() {
+        let _ = parsed.set_username(REDACTED);
     }
+    if parsed.query().is_some() {
+        let keys: Vec<String> = parsed.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        let mut query = parsed.query_pairs_mut();
+        query.clear();
+        for k in keys {
+            query.append_pair(&k, REDACTED);
+        }
+        drop(query);
+    }
+    if parsed.fragment().is_some() {
+        parsed.set_fragment(Some(REDACTED));
+    }
+    parsed.to_string()
 }
 
 /// A routing-key or subject template: literal text with `{topic}`, `{type}` and
@@ -390,6 +405,19 @@ mod millis {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_shown_without_any_part_that_may_be_a_secret() {
+        assert_eq!(redact_url("amqp://app:pw@h:5672/%2f"), "amqp://app:***@h:5672/%2f");
+        assert_eq!(redact_url("nats://s3cr3t-token@h:4222"), "nats://***@h:4222");
+        assert_eq!(
+            redact_url("https://partner.example/hook?token=abc&v=1"),
+            "https://partner.example/hook?token=***&v=***"
+        );
+        assert_eq!(redact_url("https://partner.example/hook#k"), "https://partner.example/hook#***");
+        assert_eq!(redact_url("https://partner.example/hook"), "https://partner.example/hook");
+        assert_eq!(redact_url("not a url with pw"), "***");
+    }
 
     #[test]
     fn templates_render_their_placeholders_and_refuse_unknown_ones() {

@@ -181,6 +181,15 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                     audit.caller.check(Need::Tail(p))?;
                 }
             }
+            let max = self.streams.limits().max_consumers;
+            let existing = self.ctx.store.consumer_list().await.map_err(store_status)?;
+            if existing.len() >= max && !existing.iter().any(|c| c.spec.name == spec.name) {
+                crate::limits::refused("max_consumers");
+                return Err(Status::resource_exhausted(format!(
+                    "{} consumers exist, the limit is {max} (--max-consumers); delete some first",
+                    existing.len()
+                )));
+            }
             let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
             self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))

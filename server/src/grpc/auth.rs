@@ -253,6 +253,28 @@ struct PrincipalEntry {
     permissions: Vec<String>,
 }
 
+/// `text` with every quoted value (the parser quotes back what it read) replaced by `"…"`;
+/// field names, which serde writes in backticks, stay.
+fn unquoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut quoted = false;
+    for c in text.chars() {
+        match (c, quoted) {
+            ('"' | '\'', false) => {
+                quoted = true;
+                out.push_str("\"…");
+            }
+            ('"' | '\'', true) => {
+                quoted = false;
+                out.push('"');
+            }
+            (_, false) => out.push(c),
+            (_, true) => {}
+        }
+    }
+    out
+}
+
 /// `sha256:` and 64 lowercase hex digits.
 fn parse_token_hash(s: &str) -> Option<[u8; 32]> {
     let hex = s.strip_prefix("sha256:")?;
@@ -277,7 +299,15 @@ impl AuthTable {
     /// Parses an auth file's text; the error says which principal and entry is wrong (never
     /// repeating a token hash).
     pub fn parse(text: &str) -> Result<Self, String> {
-        let file: AuthFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        // The parser's own message quotes the offending line, which may hold a token: say
+        // where, and what was expected, but never the text.
+        let file: AuthFile = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!(" at line {line}")
+            });
+            format!("the auth file is not valid TOML{}: {}", at.unwrap_or_default(), unquoted(e.message()))
+        })?;
         let mut table = AuthTable::default();
         let mut names = HashMap::new();
         for (i, p) in file.principal.into_iter().enumerate() {
@@ -752,7 +782,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let route = route(req.uri().path());
         if route == Route::Open {
-            return Box::pin(inner.call(req));
+            return answer(inner.call(req));
         }
         let caller = match self.auth.authenticate(req.headers(), req.extensions()) {
             Ok(c) => c,
@@ -778,8 +808,31 @@ where
             req.extensions_mut().insert(crate::limits::QuotaKey(caller.name.clone()));
         }
         req.extensions_mut().insert(caller);
-        Box::pin(inner.call(req))
+        answer(inner.call(req))
     }
+}
+
+/// The service's answer, with a request that does not decode (malformed protobuf) answered
+/// `INVALID_ARGUMENT`, as gRPC's status codes ask for a client's bad request: tonic's decoder
+/// says `INTERNAL`, which tells a client the server is broken.
+fn answer<F, E>(call: F) -> BoxFuture<HttpResponse<Body>, E>
+where
+    F: std::future::Future<Output = Result<HttpResponse<Body>, E>> + Send + 'static,
+{
+    Box::pin(async move {
+        let mut response = call.await?;
+        let headers = response.headers_mut();
+        let undecodable = headers.get("grpc-status").is_some_and(|s| s.as_bytes() == b"13")
+            && headers.get("grpc-message").is_some_and(|m| {
+                percent_encoding::percent_decode(m.as_bytes())
+                    .decode_utf8_lossy()
+                    .starts_with("failed to decode Protobuf")
+            });
+        if undecodable {
+            headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+        }
+        Ok(response)
+    })
 }
 
 /// The refusal as a response; admin writes refused before their request was read are
@@ -935,6 +988,12 @@ permissions = ["consume:inventory-*"]
         let dup = format!("{FILE}\n[[principal]]\nname = \"x\"\nsubjects = [\"CN=inventory\"]\n");
         assert!(err(&dup).contains("also a subject of \"inventory\""));
         assert!(err("[principal]\nname = 1").len() > 5);
+        // A syntax error names the line, never its text (a raw token pasted by mistake).
+        let e = err("[[principal]]\nname = \"a\"\ntokens = [\"tok-very-secret\"\npermissions = [\"*\"]\n");
+        assert!(!e.contains("very-secret"), "{e}");
+        assert!(e.contains("line"), "{e}");
+        let e = err("[[principal]]\nname = \"a\"\ntokens = \"tok-very-secret\"\n");
+        assert!(!e.contains("very-secret"), "{e}");
     }
 
     #[test]

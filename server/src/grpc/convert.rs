@@ -36,7 +36,15 @@ pub fn pb_duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
+/// Protobuf's own range for a Timestamp (years 1 to 9999), which both stores can hold: a time
+/// outside it is the client's error, named here, not a database's "out of range".
+const MIN_SECONDS: i64 = -62_135_596_800;
+const MAX_SECONDS: i64 = 253_402_300_799;
+
 pub fn time(field: &str, t: &prost_types::Timestamp) -> Result<DateTime<Utc>, InvalidField> {
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&t.seconds) {
+        return Err(InvalidField::new(field, "is outside the years 0001 to 9999"));
+    }
     DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(u32::MAX))
         .ok_or_else(|| InvalidField::new(field, "is not a valid timestamp"))
 }

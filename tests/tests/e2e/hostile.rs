@@ -573,3 +573,84 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
     assert_eq!(db.message_count().await?, 1);
     Ok(())
 }
+
+/// Finding 16: a request that does not decode is the client's error (INVALID_ARGUMENT, not
+/// INTERNAL); a time outside protobuf's range is named as such, not passed to the database;
+/// the number of consumers is bounded (--max-consumers).
+#[tokio::test]
+async fn bad_requests_are_the_clients_error_and_consumers_are_bounded() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&["--max-consumers", "2"]).await?;
+    // A message whose bytes are not protobuf: field 1 declared with a length past its end.
+    let mut raw = Raw::connect(srv.addr).await?;
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/outbox.v1.Outbox/Enqueue", srv.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-producer")
+        .body(())?;
+    req.headers_mut().insert("grpc-accept-encoding", http::HeaderValue::from_static("identity"));
+    let mut client = raw.client.clone().ready().await?;
+    let (response, mut body) = client.send_request(req, false)?;
+    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 3, 0x0a, 0x7f, 0x01]), true)?;
+    let (code, message) = status_of(response, Duration::from_secs(5)).await?;
+    assert_eq!(code, Code::InvalidArgument as i32, "{message}");
+    drop(raw);
+
+    let mut root = admin_with(&srv.endpoint, &tok("root")).await?;
+    root.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("billing", &["orders.*"])) }).await?;
+    let far = prost_types::Timestamp { seconds: i64::MAX / 2, nanos: 0 };
+    let err = root
+        .replay(pb::ReplayRequest {
+            consumer: "billing".into(),
+            enqueued_after: Some(far),
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("enqueued_after") && err.message().contains("9999"), "{err:?}");
+
+    root.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("audit", &["orders.*"])) }).await?;
+    let err = root
+        .create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("third", &["orders.*"])) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("--max-consumers"), "{err:?}");
+    // The same definition again is still the idempotent answer.
+    root.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("audit", &["orders.*"])) }).await?;
+    Ok(())
+}
+
+/// Finding 12: a sink's secrets never come back: a NATS token in the URL's user part and a
+/// webhook's query values are shown as `***` by GetConsumer and ListConsumers, and logged so.
+#[tokio::test]
+async fn sink_urls_are_shown_without_tokens_or_query_values() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[]).await?;
+    let mut root = admin_with(&srv.endpoint, &tok("root")).await?;
+    let nats = pb::Sink {
+        target: Some(pb::sink::Target::Nats(pb::NatsSink {
+            url: "nats://s3cr3t-token@127.0.0.1:1".into(),
+            subject: "events.{topic}".into(),
+        })),
+        max_in_flight: 0,
+    };
+    let hook =
+        webhook_sink("https://partner.example/hook?token=s3cr3t-query", "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3");
+    for (name, sink) in [("to-nats", nats), ("to-hook", hook)] {
+        let c = pb::Consumer { sink: Some(sink), ..consumer(name, &["orders.*"]) };
+        root.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await?;
+    }
+    let listed = format!("{:?}", root.list_consumers(pb::ListConsumersRequest {}).await?.into_inner());
+    let got =
+        format!("{:?}", root.get_consumer(pb::GetConsumerRequest { consumer: "to-hook".into() }).await?.into_inner());
+    for shown in [&listed, &got] {
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+    }
+    assert!(listed.contains("nats://***@127.0.0.1:1"), "{listed}");
+    assert!(got.contains("token=***"), "{got}");
+    assert!(srv.log_lines(&["s3cr3t"]).is_empty(), "a secret in the log: {:?}", srv.log_lines(&["s3cr3t"]));
+    Ok(())
+}
