@@ -581,7 +581,7 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
 async fn bad_requests_are_the_clients_error_and_consumers_are_bounded() -> Result<()> {
     let (_store, _scratch, srv) = serve(&["--max-consumers", "2"]).await?;
     // A message whose bytes are not protobuf: field 1 declared with a length past its end.
-    let mut raw = Raw::connect(srv.addr).await?;
+    let raw = Raw::connect(srv.addr).await?;
     let mut req = http::Request::builder()
         .method("POST")
         .uri(format!("http://{}/outbox.v1.Outbox/Enqueue", srv.addr))
