@@ -174,7 +174,7 @@ impl App {
             .max_decoding_message_size(max_decode);
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
             .with_shutdown(shutdown.clone());
-        let sinks = config.sinks.then(|| SinkSupervisor::new(ctx.clone(), config.sink_poll));
+        let sinks = config.sinks.then(|| SinkSupervisor::new(ctx.clone(), config.sink_poll, config.sink_destinations));
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
 
         let stop_accepting = shutdown.clone();

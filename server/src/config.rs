@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// (its own changes take effect at once).
     #[arg(long, env = "OUTBOXD_SINK_POLL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sink_poll: Duration,
+    /// Let sinks reach loopback, private, link-local and other internal addresses (refused by
+    /// default: a sink's creator chooses where it connects).
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
+    pub sink_allow_private: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -177,6 +181,8 @@ pub struct ServeConfig {
     pub relay: bool,
     pub sinks: bool,
     pub sink_poll: Duration,
+    /// Where sinks may connect (internal addresses refused unless allowed).
+    pub sink_destinations: crate::sinks::destination::Destinations,
     pub metrics_listen: Option<SocketAddr>,
     pub health_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
@@ -235,6 +241,7 @@ impl ServeConfig {
             relay: true,
             sinks: true,
             sink_poll: Duration::from_secs(30),
+            sink_destinations: Default::default(),
             metrics_listen: None,
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
@@ -320,6 +327,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.relay = !a.no_relay;
         c.sinks = !a.no_sinks;
         c.sink_poll = a.sink_poll;
+        c.sink_destinations = crate::sinks::destination::Destinations { allow_private: a.sink_allow_private };
         c.metrics_listen = a.metrics_listen;
         c.health_listen = a.health_listen;
         c.metrics_interval = a.metrics_interval;

@@ -67,7 +67,8 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
         if !args.no_migrate {
             store.migrate().await?;
         }
-        let report = once::run(&store, &clock, args.batch, !args.no_sinks).await;
+        let destinations = outbox_server::sinks::destination::Destinations { allow_private: args.sink_allow_private };
+        let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations).await;
         store.close().await;
         report
     }

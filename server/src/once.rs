@@ -38,6 +38,9 @@ pub struct RelayArgs {
     /// Fan out only; deliver no sinks.
     #[arg(long)]
     pub no_sinks: bool,
+    /// Let sinks reach loopback, private and link-local addresses (as `serve`'s flag).
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
+    pub sink_allow_private: bool,
     /// Do not apply migrations first.
     #[arg(long)]
     pub no_migrate: bool,
@@ -92,7 +95,13 @@ impl OnceReport {
 
 /// One relay pass (batches until the log is caught up, at most [`MAX_PASSES`]) and one round
 /// of each sink consumer's due deliveries.
-pub async fn run(store: &SharedStore, clock: &SharedClock, batch: i64, sinks: bool) -> Result<OnceReport, StoreError> {
+pub async fn run(
+    store: &SharedStore,
+    clock: &SharedClock,
+    batch: i64,
+    sinks: bool,
+    destinations: crate::sinks::destination::Destinations,
+) -> Result<OnceReport, StoreError> {
     let config = RelayConfig { batch_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
     let relay = Relay::new(store.clone(), clock.clone(), Hub::default(), config);
     let mut report = OnceReport::default();
@@ -112,7 +121,7 @@ pub async fn run(store: &SharedStore, clock: &SharedClock, batch: i64, sinks: bo
     if sinks {
         for consumer in store.consumer_list().await? {
             let Some(sink) = &consumer.spec.sink else { continue };
-            let target = crate::sinks::connect(&sink.target);
+            let target = crate::sinks::connect(&sink.target, destinations);
             report.sinks.push(round::run(store, clock, &consumer, target.as_ref()).await?);
         }
     }

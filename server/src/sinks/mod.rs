@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 
 use crate::domain::{MessageId, SinkKind, SinkTarget, redact_url};
 
+pub mod destination;
 pub mod nats;
 pub mod rabbitmq;
 pub mod round;
@@ -25,14 +26,16 @@ pub mod supervisor;
 pub mod webhook;
 
 /// The target of `target`: builds its client, without touching the network
-/// ([`Target::connect`] does that).
-pub fn connect(target: &SinkTarget) -> Box<dyn Target> {
+/// ([`Target::connect`] does that), reaching only what `destinations` allows.
+pub fn connect(target: &SinkTarget, destinations: destination::Destinations) -> Box<dyn Target> {
     match target {
         SinkTarget::RabbitMq { url, exchange, routing_key } => {
-            Box::new(rabbitmq::RabbitMq::new(url, exchange, routing_key))
+            Box::new(rabbitmq::RabbitMq::new(url, exchange, routing_key, destinations))
         }
-        SinkTarget::Nats { url, subject } => Box::new(nats::Nats::new(url, subject)),
-        SinkTarget::Webhook { url, secret, timeout } => Box::new(webhook::Webhook::new(url, secret, *timeout)),
+        SinkTarget::Nats { url, subject } => Box::new(nats::Nats::new(url, subject, destinations)),
+        SinkTarget::Webhook { url, secret, timeout } => {
+            Box::new(webhook::Webhook::new(url, secret, *timeout, destinations))
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use super::destination::Destinations;
 use super::{ConnectError, Current, Link, Outcome, Publish, Scrubber, Target};
 use crate::domain::{SinkKind, Template};
 
@@ -32,6 +33,7 @@ const RESERVED_PREFIX: &str = "nats-";
 
 /// A subject that a JetStream stream captures, as a sink's target.
 pub struct Nats {
+    destinations: Destinations,
     url: String,
     subject: Template,
     scrub: Scrubber,
@@ -65,8 +67,9 @@ impl Link for Live {
 }
 
 impl Nats {
-    pub fn new(url: &str, subject: &Template) -> Self {
+    pub fn new(url: &str, subject: &Template, destinations: Destinations) -> Self {
         Self {
+            destinations,
             url: url.to_owned(),
             subject: subject.clone(),
             scrub: Scrubber::for_url(url),
@@ -86,6 +89,7 @@ impl Nats {
     }
 
     async fn open(&self) -> Result<Live, ConnectError> {
+        self.destinations.check_url(&self.url).await.map_err(ConnectError)?;
         let (lost_tx, lost) = watch::channel(false);
         let options = async_nats::ConnectOptions::new()
             .name("outboxd")

@@ -16,6 +16,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareO
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 
+use super::destination::Destinations;
 use super::{ConnectError, Current, Link, Outcome, Publish, Scrubber, Target};
 use crate::domain::{SinkKind, Template};
 
@@ -26,6 +27,7 @@ const PERSISTENT: u8 = 2;
 
 /// A RabbitMQ exchange (or the default exchange) as a sink's target.
 pub struct RabbitMq {
+    destinations: Destinations,
     url: String,
     exchange: String,
     routing_key: Template,
@@ -56,8 +58,9 @@ impl Link for Live {
 }
 
 impl RabbitMq {
-    pub fn new(url: &str, exchange: &str, routing_key: &Template) -> Self {
+    pub fn new(url: &str, exchange: &str, routing_key: &Template, destinations: Destinations) -> Self {
         Self {
+            destinations,
             url: url.to_owned(),
             exchange: exchange.to_owned(),
             routing_key: routing_key.clone(),
@@ -68,6 +71,7 @@ impl RabbitMq {
     }
 
     async fn open(&self) -> Result<Live, ConnectError> {
+        self.destinations.check_url(&self.url).await.map_err(ConnectError)?;
         let fail = |what: &str, e: lapin::Error| ConnectError(self.scrub.clean(&format!("{what}: {e}")));
         let props = ConnectionProperties::default().with_connection_name("outboxd".into());
         let connection = Connection::connect(&self.url, props)

@@ -26,12 +26,13 @@ struct Running {
 pub struct SinkSupervisor {
     ctx: SessionContext,
     interval: Duration,
+    destinations: super::destination::Destinations,
     running: HashMap<String, Running>,
 }
 
 impl SinkSupervisor {
-    pub fn new(ctx: SessionContext, interval: Duration) -> Self {
-        Self { ctx, interval, running: HashMap::new() }
+    pub fn new(ctx: SessionContext, interval: Duration, destinations: super::destination::Destinations) -> Self {
+        Self { ctx, interval, destinations, running: HashMap::new() }
     }
 
     /// Starts a runner for each sink consumer without one, restarts one whose sink changed
@@ -60,7 +61,7 @@ impl SinkSupervisor {
             if self.running.contains_key(&name) {
                 continue;
             }
-            let target: Arc<dyn super::Target> = super::connect(&sink.target).into();
+            let target: Arc<dyn super::Target> = super::connect(&sink.target, self.destinations).into();
             let stop = CancellationToken::new();
             let runner = SinkRunner::new(self.ctx.clone(), consumer, target);
             let task = tokio::spawn(runner.run(stop.clone()));

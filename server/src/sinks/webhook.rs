@@ -16,8 +16,9 @@
 //!
 //! What the answer means: 2xx confirms; 429 and 5xx are failed attempts that honour
 //! `Retry-After`; a timeout is a failed attempt; a redirect is not followed (a failed attempt
-//! naming the `Location`); another 4xx is a failed attempt with the status and the start of
-//! the body. A partner that cannot be reached at all (connection refused, no route, DNS, TLS
+//! naming the `Location`); another 4xx is a failed attempt with the status only: a partner's
+//! answer is read (bounded) and dropped, never stored or shown. Internal addresses are refused
+//! unless allowed ([`super::destination`]). A partner that cannot be reached at all (connection refused, no route, DNS, TLS
 //! handshake) is [`Outcome::Unavailable`]: the delivery is released, not counted against the
 //! message, and the sink waits for [`Target::connect`] to reach the partner again.
 use std::time::{Duration, SystemTime};
@@ -29,12 +30,13 @@ use hmac::{Hmac, Mac as _};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
+use super::destination::{Destinations, GuardedResolver};
 use super::{ConnectError, Outcome, Publish, Scrubber, Target};
 use crate::domain::{SinkKind, WebhookSecret};
 
 /// The longest `Retry-After` honoured; a partner asking for more is retried after this.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
-/// How much of an error answer's body the failure shows.
+/// How much of an answer's body is read (and dropped) so that the connection can be reused.
 pub const BODY_EXCERPT_BYTES: usize = 512;
 /// The prefix of the message's headers in the request.
 pub const HEADER_PREFIX: &str = "outbox-header-";
@@ -43,6 +45,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A partner's HTTP endpoint as a sink's target.
 pub struct Webhook {
+    destinations: Destinations,
     url: String,
     key: Vec<u8>,
     timeout: Duration,
@@ -51,15 +54,17 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(url: &str, secret: &WebhookSecret, timeout: Duration) -> Self {
+    pub fn new(url: &str, secret: &WebhookSecret, timeout: Duration, destinations: Destinations) -> Self {
         let scrub = Scrubber::for_url(url).with_secret(secret.expose());
-        let client = client(timeout).map_err(|e| scrub.clean(&e));
-        Self { url: url.to_owned(), key: secret.key(), timeout, scrub, client }
+        let client = client(timeout, destinations).map_err(|e| scrub.clean(&e));
+        Self { destinations, url: url.to_owned(), key: secret.key(), timeout, scrub, client }
     }
 
-    /// Reaching the partner at all: a TCP connection to its host and port (no request).
+    /// Reaching the partner at all: a TCP connection to its host and port (no request), at
+    /// an address sinks may reach.
     async fn probe(&self) -> Result<(), ConnectError> {
         self.client.as_ref().map_err(|e| ConnectError(e.clone()))?;
+        self.destinations.check_url(&self.url).await.map_err(ConnectError)?;
         let url = url::Url::parse(&self.url).map_err(|e| ConnectError(format!("the webhook URL: {e}")))?;
         let port = url.port_or_known_default().unwrap_or(443);
         let host = match url.host() {
@@ -81,6 +86,10 @@ impl Webhook {
             Ok(c) => c,
             Err(e) => return Outcome::Unavailable { error: e.clone() },
         };
+        // A literal address is never resolved, so the client's resolver does not see it.
+        if let Err(error) = self.literal_allowed() {
+            return Outcome::Unavailable { error };
+        }
         let timestamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = m.message_id.to_string();
         let headers = request_headers(&m, &id, timestamp, &sign(&self.key, &id, timestamp, &m.payload));
@@ -98,20 +107,18 @@ impl Webhook {
         let retry_after =
             response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| retry_after(v, SystemTime::now()));
         if status.is_redirection() {
-            let location = response
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned())
-                .unwrap_or_default();
+            // Where it points is the partner's answer: not kept either.
             return Outcome::Failed {
                 reason: "http_3xx",
-                error: format!("{status}: redirects are not followed (Location: {location:?})"),
+                error: format!("the partner answered {status}: redirects are not followed"),
                 retry_after: None,
             };
         }
-        let body = excerpt(&mut response).await;
-        let error = if body.is_empty() { status.to_string() } else { format!("{status}: {body}") };
-        let error = self.scrub.clean(&error);
+        // Drained for the connection's sake, never kept: a partner's answer (or an internal
+        // service's, reached by mistake) must not become a dead letter's text that admin:read
+        // shows. The status and a fixed reason only.
+        let _ = excerpt(&mut response).await;
+        let error = format!("the partner answered {status}");
         match status.as_u16() {
             429 => Outcome::Failed { reason: "http_429", error, retry_after },
             500..=599 => Outcome::Failed { reason: "http_5xx", error, retry_after },
@@ -154,7 +161,26 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-fn client(timeout: Duration) -> Result<reqwest::Client, String> {
+impl Webhook {
+    /// A URL whose host is a literal address that sinks may not reach is refused here (the
+    /// resolver sees only names).
+    fn literal_allowed(&self) -> Result<(), String> {
+        let Ok(url) = url::Url::parse(&self.url) else { return Err("the webhook URL does not parse".into()) };
+        let ip = match url.host() {
+            Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
+            Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
+            _ => return Ok(()),
+        };
+        match self.destinations.refusal(ip) {
+            Some(why) => Err(format!(
+                "the sink's destination is {why}, which sinks may not reach (outboxd --sink-allow-private allows it)"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+fn client(timeout: Duration, destinations: Destinations) -> Result<reqwest::Client, String> {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     let (added, _) = roots.add_parsable_certificates(native.certs);
@@ -169,6 +195,8 @@ fn client(timeout: Duration) -> Result<reqwest::Client, String> {
         .tls_backend_preconfigured(tls)
         .user_agent(concat!("outboxd/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
+        // Every name resolved at connect time, without the addresses sinks may not reach.
+        .dns_resolver(std::sync::Arc::new(GuardedResolver(destinations)))
         // Only the URL decides where a delivery goes: no HTTP(S)_PROXY from the environment.
         .no_proxy()
         .timeout(timeout)
@@ -250,7 +278,8 @@ pub fn retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
-/// The start of the body, as text on one line, at most [`BODY_EXCERPT_BYTES`] read.
+/// The start of the body, as text on one line, at most [`BODY_EXCERPT_BYTES`] read (drained,
+/// so that the connection goes back to the pool).
 async fn excerpt(response: &mut reqwest::Response) -> String {
     let mut body = Vec::new();
     while body.len() < BODY_EXCERPT_BYTES {

@@ -654,3 +654,41 @@ async fn sink_urls_are_shown_without_tokens_or_query_values() -> Result<()> {
     assert!(srv.log_lines(&["s3cr3t"]).is_empty(), "a secret in the log: {:?}", srv.log_lines(&["s3cr3t"]));
     Ok(())
 }
+
+/// Finding 5: a sink may not reach outboxd's own network unless the operator allows it. A
+/// webhook sink pointed at a loopback port (in several spellings) never connects there: the
+/// listener accepts nothing, and the sink says why.
+#[tokio::test]
+async fn a_sink_cannot_reach_internal_addresses_unless_allowed() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&["--sink-poll", "100ms"]).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let accepting = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut root = admin_with(&srv.endpoint, &tok("root")).await?;
+    let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3";
+    for (i, host) in ["127.0.0.1", "2130706433", "0x7f.1", "localhost"].iter().enumerate() {
+        let url = format!("http://{host}:{port}/exfil");
+        let c = pb::Consumer { sink: Some(webhook_sink(&url, secret)), ..consumer(&format!("to-{i}"), &["orders.*"]) };
+        root.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await?;
+    }
+    let mut producer = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let req = pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    producer.enqueue(req).await?;
+    for i in 0..4 {
+        let name = format!("consumer=to-{i} ");
+        outbox_tests::eventually("the sink to say why it cannot connect", Duration::from_secs(15), || {
+            let found = !srv.log_lines(&[&name, "sink cannot reach its target", "--sink-allow-private"]).is_empty();
+            async move { Ok(found.then_some(())) }
+        })
+        .await?;
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "the internal listener was reached");
+    accepting.abort();
+    Ok(())
+}

@@ -22,6 +22,10 @@ use outbox_tests::{TcpProxy, eventually};
 
 use crate::WAIT;
 
+/// The brokers and partners of these tests listen on loopback, which sinks may reach only when
+/// the operator allows it.
+const LOCAL: sinks::destination::Destinations = sinks::destination::Destinations { allow_private: true };
+
 fn message(topic: &str, n: usize) -> Publish {
     let mut headers = BTreeMap::new();
     headers.insert("traceparent".to_owned(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned());
@@ -133,7 +137,7 @@ mod rabbitmq {
     use super::*;
 
     fn target(url: &str, exchange: &str, routing_key: &str) -> Box<dyn Target> {
-        sinks::connect(&SinkTarget::rabbitmq("sink.rabbitmq", url, exchange, routing_key).unwrap())
+        sinks::connect(&SinkTarget::rabbitmq("sink.rabbitmq", url, exchange, routing_key).unwrap(), LOCAL)
     }
 
     fn message_id(m: &lapin::message::BasicGetMessage) -> String {
@@ -286,7 +290,7 @@ mod nats {
         let SinkTarget::Nats { url, subject } = SinkTarget::nats("sink.nats", url, subject).unwrap() else {
             unreachable!()
         };
-        sinks::nats::Nats::new(&url, &subject)
+        sinks::nats::Nats::new(&url, &subject, LOCAL)
     }
 
     async fn count(s: &mut stream::Stream) -> Result<u64> {
@@ -375,7 +379,7 @@ mod webhook {
     }
 
     fn target(url: &str, timeout: Option<Duration>) -> Box<dyn Target> {
-        sinks::connect(&SinkTarget::webhook("sink.webhook", url, &secret(), timeout).unwrap())
+        sinks::connect(&SinkTarget::webhook("sink.webhook", url, &secret(), timeout).unwrap(), LOCAL)
     }
 
     fn repo() -> PathBuf {
@@ -489,8 +493,7 @@ mod webhook {
         partner.answer(a);
         let o = one(t.as_ref()).await;
         let Outcome::Failed { reason: "http_4xx", error, retry_after: None } = &o else { bail!("{o:?}") };
-        assert!(error.starts_with("400 Bad Request: {\"error\":\"unknown field\"}"), "{error}");
-        assert!(error.len() < 600, "the body excerpt is bounded: {} bytes", error.len());
+        assert_eq!(error, "the partner answered 400 Bad Request", "the status only, never the body");
 
         let mut a = answer(200);
         a.delay = Duration::from_secs(3);
@@ -504,7 +507,7 @@ mod webhook {
         partner.answer(a);
         let o = one(t.as_ref()).await;
         let Outcome::Failed { reason: "http_3xx", error, .. } = &o else { bail!("{o:?}") };
-        assert!(error.contains("https://elsewhere.example/hook"), "{error}");
+        assert!(error.contains("302") && !error.contains("elsewhere.example"), "the status only: {error}");
         assert_eq!(partner.received().len(), before + 1, "the redirect is not followed");
 
         let text = format!("{o:?}");

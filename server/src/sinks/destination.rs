@@ -1,0 +1,161 @@
+//! Where a sink may deliver: never, by default, to an address inside outboxd's own network —
+//! loopback, private ranges, link-local (cloud metadata services among them), unique local,
+//! carrier-grade NAT, unspecified, multicast — unless the operator allows it
+//! (`--sink-allow-private`). A sink's creator chooses its URL, so without this check a sink is
+//! a way to make outboxd reach internal services and to scan their ports (ADR 0053).
+//!
+//! The check is made on the addresses a name resolves to, at connect time: the webhook client
+//! resolves through [`GuardedResolver`], so a name that resolves to a public address when the
+//! sink is created and to an internal one later (DNS rebinding) is refused at the connection
+//! it would make. RabbitMQ and NATS clients resolve names themselves: their URL's addresses
+//! are checked just before each connection (a rebinding in the milliseconds between the two
+//! look-ups is not closed for those two kinds).
+use std::net::{IpAddr, SocketAddr};
+
+/// The destinations sinks may reach.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Destinations {
+    /// Allow loopback, private and link-local addresses (tests, a broker beside outboxd).
+    pub allow_private: bool,
+}
+
+impl Destinations {
+    /// Why `ip` may not be reached, or `None` when it may.
+    pub fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
+        if self.allow_private {
+            return None;
+        }
+        internal(ip)
+    }
+
+    /// Checks every address `url`'s host resolves to (a literal address as it is).
+    pub async fn check_url(&self, url: &str) -> Result<(), String> {
+        let parsed = url::Url::parse(url).map_err(|e| format!("the sink's URL does not parse: {e}"))?;
+        let port = parsed.port_or_known_default().unwrap_or(0);
+        let addrs: Vec<IpAddr> = match parsed.host() {
+            Some(url::Host::Ipv4(ip)) => vec![IpAddr::V4(ip)],
+            Some(url::Host::Ipv6(ip)) => vec![IpAddr::V6(ip)],
+            Some(url::Host::Domain(d)) => tokio::net::lookup_host((d, port))
+                .await
+                .map_err(|e| format!("resolving the sink's host: {e}"))?
+                .map(|a| a.ip())
+                .collect(),
+            None => return Err("the sink's URL has no host".into()),
+        };
+        for ip in addrs {
+            if let Some(why) = self.refusal(ip) {
+                return Err(refused(why));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn refused(why: &str) -> String {
+    format!("the sink's destination is {why}, which sinks may not reach (outboxd --sink-allow-private allows it)")
+}
+
+/// What kind of internal address `ip` is, if it is one.
+fn internal(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            if v4.is_loopback() {
+                Some("a loopback address")
+            } else if v4.is_private() {
+                Some("a private address")
+            } else if v4.is_link_local() {
+                Some("a link-local address (cloud metadata services live there)")
+            } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+                Some("a carrier-grade NAT address")
+            } else if v4.is_unspecified() || o[0] == 0 {
+                Some("an unspecified address")
+            } else if v4.is_multicast() || v4.is_broadcast() {
+                Some("a multicast or broadcast address")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return internal(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            if v6.is_loopback() {
+                Some("a loopback address")
+            } else if v6.is_unspecified() {
+                Some("an unspecified address")
+            } else if (first & 0xfe00) == 0xfc00 {
+                Some("a unique local address")
+            } else if (first & 0xffc0) == 0xfe80 {
+                Some("a link-local address")
+            } else if v6.is_multicast() {
+                Some("a multicast address")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// The webhook client's resolver: the system's answer, without the addresses that
+/// [`Destinations`] refuses; a name left with none fails to resolve, naming why.
+#[derive(Debug, Clone, Copy)]
+pub struct GuardedResolver(pub Destinations);
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let destinations = self.0;
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let mut why = None;
+            let allowed: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|a| match destinations.refusal(a.ip()) {
+                    Some(w) => {
+                        why = Some(w);
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            if allowed.is_empty() {
+                let message = refused(why.unwrap_or("not resolvable"));
+                return Err(Box::<dyn std::error::Error + Send + Sync>::from(message));
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn internal_addresses_are_refused_in_every_spelling_unless_allowed() {
+        let d = Destinations::default();
+        for url in [
+            "http://127.0.0.1:9/x",
+            "http://127.0.0.2/x",
+            "http://2130706433/x",
+            "http://0x7f.1/x",
+            "http://[::1]/x",
+            "http://[::ffff:127.0.0.1]/x",
+            "https://169.254.169.254/latest/meta-data",
+            "amqp://10.0.0.5:5672/%2f",
+            "nats://192.168.1.1:4222",
+            "nats://172.16.0.1:4222",
+            "http://[fd00::1]/x",
+            "http://100.64.0.1/x",
+            "http://0.0.0.0/x",
+            "http://localhost:8080/x",
+        ] {
+            let e = d.check_url(url).await.unwrap_err();
+            assert!(e.contains("--sink-allow-private"), "{url}: {e}");
+        }
+        assert!(d.check_url("https://93.184.215.14/hook").await.is_ok());
+        let open = Destinations { allow_private: true };
+        assert!(open.check_url("http://127.0.0.1:9/x").await.is_ok());
+    }
+}
