@@ -82,6 +82,9 @@ const SERVICES: [&str; 3] = ["", "outbox.v1.Outbox", "outbox.v1.OutboxAdmin"];
 const HEALTH_MAX_DECODE: usize = 1024;
 /// Streams on one connection of `--health-listen` (health checks and watches only).
 const HEALTH_MAX_STREAMS: u32 = 16;
+/// The largest admin answer (a dead-letter page is cut at 4 MiB of payloads, plus one message of
+/// at most --max-payload-bytes).
+const ADMIN_MAX_ENCODE: usize = 64 * 1024 * 1024;
 /// The largest reflection request (a file or symbol name).
 const REFLECTION_MAX_DECODE: usize = 64 * 1024;
 /// HTTP/2 headers of one request, together (a token and gRPC's own are well under 8 KiB).
@@ -175,7 +178,10 @@ impl App {
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
             .with_shutdown(shutdown.clone());
         let sinks = config.sinks.then(|| SinkSupervisor::new(ctx.clone(), config.sink_poll, config.sink_destinations));
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams });
+        // Admin answers are bounded in bytes where they carry payloads (dead-letter pages); this
+        // limit is the backstop for any other: an answer over it is refused, not sent.
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams })
+            .max_encoding_message_size(ADMIN_MAX_ENCODE);
 
         let stop_accepting = shutdown.clone();
         let router = tonic::transport::Server::builder()

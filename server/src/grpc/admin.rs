@@ -92,7 +92,17 @@ fn readable_by(caller: &Caller, mut message: pb::Message) -> pb::Message {
 }
 
 const DEFAULT_PAGE: u32 = 100;
+/// The payload and header bytes one page of dead letters carries at most (at least one
+/// message, however large): the page ends there and its token leads on.
+const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Dead letters read from the store at a time while a page fills.
+const PAGE_CHUNK: usize = 16;
 const MAX_PAGE: u32 = 1000;
+
+/// Messages a tail holds ahead of its reader.
+const TAIL_BUFFER: usize = 8;
+/// Messages a tail reads at a time (each may be a MiB).
+const TAIL_READ: i64 = 32;
 
 /// How often a tail looks for new messages when not woken.
 const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
@@ -113,7 +123,8 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         }
         let permit = (self.streams.acquire(peer)?, mine);
         let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        // A few messages buffered ahead of a slow reader, not hundreds: each may be a MiB.
+        let (tx, rx) = tokio::sync::mpsc::channel(TAIL_BUFFER);
         let ctx = self.ctx.clone();
         // A reloaded auth file that takes the caller's permission away ends the tail.
         let wanted: Vec<TopicPattern> = if patterns.is_empty() { everything.to_vec() } else { patterns.clone() };
@@ -127,9 +138,9 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
-                match ctx.store.message_list_after(cursor, 500).await {
+                match ctx.store.message_list_after(cursor, TAIL_READ).await {
                     Ok(batch) => {
-                        let full = batch.len() == 500;
+                        let full = batch.len() == TAIL_READ as usize;
                         for m in batch {
                             cursor = m.seq;
                             let wanted = patterns.is_empty() || patterns.iter().any(|p| p.matches(&m.topic));
@@ -327,8 +338,27 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 .parse::<i64>()
                 .map_err(|_| invalid(InvalidField::new("page_token", "not a token from a previous page")))?
         };
-        let page = self.ctx.store.dead_letter_list(&n, after, i64::from(size)).await.map_err(store_status)?;
-        let next_page_token = if page.len() == size as usize {
+        // Read in small chunks and cut at MAX_PAGE_BYTES of payloads and headers: a page of
+        // large messages is held in memory once, and only up to that budget, whatever the
+        // page_size (the rest comes with the next page token).
+        let mut page = Vec::new();
+        let (mut bytes, mut cursor, mut more) = (0usize, after, true);
+        while more && page.len() < size as usize && bytes < MAX_PAGE_BYTES {
+            let want = (size as usize - page.len()).min(PAGE_CHUNK);
+            let chunk = self.ctx.store.dead_letter_list(&n, cursor, want as i64).await.map_err(store_status)?;
+            more = chunk.len() == want;
+            for d in chunk {
+                cursor = d.message.seq;
+                bytes +=
+                    d.message.payload.len() + d.message.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+                page.push(d);
+                if bytes >= MAX_PAGE_BYTES {
+                    more = true;
+                    break;
+                }
+            }
+        }
+        let next_page_token = if more && !page.is_empty() {
             page.last().map(|d| d.message.seq.to_string()).unwrap_or_default()
         } else {
             String::new()

@@ -692,3 +692,50 @@ async fn a_sink_cannot_reach_internal_addresses_unless_allowed() -> Result<()> {
     accepting.abort();
     Ok(())
 }
+
+/// Finding 11 (pages): a page of dead letters is bounded in bytes, not only in count: with
+/// 1 MiB payloads, a page_size of 300 comes back in pages of about 4 MiB, each leading to the
+/// next, and every dead letter is listed once.
+#[tokio::test]
+async fn dead_letter_pages_are_bounded_in_bytes() -> Result<()> {
+    let (_store, srv, db) = crate::setup(Backend::Sqlite, &[]).await?;
+    let mut admin = srv.admin().await?;
+    let mut c = consumer("poison", &["orders.*"]);
+    c.max_deliveries = 1;
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await?;
+    let big = vec![b'x'; 1024 * 1024 - 1024];
+    for i in 0..12 {
+        db.enqueue(&outbox_client::Message::new("orders.created", format!("T{i}"), big.clone())).await?;
+    }
+    let mut s = outbox_tests::RawStream::open(&srv.endpoint, "poison", 20).await?;
+    for d in s.take(12, Duration::from_secs(15)).await? {
+        s.nack(&d.message_id, "poison").await;
+    }
+    outbox_tests::eventually("12 dead letters", Duration::from_secs(15), || async {
+        Ok((crate::stats(&srv, "poison").await?.dead == 12).then_some(()))
+    })
+    .await?;
+    let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let page = admin
+            .list_dead_letters(pb::ListDeadLettersRequest {
+                consumer: "poison".into(),
+                page_size: 300,
+                page_token: token.clone(),
+            })
+            .await?
+            .into_inner();
+        let bytes: usize = page.dead_letters.iter().map(|d| d.message.as_ref().map_or(0, |m| m.payload.len())).sum();
+        assert!(bytes <= 5 * 1024 * 1024, "a page of {bytes} bytes");
+        seen.extend(page.dead_letters.into_iter().map(|d| d.message.map(|m| m.message_id).unwrap_or_default()));
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert!(pages >= 3, "{pages} pages");
+    let unique: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!((seen.len(), unique.len()), (12, 12));
+    Ok(())
+}
