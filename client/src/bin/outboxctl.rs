@@ -7,7 +7,7 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use comfy_table::Table;
@@ -97,6 +97,12 @@ enum Command {
     /// Credentials for outboxd's --auth-file (works offline).
     #[command(subcommand)]
     Auth(AuthCmd),
+    /// Enqueue one message (outboxd commits it in its own transaction: not atomic with anything
+    /// of yours; producers with a database enqueue in their own transaction).
+    Publish(PublishArgs),
+    /// Take a consumer's deliveries and print them, acking (or nacking) each: a Subscribe stream
+    /// like any consumer's, sharing the consumer's messages with its other streams.
+    Consume(ConsumeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,23 +113,67 @@ enum AuthCmd {
 
 #[derive(Debug, Subcommand)]
 enum ConsumersCmd {
+    /// Every consumer with its topics, retry policy and state.
     List,
-    Get {
-        name: String,
-    },
+    /// One consumer's definition.
+    Get { name: String },
+    /// A durable consumer (a sink with --sink): it takes every message of its topics from now on
+    /// (or the earliest retained, --start-from earliest).
     Create(Box<CreateArgs>),
+    /// A consumer and its inbox rows (its acked, pending and dead deliveries).
     Delete {
         name: String,
         /// Do not ask for confirmation.
         #[arg(long, short)]
         yes: bool,
     },
-    Pause {
-        name: String,
-    },
-    Resume {
-        name: String,
-    },
+    /// Stop leasing to a consumer's streams (deliveries wait; acks still count).
+    Pause { name: String },
+    /// Lease to a paused consumer's streams again.
+    Resume { name: String },
+}
+
+#[derive(Debug, Args)]
+struct PublishArgs {
+    /// The message's topic (dot-separated segments: `orders.created`).
+    topic: String,
+    /// The message's type (`OrderCreated`).
+    #[arg(name = "TYPE")]
+    type_: String,
+    /// The payload: text as it is, `@FILE` for a file's bytes, `-` for standard input.
+    #[arg(long, default_value = "")]
+    payload: String,
+    /// A header `key=value`; repeat for several.
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    headers: Vec<String>,
+    /// The ordering key: messages that share one are delivered one at a time, in order.
+    #[arg(long)]
+    key: Option<String>,
+    /// The message id (a UUID); the same message again is an idempotent duplicate.
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ConsumeArgs {
+    /// The consumer to take deliveries of (create it first: `outboxctl consumers create`).
+    consumer: String,
+    /// Ack each delivery once printed (the default).
+    #[arg(long, conflicts_with = "nack")]
+    ack: bool,
+    /// Nack each delivery once printed: it is retried after the consumer's backoff, and dead
+    /// after max_deliveries.
+    #[arg(long)]
+    nack: bool,
+    /// Stop after this many deliveries (default: until interrupted).
+    #[arg(long)]
+    max: Option<u64>,
+    /// Deliveries in flight at once.
+    #[arg(long, default_value_t = 10)]
+    max_in_flight: u32,
+    /// Stop when no delivery comes for this long (default: wait until interrupted).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    idle: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -418,9 +468,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         return new_token(cli.output);
     }
     let creds = outbox_client::Credentials::from(cli.credentials);
-    let mut admin = grpc::admin_with(&cli.server, &creds).await.context("connecting to outboxd")?;
+    let server = cli.server.clone();
+    let unreachable = |e: outbox_client::ClientError| Failure {
+        code: 5,
+        message: format!(
+            "cannot reach outboxd at {server}: {} (give its address with --server or OUTBOXD_SERVER)",
+            root_cause(&e)
+        ),
+    };
     let out = cli.output;
     match cli.command {
+        Command::Publish(args) => {
+            let client = grpc::outbox_with(&cli.server, &creds).await.map_err(unreachable)?;
+            return publish(client, out, args).await;
+        }
+        Command::Consume(args) => {
+            let client = grpc::outbox_with(&cli.server, &creds).await.map_err(unreachable)?;
+            return consume(client, out, args).await;
+        }
+        _ => {}
+    }
+    let mut admin = grpc::admin_with(&cli.server, &creds).await.map_err(unreachable)?;
+    match cli.command {
+        Command::Publish(_) | Command::Consume(_) => Ok(()),
         Command::Consumers(cmd) => consumers(&mut admin, out, cmd).await,
         Command::Stats { consumer, watch, interval } => loop {
             let stats = admin.get_stats(pb::GetStatsRequest { consumer: consumer.clone().unwrap_or_default() }).await;
@@ -504,6 +574,125 @@ fn time_json(t: Option<&prost_types::Timestamp>) -> Value {
         Some(_) => json!(fmt_time(t)),
         None => Value::Null,
     }
+}
+
+/// `n deliveries`, or `1 delivery`.
+fn deliveries(n: i64) -> String {
+    if n == 1 { "1 delivery".to_owned() } else { format!("{n} deliveries") }
+}
+
+/// The innermost cause of an error, once (transport errors repeat their own text in layers).
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut last = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        last = s.to_string();
+        source = s.source();
+    }
+    last
+}
+
+/// `outboxctl publish`: one Enqueue.
+async fn publish(mut client: grpc::OutboxClient, out: Output, a: PublishArgs) -> Result<(), Failure> {
+    let invalid = |message: String| Failure { code: 4, message };
+    let payload = match a.payload.as_str() {
+        "-" => {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+                .map_err(|e| invalid(format!("--payload -: reading standard input: {e}")))?;
+            buf
+        }
+        p if p.starts_with('@') => {
+            std::fs::read(&p[1..]).map_err(|e| invalid(format!("--payload {p}: cannot read the file: {e}")))?
+        }
+        p => p.as_bytes().to_vec(),
+    };
+    let mut headers = std::collections::HashMap::new();
+    for h in &a.headers {
+        let (k, v) = h.split_once('=').ok_or_else(|| invalid(format!("--header {h:?}: expected KEY=VALUE")))?;
+        headers.insert(k.to_owned(), v.to_owned());
+    }
+    let req = pb::EnqueueRequest {
+        topic: a.topic,
+        r#type: a.type_,
+        payload,
+        headers,
+        message_id: a.id,
+        ordering_key: a.key,
+        ..Default::default()
+    };
+    let done = client.enqueue(req).await.map_err(|s| status_failure(&s))?.into_inner();
+    if out == Output::Json {
+        println!("{}", json!({ "message_id": done.message_id, "seq": done.seq, "duplicate": done.duplicate }));
+    } else if done.duplicate {
+        println!("{} (seq {}) already existed: nothing was enqueued", done.message_id, done.seq);
+    } else {
+        println!("{} (seq {})", done.message_id, done.seq);
+    }
+    Ok(())
+}
+
+/// `outboxctl consume`: a Subscribe stream that prints each delivery and acks (or nacks) it.
+async fn consume(mut client: grpc::OutboxClient, out: Output, a: ConsumeArgs) -> Result<(), Failure> {
+    use pb::subscribe_request::Request;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let start = pb::Start { consumer: a.consumer.clone(), max_in_flight: a.max_in_flight, ack_deadline: None };
+    let _ = tx.send(pb::SubscribeRequest { request: Some(Request::Start(start)) }).await;
+    let mut stream = client
+        .subscribe(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| status_failure(&s))?
+        .into_inner();
+    let mut taken = 0u64;
+    while a.max.is_none_or(|max| taken < max) {
+        let next = tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tokio::time::sleep(a.idle.unwrap_or(Duration::MAX)), if a.idle.is_some() => break,
+            m = stream.message() => m.map_err(|s| status_failure(&s))?,
+        };
+        let Some(pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(d)) }) = next else {
+            break;
+        };
+        taken += 1;
+        if out == Output::Json {
+            println!(
+                "{}",
+                json!({
+                    "message_id": d.message_id, "seq": d.seq, "topic": d.topic, "type": d.r#type,
+                    "payload": payload_text(&d.payload), "headers": d.headers, "ordering_key": d.ordering_key,
+                    "delivery_count": d.delivery_count, "acked": !a.nack,
+                })
+            );
+        } else {
+            println!(
+                "#{}  {}  {}  {}  (delivery {})  {}",
+                d.seq,
+                d.topic,
+                d.r#type,
+                d.message_id,
+                d.delivery_count,
+                payload_text(&d.payload)
+            );
+        }
+        let _ = std::io::stdout().flush();
+        let answer = if a.nack {
+            Request::Nack(pb::Nack {
+                message_id: d.message_id,
+                error: "nacked by outboxctl consume".into(),
+                retry_after: None,
+            })
+        } else {
+            Request::Ack(pb::Ack { message_ids: vec![d.message_id] })
+        };
+        let _ = tx.send(pb::SubscribeRequest { request: Some(answer) }).await;
+    }
+    // Closing the request side lets outboxd apply the last acks and release what it sent but
+    // was not printed, then end the stream.
+    drop(tx);
+    let drained =
+        tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.message().await {} });
+    let _ = drained.await;
+    Ok(())
 }
 
 fn payload_text(p: &[u8]) -> String {
@@ -907,9 +1096,9 @@ async fn replay(admin: &mut AdminClient, out: Output, a: ReplayArgs) -> Result<(
                 json!({ "consumer": a.consumer, "replayed": replayed, "dry_run": dry_run, "beyond_retention": beyond })
             );
         } else if dry_run {
-            println!("would replay {replayed} deliveries of {what} to {}", a.consumer);
+            println!("would replay {} of {what} to {}", deliveries(replayed), a.consumer);
         } else {
-            println!("replayed {replayed} deliveries to {}", a.consumer);
+            println!("replayed {} to {}", deliveries(replayed), a.consumer);
         }
     };
     if a.dry_run || counted.replayed == 0 {

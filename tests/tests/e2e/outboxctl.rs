@@ -11,7 +11,69 @@ conformance!(
     an_operator_finds_a_dead_letter_and_replays_it_with_outboxctl,
     outboxctl_tail_shows_matching_messages_as_they_commit,
     outboxctl_creates_sinks_shows_them_without_secrets_and_marks_them_in_stats,
+    outboxctl_publishes_and_consumes_with_acks_and_nacks,
 );
+
+/// The tour with nothing but outboxctl: publish messages, consume them (acking), nack one until
+/// it is dead, and a refused connection names the flag that fixes it.
+async fn outboxctl_publishes_and_consumes_with_acks_and_nacks(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+    json(server, &["consumers", "create", "billing", "--topic", "orders.*", "--max-deliveries", "1"]).await?;
+    let first = json(
+        server,
+        &[
+            "publish",
+            "orders.created",
+            "OrderCreated",
+            "--payload",
+            "{\"id\":42}",
+            "--header",
+            "tenant=acme",
+            "--key",
+            "o-42",
+        ],
+    )
+    .await?;
+    let id = first["message_id"].as_str().context("a message id")?.to_owned();
+    assert_eq!(first["duplicate"], false);
+    let again =
+        json(server, &["publish", "orders.created", "OrderCreated", "--payload", "{\"id\":42}", "--id", &id]).await?;
+    assert_eq!(again["duplicate"], true, "the same message again");
+    let other =
+        outboxctl(server, &["publish", "orders.created", "OrderCreated", "--payload", "other", "--id", &id]).await?;
+    assert_eq!(other.code, 4, "another message under the id: {}", other.stderr);
+    assert!(other.stderr.contains("different payload"), "{}", other.stderr);
+    let payload_file = std::env::temp_dir().join(format!("outboxctl-{}.bin", uuid::Uuid::new_v4()));
+    std::fs::write(&payload_file, b"from a file")?;
+    let file_arg = format!("@{}", payload_file.display());
+    json(server, &["publish", "orders.updated", "OrderUpdated", "--payload", &file_arg]).await?;
+    let _ = std::fs::remove_file(&payload_file);
+
+    let run = outboxctl(server, &["consume", "billing", "--max", "2", "--output", "json"]).await?;
+    anyhow::ensure!(run.code == 0, "consume exited {}: {}", run.code, run.stderr);
+    let got: Vec<Value> = run.stdout.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert_eq!(got.len(), 2, "{}", run.stdout);
+    assert_eq!(got[0]["message_id"], id.as_str());
+    assert_eq!((got[0]["payload"].as_str(), got[0]["headers"]["tenant"].as_str()), (Some("{\"id\":42}"), Some("acme")));
+    assert_eq!(got[1]["payload"], "from a file");
+    eventually("both acked", WAIT, || async { Ok((stats(&srv, "billing").await?.acked == 2).then_some(())) }).await?;
+
+    json(server, &["publish", "orders.created", "Poison"]).await?;
+    let run = outboxctl(server, &["consume", "billing", "--nack", "--max", "1"]).await?;
+    anyhow::ensure!(run.code == 0, "consume --nack exited {}: {}", run.code, run.stderr);
+    assert!(run.stdout.contains("Poison"), "{}", run.stdout);
+    eventually("dead after its one delivery", WAIT, || async {
+        Ok((stats(&srv, "billing").await?.dead == 1).then_some(()))
+    })
+    .await?;
+
+    let run = outboxctl("http://127.0.0.1:1", &["stats"]).await?;
+    assert_eq!(run.code, 5, "{}", run.stderr);
+    assert!(run.stderr.contains("--server") && run.stderr.contains("OUTBOXD_SERVER"), "{}", run.stderr);
+    assert!(!run.stderr.contains("transport error: transport error"), "{}", run.stderr);
+    Ok(())
+}
 
 fn outboxctl_path() -> PathBuf {
     outbox_tests::outboxd_path().with_file_name("outboxctl-e2e")
