@@ -224,6 +224,20 @@ async fn effect_with_ack(mut conn: PgConnection, id: MessageId) -> bool {
     acked
 }
 
+/// A consumer's transactional ack (see [`effect_with_ack`]) paused right after its first
+/// statement while `mover` runs; returns its answer once both are done.
+async fn ack_overtaken_by<F>(db: &TestDb, id: MessageId, mover: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (conn, paused) = pausable(db, "deliveries:UPDATE").await;
+    let consumer_task = tokio::spawn(effect_with_ack(conn, id));
+    let mover = paused.while_paused(mover).await;
+    let acked = tokio::time::timeout(WAIT, consumer_task).await.unwrap().unwrap();
+    mover.await.unwrap();
+    acked
+}
+
 async fn effects(pool: &PgPool, id: MessageId) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM app_effects WHERE message_id = $1")
         .bind(id.0)
@@ -261,12 +275,8 @@ async fn a_transactional_ack_overtaken_by_the_sweeper_acks_the_row_it_moved_to()
     let at = now();
     let until = at + chrono::Duration::seconds(15);
     let sent = pushed(&store, at, until).await;
-    let (conn, paused) = pausable(&db, "deliveries:UPDATE").await;
-    let consumer_task = tokio::spawn(effect_with_ack(conn, sent.message_id));
     let late = until + chrono::Duration::seconds(1);
-    let mover = paused.while_paused(sweep(store.clone(), late)).await;
-    let acked = tokio::time::timeout(WAIT, consumer_task).await.unwrap().unwrap();
-    mover.await.unwrap();
+    let acked = ack_overtaken_by(&db, sent.message_id, sweep(store.clone(), late)).await;
     assert!(acked, "outbox.ack said \"already acked\" for a delivery the sweeper had made pending");
     // The consumer acks on its stream either way, as the chaos check's consumers do.
     store.driver().delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], late).await.unwrap();
@@ -282,8 +292,6 @@ async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
     let at = now();
     let until = at + chrono::Duration::seconds(15);
     let sent = pushed(&store, at, until).await;
-    let (conn, paused) = pausable(&db, "deliveries:UPDATE").await;
-    let consumer_task = tokio::spawn(effect_with_ack(conn, sent.message_id));
     let release = Release {
         consumer: consumer(),
         message_id: sent.message_id,
@@ -292,13 +300,10 @@ async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
         error: None,
     };
     let mover_store = store.clone();
-    let mover = paused
-        .while_paused(async move {
-            mover_store.driver().delivery_release_many(&[release], ReleaseGuard::Session("s1"), at).await.unwrap();
-        })
-        .await;
-    let acked = tokio::time::timeout(WAIT, consumer_task).await.unwrap().unwrap();
-    mover.await.unwrap();
+    let acked = ack_overtaken_by(&db, sent.message_id, async move {
+        mover_store.driver().delivery_release_many(&[release], ReleaseGuard::Session("s1"), at).await.unwrap();
+    })
+    .await;
     assert!(acked, "outbox.ack said \"already acked\" for a delivery the release had made pending");
     store.driver().delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], at).await.unwrap();
     acked_once_and_never_again(&store, sent.message_id, at + chrono::Duration::seconds(5)).await;
@@ -311,19 +316,14 @@ async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_batch_acks_once
     let (db, store) = setup().await;
     let at = now();
     let sent = waiting(&store, at).await;
-    let (conn, paused) = pausable(&db, "deliveries:UPDATE").await;
-    let consumer_task = tokio::spawn(effect_with_ack(conn, sent.message_id));
     let mover_store = store.clone();
     let until = at + chrono::Duration::seconds(15);
     let (leased_tx, leased_rx) = tokio::sync::oneshot::channel();
-    let mover = paused
-        .while_paused(async move {
-            let got = mover_store.driver().delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
-            let _ = leased_tx.send(got.len());
-        })
-        .await;
-    let acked = tokio::time::timeout(WAIT, consumer_task).await.unwrap().unwrap();
-    mover.await.unwrap();
+    let acked = ack_overtaken_by(&db, sent.message_id, async move {
+        let got = mover_store.driver().delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+        let _ = leased_tx.send(got.len());
+    })
+    .await;
     assert!(acked, "the first transactional ack of a waiting delivery");
     assert_eq!(leased_rx.await.unwrap(), 1, "the lease took it before the ack committed");
     // The leased delivery's handler: the inbox says already acked, no second effect.
@@ -382,19 +382,14 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
     };
     assert_eq!(d.delivery_release_many(&[dead], ReleaseGuard::ExpiredAt(until), until).await.unwrap(), 1);
     assert_eq!(row_state(store.pool(), sent.message_id).await.as_deref(), Some("dead"));
-    let (conn, paused) = pausable(&db, "deliveries:UPDATE").await;
-    let consumer_task = tokio::spawn(effect_with_ack(conn, sent.message_id));
     let mover_store = store.clone();
-    let mover = paused
-        .while_paused(async move {
-            let d = mover_store.driver();
-            let mut tx = d.begin().await.unwrap();
-            assert_eq!(d.delivery_replay(&mut tx, "c", &[sent.message_id], until).await.unwrap(), 1);
-            tx.commit().await.unwrap();
-        })
-        .await;
-    let acked = tokio::time::timeout(WAIT, consumer_task).await.unwrap().unwrap();
-    mover.await.unwrap();
+    let acked = ack_overtaken_by(&db, sent.message_id, async move {
+        let d = mover_store.driver();
+        let mut tx = d.begin().await.unwrap();
+        assert_eq!(d.delivery_replay(&mut tx, "c", &[sent.message_id], until).await.unwrap(), 1);
+        tx.commit().await.unwrap();
+    })
+    .await;
     assert!(acked, "the replayed delivery is pending: the ack takes it");
     acked_once_and_never_again(&store, sent.message_id, until + chrono::Duration::seconds(5)).await;
 }

@@ -138,6 +138,21 @@ fn rss(pid: u32) -> Result<u64> {
     Ok(kb * 1024)
 }
 
+/// The status a server stream ends with, reading past what it still sends; within 3 s.
+async fn ending_status<T>(stream: &mut tonic::Streaming<T>) -> Result<tonic::Status> {
+    tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => bail!("the stream ended without a status"),
+                Err(status) => return Ok(status),
+            }
+        }
+    })
+    .await
+    .context("the stream stayed open")?
+}
+
 /// Reads until the server closes the connection (whatever it sent before).
 async fn closed(c: &mut TcpStream) -> Result<()> {
     let mut buf = [0u8; 1024];
@@ -436,30 +451,10 @@ async fn revoking_a_principal_ends_its_open_streams_within_a_reload() -> Result<
     let after: &[(&str, &[&str])] = &[("tailer", &["admin:read"]), ("root", &["*"])];
     let _ = scratch.write("auth.toml", &auth_file(after))?;
     let ended = Instant::now();
-    let sub_end = tokio::time::timeout(Duration::from_secs(3), async {
-        loop {
-            match subscribed.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => bail!("the stream ended without a status"),
-                Err(status) => return Ok(status),
-            }
-        }
-    })
-    .await
-    .context("the revoked principal's Subscribe stayed open")??;
+    let sub_end = ending_status(&mut subscribed).await.context("the revoked principal's Subscribe")?;
     assert_eq!(sub_end.code(), Code::Unauthenticated, "{sub_end:?}");
     assert!(sub_end.message().contains("revoked"), "{sub_end:?}");
-    let tail_end = tokio::time::timeout(Duration::from_secs(3), async {
-        loop {
-            match tail.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => bail!("the tail ended without a status"),
-                Err(status) => return Ok(status),
-            }
-        }
-    })
-    .await
-    .context("the tail of a principal that lost tail: stayed open")??;
+    let tail_end = ending_status(&mut tail).await.context("the tail of a principal that lost tail:")?;
     assert_eq!(tail_end.code(), Code::PermissionDenied, "{tail_end:?}");
     assert!(ended.elapsed() < Duration::from_secs(3));
     // New calls are refused too, and the delivery the stream held is free for others.
