@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// default: a sink's creator chooses where it connects).
     #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
     pub sink_allow_private: bool,
+    /// An internal network (CIDR, or one address) that sinks may reach all the same: a broker
+    /// inside your network, without --sink-allow-private's every address; repeat for several.
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW", value_delimiter = ',', value_name = "NETWORK", value_parser = parse_net)]
+    pub sink_allow: Vec<ipnet::IpNet>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -300,6 +304,13 @@ impl ServeConfig {
     }
 }
 
+/// `--sink-allow`: a network in CIDR notation, or one address.
+pub(crate) fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is neither a network (10.1.0.0/16, fd00::/8) nor an address"))
+}
+
 /// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
 pub(crate) fn is_loopback(ip: std::net::IpAddr) -> bool {
     match ip {
@@ -327,7 +338,10 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.relay = !a.no_relay;
         c.sinks = !a.no_sinks;
         c.sink_poll = a.sink_poll;
-        c.sink_destinations = crate::sinks::destination::Destinations { allow_private: a.sink_allow_private };
+        c.sink_destinations = crate::sinks::destination::Destinations {
+            allow_private: a.sink_allow_private,
+            allowed: a.sink_allow.clone().into(),
+        };
         c.metrics_listen = a.metrics_listen;
         c.health_listen = a.health_listen;
         c.metrics_interval = a.metrics_interval;

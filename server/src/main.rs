@@ -67,7 +67,10 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
         if !args.no_migrate {
             store.migrate().await?;
         }
-        let destinations = outbox_server::sinks::destination::Destinations { allow_private: args.sink_allow_private };
+        let destinations = outbox_server::sinks::destination::Destinations {
+            allow_private: args.sink_allow_private,
+            allowed: args.sink_allow.clone().into(),
+        };
         let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations).await;
         store.close().await;
         report

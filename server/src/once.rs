@@ -41,6 +41,9 @@ pub struct RelayArgs {
     /// Let sinks reach loopback, private and link-local addresses (as `serve`'s flag).
     #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
     pub sink_allow_private: bool,
+    /// An internal network that sinks may reach all the same (as `serve`'s flag).
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW", value_delimiter = ',', value_name = "NETWORK", value_parser = crate::config::parse_net)]
+    pub sink_allow: Vec<ipnet::IpNet>,
     /// Do not apply migrations first.
     #[arg(long)]
     pub no_migrate: bool,
@@ -121,7 +124,7 @@ pub async fn run(
     if sinks {
         for consumer in store.consumer_list().await? {
             let Some(sink) = &consumer.spec.sink else { continue };
-            let target = crate::sinks::connect(&sink.target, destinations);
+            let target = crate::sinks::connect(&sink.target, destinations.clone());
             report.sinks.push(round::run(store, clock, &consumer, target.as_ref()).await?);
         }
     }

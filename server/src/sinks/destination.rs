@@ -13,16 +13,24 @@
 use std::net::{IpAddr, SocketAddr};
 
 /// The destinations sinks may reach.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Destinations {
     /// Allow loopback, private and link-local addresses (tests, a broker beside outboxd).
     pub allow_private: bool,
+    /// Internal networks that sinks may reach all the same (`--sink-allow 10.1.0.0/16`): a
+    /// broker inside the operator's network, without opening every internal address.
+    pub allowed: std::sync::Arc<[ipnet::IpNet]>,
 }
 
 impl Destinations {
+    /// Every internal address allowed (tests, a broker on this host).
+    pub fn anywhere() -> Self {
+        Self { allow_private: true, allowed: std::sync::Arc::new([]) }
+    }
+
     /// Why `ip` may not be reached, or `None` when it may.
     pub fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
-        if self.allow_private {
+        if self.allow_private || self.allowed.iter().any(|net| net.contains(&ip)) {
             return None;
         }
         internal(ip)
@@ -51,8 +59,11 @@ impl Destinations {
     }
 }
 
-fn refused(why: &str) -> String {
-    format!("the sink's destination is {why}, which sinks may not reach (outboxd --sink-allow-private allows it)")
+pub(crate) fn refused(why: &str) -> String {
+    format!(
+        "the sink's destination is {why}, which sinks may not reach (outboxd --sink-allow NETWORK allows a \
+         network, --sink-allow-private every internal address)"
+    )
 }
 
 /// What kind of internal address `ip` is, if it is one.
@@ -100,12 +111,12 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
 
 /// The webhook client's resolver: the system's answer, without the addresses that
 /// [`Destinations`] refuses; a name left with none fails to resolve, naming why.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct GuardedResolver(pub Destinations);
 
 impl reqwest::dns::Resolve for GuardedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let destinations = self.0;
+        let destinations = self.0.clone();
         Box::pin(async move {
             let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
             let mut why = None;
@@ -155,7 +166,10 @@ mod tests {
             assert!(e.contains("--sink-allow-private"), "{url}: {e}");
         }
         assert!(d.check_url("https://93.184.215.14/hook").await.is_ok());
-        let open = Destinations { allow_private: true };
-        assert!(open.check_url("http://127.0.0.1:9/x").await.is_ok());
+        assert!(Destinations::anywhere().check_url("http://127.0.0.1:9/x").await.is_ok());
+        let one_net = Destinations { allow_private: false, allowed: vec!["10.1.0.0/16".parse().unwrap()].into() };
+        assert!(one_net.check_url("amqp://10.1.2.3:5672/%2f").await.is_ok(), "inside the allowed network");
+        assert!(one_net.check_url("amqp://10.2.0.1:5672/%2f").await.is_err(), "another private network");
+        assert!(one_net.check_url("http://169.254.169.254/").await.is_err());
     }
 }

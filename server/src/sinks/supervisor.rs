@@ -61,7 +61,7 @@ impl SinkSupervisor {
             if self.running.contains_key(&name) {
                 continue;
             }
-            let target: Arc<dyn super::Target> = super::connect(&sink.target, self.destinations).into();
+            let target: Arc<dyn super::Target> = super::connect(&sink.target, self.destinations.clone()).into();
             let stop = CancellationToken::new();
             let runner = SinkRunner::new(self.ctx.clone(), consumer, target);
             let task = tokio::spawn(runner.run(stop.clone()));

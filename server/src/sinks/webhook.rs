@@ -56,7 +56,7 @@ pub struct Webhook {
 impl Webhook {
     pub fn new(url: &str, secret: &WebhookSecret, timeout: Duration, destinations: Destinations) -> Self {
         let scrub = Scrubber::for_url(url).with_secret(secret.expose());
-        let client = client(timeout, destinations).map_err(|e| scrub.clean(&e));
+        let client = client(timeout, destinations.clone()).map_err(|e| scrub.clean(&e));
         Self { destinations, url: url.to_owned(), key: secret.key(), timeout, scrub, client }
     }
 
@@ -172,9 +172,7 @@ impl Webhook {
             _ => return Ok(()),
         };
         match self.destinations.refusal(ip) {
-            Some(why) => Err(format!(
-                "the sink's destination is {why}, which sinks may not reach (outboxd --sink-allow-private allows it)"
-            )),
+            Some(why) => Err(super::destination::refused(why)),
             None => Ok(()),
         }
     }

@@ -684,6 +684,19 @@ async fn a_sink_cannot_reach_internal_addresses_unless_allowed() -> Result<()> {
         .await?;
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0, "the internal listener was reached");
+    drop(srv);
+
+    // The operator allows that one network: the sink reaches it.
+    let (_store2, _scratch2, allowed) = serve(&["--sink-poll", "100ms", "--sink-allow", "127.0.0.1/32"]).await?;
+    let mut root = admin_with(&allowed.endpoint, &tok("root")).await?;
+    let url = format!("http://127.0.0.1:{port}/partner");
+    let c = pb::Consumer { sink: Some(webhook_sink(&url, secret)), ..consumer("to-partner", &["orders.*"]) };
+    root.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await?;
+    outbox_tests::eventually("the allowed network reached", Duration::from_secs(15), || {
+        let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        async move { Ok((n > 0).then_some(())) }
+    })
+    .await?;
     accepting.abort();
     Ok(())
 }

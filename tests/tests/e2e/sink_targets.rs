@@ -24,7 +24,9 @@ use crate::WAIT;
 
 /// The brokers and partners of these tests listen on loopback, which sinks may reach only when
 /// the operator allows it.
-const LOCAL: sinks::destination::Destinations = sinks::destination::Destinations { allow_private: true };
+fn local() -> sinks::destination::Destinations {
+    sinks::destination::Destinations::anywhere()
+}
 
 fn message(topic: &str, n: usize) -> Publish {
     let mut headers = BTreeMap::new();
@@ -137,7 +139,7 @@ mod rabbitmq {
     use super::*;
 
     fn target(url: &str, exchange: &str, routing_key: &str) -> Box<dyn Target> {
-        sinks::connect(&SinkTarget::rabbitmq("sink.rabbitmq", url, exchange, routing_key).unwrap(), LOCAL)
+        sinks::connect(&SinkTarget::rabbitmq("sink.rabbitmq", url, exchange, routing_key).unwrap(), local())
     }
 
     fn message_id(m: &lapin::message::BasicGetMessage) -> String {
@@ -290,7 +292,7 @@ mod nats {
         let SinkTarget::Nats { url, subject } = SinkTarget::nats("sink.nats", url, subject).unwrap() else {
             unreachable!()
         };
-        sinks::nats::Nats::new(&url, &subject, LOCAL)
+        sinks::nats::Nats::new(&url, &subject, local())
     }
 
     async fn count(s: &mut stream::Stream) -> Result<u64> {
@@ -379,7 +381,7 @@ mod webhook {
     }
 
     fn target(url: &str, timeout: Option<Duration>) -> Box<dyn Target> {
-        sinks::connect(&SinkTarget::webhook("sink.webhook", url, &secret(), timeout).unwrap(), LOCAL)
+        sinks::connect(&SinkTarget::webhook("sink.webhook", url, &secret(), timeout).unwrap(), local())
     }
 
     fn repo() -> PathBuf {
