@@ -41,7 +41,7 @@ pub use outbox_proto::v1 as pb;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The database rejected the message (bad topic, empty type, ...); the text says which.
-    /// On SQLite the text is the failed CHECK constraint.
+    /// On SQLite the text is the trigger's sentence naming the column.
     #[error("invalid message: {0}")]
     InvalidMessage(String),
     /// A transactional ack found nothing to ack: the delivery was acked already (another

@@ -246,6 +246,30 @@ pub struct ConsumerSpec {
 }
 
 impl ConsumerSpec {
+    /// The first field in which `other` differs from this definition (`None`: the same), as
+    /// the wire names it: what an ALREADY_EXISTS tells a client to look at.
+    pub fn first_difference(&self, other: &ConsumerSpec) -> Option<&'static str> {
+        if self.topics != other.topics {
+            Some("topics")
+        } else if self.max_deliveries != other.max_deliveries {
+            Some("max_deliveries")
+        } else if self.backoff.base != other.backoff.base {
+            Some("backoff_base")
+        } else if self.backoff.max != other.backoff.max {
+            Some("backoff_max")
+        } else if self.ack_deadline != other.ack_deadline {
+            Some("ack_deadline")
+        } else if self.start_from != other.start_from {
+            Some("start_from")
+        } else if self.sink != other.sink {
+            Some("sink")
+        } else if self != other {
+            Some("definition")
+        } else {
+            None
+        }
+    }
+
     pub const DEFAULT_MAX_DELIVERIES: u32 = 10;
     pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
     pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(300);

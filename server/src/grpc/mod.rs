@@ -28,7 +28,7 @@ pub fn invalid(e: InvalidField) -> Status {
 pub fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::ConsumerNotFound(_) | StoreError::MessageNotFound(_) => Status::not_found(e.to_string()),
-        StoreError::ConsumerConflict(_) | StoreError::MessageConflict(_) => Status::already_exists(e.to_string()),
+        StoreError::ConsumerConflict { .. } | StoreError::MessageConflict(_) => Status::already_exists(e.to_string()),
         StoreError::BeyondRetention(_) => Status::failed_precondition(e.to_string()),
         StoreError::InvalidValue(msg) => Status::invalid_argument(msg),
         StoreError::Database(ref inner) if is_unavailable(inner) => {

@@ -102,10 +102,9 @@ impl<D: Driver> Store for DriverStore<D> {
         let mut tx = self.driver.begin_consumer_change().await?;
         if let Some(existing) = self.driver.consumer_find(&mut tx, spec.name.as_str()).await? {
             let existing = Consumer::try_from(existing)?;
-            return if existing.spec == *spec {
-                Ok(existing)
-            } else {
-                Err(StoreError::ConsumerConflict(spec.name.to_string()))
+            return match existing.spec.first_difference(spec) {
+                None => Ok(existing),
+                Some(field) => Err(StoreError::ConsumerConflict { name: spec.name.to_string(), field }),
             };
         }
         let consumer = Consumer::try_from(self.driver.consumer_insert(&mut tx, spec, now).await?)?;

@@ -391,7 +391,24 @@ async fn sqlite_holds_the_same_limits_for_every_writer() {
     refused(run("T".into(), serde_json::json!({"": "v"}), None).await, "headers exceed their limits");
     ok(run("T".into(), serde_json::json!({"k".repeat(256): "v"}), None).await, "a 256-byte key");
     refused(run("T".into(), serde_json::json!({"k".repeat(257): "v"}), None).await, "headers exceed their limits");
-    refused(run("T".into(), serde_json::json!({"n": 1}), None).await, "headers exceed their limits");
+    refused(run("T".into(), serde_json::json!({"n": 1}), None).await, "header values must be JSON strings");
+    refused(run("".into(), serde_json::json!({}), None).await, "type must not be empty");
+    // Every refusal of the documented insert is a sentence naming the column, never a CHECK's text.
+    for (sql, says) in [
+        ("INSERT INTO outbox_messages (topic, type, payload) VALUES ('orders..x', 'T', x'')", "topic must be"),
+        ("INSERT INTO outbox_messages (topic, type, payload) VALUES ('orders.x', 'T', NULL)", "payload is required"),
+        (
+            "INSERT INTO outbox_messages (topic, type, payload, headers) VALUES ('orders.x', 'T', x'', '[1]')",
+            "headers must be a JSON object",
+        ),
+        (
+            "INSERT INTO outbox_messages (topic, type, payload, message_id) VALUES ('orders.x', 'T', x'', 'ABC')",
+            "message_id must be a UUID",
+        ),
+    ] {
+        let e = sqlx::query(sql).execute(&pool).await.expect_err(says).to_string();
+        assert!(e.contains(says) && !e.contains("CHECK constraint"), "{says}: {e}");
+    }
     // The store's own path and a duplicate of an accepted row still work.
     let (id, type_): (String, String) =
         sqlx::query_as("SELECT message_id, type FROM outbox_messages LIMIT 1").fetch_one(&pool).await.unwrap();

@@ -208,8 +208,11 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<SharedStore> {
 pub enum StoreError {
     #[error("consumer {0:?} not found")]
     ConsumerNotFound(String),
-    #[error("consumer {0:?} already exists with a different definition")]
-    ConsumerConflict(String),
+    #[error(
+        "consumer {name:?} already exists with a different {field}: creating it again takes the same definition \
+         (delete it first to change it)"
+    )]
+    ConsumerConflict { name: String, field: &'static str },
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
     /// An enqueue under an existing message_id of another message (SQLSTATE 23505 from

@@ -31,6 +31,11 @@ async fn consumers_are_created_idempotently_listed_paused_resumed_and_deleted(ba
     create_consumer(&mut admin, consumer("c", &["t"])).await?;
     let err = create_consumer(&mut admin, consumer("c", &["other"])).await.unwrap_err();
     assert_eq!(err.downcast_ref::<tonic::Status>().map(|s| s.code()), Some(Code::AlreadyExists));
+    assert!(err.to_string().contains("different topics"), "the differing field is named: {err}");
+    let mut longer = consumer("c", &["t"]);
+    longer.max_deliveries = 9;
+    let err = create_consumer(&mut admin, longer).await.unwrap_err();
+    assert!(err.to_string().contains("different max_deliveries"), "{err}");
     let list = admin.list_consumers(pb::ListConsumersRequest {}).await?.into_inner();
     assert_eq!(list.consumers.len(), 1);
     let err = admin.get_consumer(pb::GetConsumerRequest { consumer: "nobody".into() }).await.unwrap_err();
