@@ -363,7 +363,7 @@ impl AuthTable {
 }
 
 /// A request's caller, put in the request's extensions by [`AuthLayer`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Caller {
     /// The principal's name; without an auth file, the client certificate's identity or
     /// `anonymous`.
@@ -372,6 +372,13 @@ pub struct Caller {
     principal: Option<Arc<Principal>>,
     /// How it was authenticated, to find it again in a reloaded auth file.
     credential: Option<(Authenticator, Credential)>,
+}
+
+/// Who, and as which principal: never the credential, nor the auth file it was checked against.
+impl fmt::Debug for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Caller").field("name", &self.name).field("principal", &self.principal).finish()
+    }
 }
 
 /// What authenticated a caller.

@@ -46,6 +46,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A partner's HTTP endpoint as a sink's target.
 pub struct Webhook {
     destinations: Destinations,
+    /// Why the URL's host, a literal address, may not be reached (decided once: the client's
+    /// resolver sees only names).
+    literal_refused: Option<String>,
     url: String,
     key: Vec<u8>,
     timeout: Duration,
@@ -57,7 +60,8 @@ impl Webhook {
     pub fn new(url: &str, secret: &WebhookSecret, timeout: Duration, destinations: Destinations) -> Self {
         let scrub = Scrubber::for_url(url).with_secret(secret.expose());
         let client = client(timeout, destinations.clone()).map_err(|e| scrub.clean(&e));
-        Self { destinations, url: url.to_owned(), key: secret.key(), timeout, scrub, client }
+        let literal_refused = literal_refusal(url, &destinations);
+        Self { destinations, literal_refused, url: url.to_owned(), key: secret.key(), timeout, scrub, client }
     }
 
     /// Reaching the partner at all: a TCP connection to its host and port (no request), at
@@ -87,8 +91,8 @@ impl Webhook {
             Err(e) => return Outcome::Unavailable { error: e.clone() },
         };
         // A literal address is never resolved, so the client's resolver does not see it.
-        if let Err(error) = self.literal_allowed() {
-            return Outcome::Unavailable { error };
+        if let Some(error) = &self.literal_refused {
+            return Outcome::Unavailable { error: error.clone() };
         }
         let timestamp = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = m.message_id.to_string();
@@ -161,21 +165,15 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-impl Webhook {
-    /// A URL whose host is a literal address that sinks may not reach is refused here (the
-    /// resolver sees only names).
-    fn literal_allowed(&self) -> Result<(), String> {
-        let Ok(url) = url::Url::parse(&self.url) else { return Err("the webhook URL does not parse".into()) };
-        let ip = match url.host() {
-            Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
-            Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
-            _ => return Ok(()),
-        };
-        match self.destinations.refusal(ip) {
-            Some(why) => Err(super::destination::refused(why)),
-            None => Ok(()),
-        }
-    }
+/// Why a URL whose host is a literal address may not be reached, if it may not.
+fn literal_refusal(url: &str, destinations: &Destinations) -> Option<String> {
+    let Ok(url) = url::Url::parse(url) else { return Some("the webhook URL does not parse".into()) };
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
+        _ => return None,
+    };
+    destinations.refusal(ip).map(super::destination::refused)
 }
 
 fn client(timeout: Duration, destinations: Destinations) -> Result<reqwest::Client, String> {

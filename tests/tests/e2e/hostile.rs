@@ -33,9 +33,14 @@ const TENANTS: &[(&str, &[&str])] = &[
 ];
 
 async fn serve(extra: &[&str]) -> Result<(TestStore, Scratch, Outboxd)> {
+    serve_as(TENANTS, extra).await
+}
+
+/// An outboxd on SQLite whose auth file (`auth.toml` in the scratch directory) names `principals`.
+async fn serve_as(principals: &[(&str, &[&str])], extra: &[&str]) -> Result<(TestStore, Scratch, Outboxd)> {
     let store = TestStore::create(Backend::Sqlite).await?;
     let scratch = Scratch::new()?;
-    let file = scratch.write("auth.toml", &auth_file(TENANTS))?;
+    let file = scratch.write("auth.toml", &auth_file(principals))?;
     let mut args = vec!["--auth-file", s(&file)];
     args.extend_from_slice(extra);
     let srv = start(&store, &args).await?;
@@ -425,12 +430,9 @@ async fn a_replay_by_id_stays_inside_the_consumers_topics() -> Result<()> {
 /// UNAUTHENTICATED and PERMISSION_DENIED, and nothing more reaches them.
 #[tokio::test]
 async fn revoking_a_principal_ends_its_open_streams_within_a_reload() -> Result<()> {
-    let store = TestStore::create(Backend::Sqlite).await?;
-    let scratch = Scratch::new()?;
     let before: &[(&str, &[&str])] =
         &[("billing", &["consume:billing"]), ("tailer", &["tail:orders.>"]), ("root", &["*"])];
-    let file = scratch.write("auth.toml", &auth_file(before))?;
-    let srv = start(&store, &["--auth-file", s(&file), "--reload-interval", "200ms"]).await?;
+    let (_store, scratch, srv) = serve_as(before, &["--reload-interval", "200ms"]).await?;
     let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
     admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("billing", &["orders.*"])) }).await?;
 
@@ -468,12 +470,9 @@ async fn revoking_a_principal_ends_its_open_streams_within_a_reload() -> Result<
 /// where its own `tail:` covers the topic.
 #[tokio::test]
 async fn admin_read_shows_payloads_only_of_topics_its_holder_may_tail() -> Result<()> {
-    let store = TestStore::create(Backend::Sqlite).await?;
-    let scratch = Scratch::new()?;
     let principals: &[(&str, &[&str])] =
         &[("reader", &["admin:read"]), ("orders-reader", &["admin:read", "tail:orders.>"]), ("root", &["*"])];
-    let file = scratch.write("auth.toml", &auth_file(principals))?;
-    let srv = start(&store, &["--auth-file", s(&file)]).await?;
+    let (_store, _scratch, srv) = serve_as(principals, &[]).await?;
     let mut client = outbox_with(&srv.endpoint, &tok("root")).await?;
     let mut ids = Vec::new();
     for topic in ["orders.created", "payments.card"] {
