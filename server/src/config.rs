@@ -268,6 +268,14 @@ impl ServeConfig {
             return Err(ConfigError("--max-payload-bytes must be between 1 and 67108864".into()));
         }
         self.limits.validate().map_err(ConfigError)?;
+        let unit = crate::limits::delivery_unit(self.max_payload_bytes);
+        if self.limits.max_in_flight_bytes_per_principal < unit {
+            return Err(ConfigError(format!(
+                "--max-in-flight-bytes-per-principal is {}, less than the largest delivery ({unit} bytes: \
+                 --max-payload-bytes {} plus headers and names); raise it or lower --max-payload-bytes",
+                self.limits.max_in_flight_bytes_per_principal, self.max_payload_bytes
+            )));
+        }
         for (name, d) in [
             ("--relay-poll-max", self.relay_poll_max),
             ("--sweep-interval", self.sweep_interval),

@@ -86,12 +86,68 @@ impl LeaseTurn {
     }
 }
 
+/// The bytes of deliveries one principal's streams may hold at once: leased to them and not
+/// yet acked, nacked or expired (`--max-in-flight-bytes-per-principal`). Shared by all of the
+/// principal's streams, so that a tenant's slow readers cannot make outboxd hold more of its
+/// payloads than this, whatever their `max_in_flight`.
+///
+/// Room is taken before the deliveries are read, so each slot taken reserves a delivery's
+/// largest size (the unit); a delivery that arrives gives back what it did not need, and its
+/// ack (nack, expiry, the stream's end) gives back the rest.
+#[derive(Debug)]
+pub struct ByteBudget {
+    free: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { free: AtomicUsize::new(limit), limit })
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> usize {
+        self.free.load(Ordering::Acquire)
+    }
+
+    /// Takes `unit` bytes up to `want` times, as many times as there are bytes for.
+    fn take_units(&self, want: usize, unit: usize) -> usize {
+        let unit = unit.max(1);
+        let mut taken = 0;
+        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+            taken = (free / unit).min(want);
+            Some(free - taken * unit)
+        });
+        taken
+    }
+
+    fn give(&self, bytes: usize) {
+        if bytes > 0 {
+            self.free.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A stream's share of a [`ByteBudget`]: the budget, and the bytes one slot reserves.
+#[derive(Debug, Clone)]
+pub struct InFlightBytes {
+    pub budget: Arc<ByteBudget>,
+    /// The largest a delivery can be.
+    pub unit: usize,
+}
+
 /// How many more deliveries a stream may be given: its `max_in_flight` less what it holds and
 /// what the relay has set aside for it. Shared by the stream's session and the relay, so that
-/// the two together never exceed the window.
+/// the two together never exceed the window. With a [`ByteBudget`], room is also bounded by
+/// the bytes its principal's streams hold.
 #[derive(Debug, Default)]
 pub struct Credits {
     free: AtomicUsize,
+    bytes: Option<InFlightBytes>,
     /// The session has pending deliveries to lease: the relay takes only the smaller half of
     /// its room (none of its last slot), so that older pending work is not starved by pushes.
     wants_pending: AtomicBool,
@@ -110,19 +166,63 @@ impl Credits {
         Self { free: AtomicUsize::new(n), ..Self::default() }
     }
 
-    /// Takes up to `want`; returns how many were taken.
+    /// Room of `n` drawing on `bytes` as well.
+    pub fn bounded(n: usize, bytes: Option<InFlightBytes>) -> Self {
+        Self { free: AtomicUsize::new(n), bytes, ..Self::default() }
+    }
+
+    /// Takes up to `want` (each with a unit of the byte budget, if any); returns how many were
+    /// taken.
     pub fn take(&self, want: usize) -> usize {
+        let want = match &self.bytes {
+            Some(b) => {
+                let got = b.budget.take_units(want, b.unit);
+                if got < want {
+                    crate::limits::refused("max_in_flight_bytes_per_principal");
+                }
+                got
+            }
+            None => want,
+        };
         let mut taken = 0;
         let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
             taken = free.min(want);
             Some(free - taken)
         });
+        if let Some(b) = &self.bytes {
+            b.budget.give((want - taken) * b.unit);
+        }
         taken
     }
 
+    /// Gives back `n` taken and not used (with their units of the byte budget).
     pub fn give(&self, n: usize) {
         if n > 0 {
             self.free.fetch_add(n, Ordering::AcqRel);
+            if let Some(b) = &self.bytes {
+                b.budget.give(n * b.unit);
+            }
+        }
+    }
+
+    /// A slot taken is now a delivery of `bytes`: what its unit reserved beyond that goes back.
+    pub fn settle(&self, bytes: usize) {
+        if let Some(b) = &self.bytes {
+            b.budget.give(b.unit.saturating_sub(bytes));
+        }
+    }
+
+    /// A delivery of `bytes` (settled) left the stream: its slot and its bytes come back.
+    pub fn give_held(&self, bytes: usize) {
+        self.free.fetch_add(1, Ordering::AcqRel);
+        self.release_bytes(bytes);
+    }
+
+    /// A delivery of `bytes` (settled) left the stream, which takes no more: only its bytes
+    /// come back, to the principal's other streams.
+    pub fn release_bytes(&self, bytes: usize) {
+        if let Some(b) = &self.bytes {
+            b.budget.give(bytes.min(b.unit));
         }
     }
 

@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
+
+use crate::hub::ByteBudget;
 use tonic::Status;
 use tonic::codegen::http;
 use tower::limit::ConcurrencyLimit;
@@ -32,6 +34,12 @@ pub const REFUSALS: &str = "outboxd_limit_refusals_total";
 
 pub fn refused(limit: &'static str) {
     metrics::counter!(REFUSALS, "limit" => limit).increment(1);
+}
+
+/// The largest a delivery can be, as a stream's byte budget counts it: the payload limit, the
+/// headers' limit, and room for topic, type and ordering key.
+pub fn delivery_unit(max_payload_bytes: usize) -> usize {
+    max_payload_bytes + MAX_HEADERS_BYTES + 1024
 }
 
 /// Topics and patterns per consumer.
@@ -83,6 +91,15 @@ pub struct Limits {
     /// RESOURCE_EXHAUSTED. Every relay pass matches every consumer's topics.
     #[arg(long, env = "OUTBOXD_MAX_CONSUMERS", default_value_t = Limits::DEFAULT.max_consumers)]
     pub max_consumers: usize,
+    /// Most bytes of deliveries one principal's Subscribe streams hold at once (with an auth
+    /// file): leased to them and not yet acked, nacked or expired, whatever their
+    /// max_in_flight. A stream at the limit gets no more deliveries until some come back. Each
+    /// delivery counts its payload, headers, topic, type and key; room is reserved at the
+    /// largest a delivery may be (--max-payload-bytes plus 16 KiB of headers and 1 KiB of
+    /// names), so the limit must hold at least one of those.
+    #[arg(long, env = "OUTBOXD_MAX_IN_FLIGHT_BYTES_PER_PRINCIPAL",
+          default_value_t = Limits::DEFAULT.max_in_flight_bytes_per_principal)]
+    pub max_in_flight_bytes_per_principal: usize,
 }
 
 impl Default for Limits {
@@ -102,6 +119,7 @@ impl Limits {
         http2_preface_timeout: Duration::from_secs(10),
         max_client_connections: 4096,
         max_consumers: 1000,
+        max_in_flight_bytes_per_principal: 256 * 1024 * 1024,
     };
 
     /// Names the flag that cannot work.
@@ -152,6 +170,8 @@ struct OpenStreams {
     total: usize,
     per_peer: HashMap<SocketAddr, usize>,
     per_principal: HashMap<Arc<str>, usize>,
+    /// Each principal's in-flight byte budget, while a stream of it holds one.
+    budgets: HashMap<Arc<str>, Arc<ByteBudget>>,
 }
 
 /// Who a request's quotas are counted against: the principal's name, put in the request's
@@ -165,6 +185,14 @@ pub struct QuotaKey(pub Arc<str>);
 pub struct PrincipalStreamPermit {
     open: Arc<Mutex<OpenStreams>>,
     principal: Option<Arc<str>>,
+    budget: Option<Arc<ByteBudget>>,
+}
+
+impl PrincipalStreamPermit {
+    /// The byte budget the principal's streams share (`None` without an auth file).
+    pub fn in_flight_bytes(&self) -> Option<Arc<ByteBudget>> {
+        self.budget.clone()
+    }
 }
 
 impl Drop for PrincipalStreamPermit {
@@ -226,7 +254,7 @@ impl StreamLimiter {
     #[allow(clippy::result_large_err)] // a Status is what the caller returns
     pub fn acquire_principal(&self, principal: Option<&QuotaKey>) -> Result<PrincipalStreamPermit, Status> {
         let Some(QuotaKey(name)) = principal else {
-            return Ok(PrincipalStreamPermit { open: self.open.clone(), principal: None });
+            return Ok(PrincipalStreamPermit { open: self.open.clone(), principal: None, budget: None });
         };
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let held = open.per_principal.get(name).copied().unwrap_or(0);
@@ -238,7 +266,12 @@ impl StreamLimiter {
             )));
         }
         *open.per_principal.entry(name.clone()).or_default() += 1;
-        Ok(PrincipalStreamPermit { open: self.open.clone(), principal: Some(name.clone()) })
+        // Budgets nobody holds any more are forgotten (a reloaded auth file may have renamed
+        // the principal): a stream, its window and the relay's offers hold theirs.
+        open.budgets.retain(|_, b| Arc::strong_count(b) > 1);
+        let limit = self.limits.max_in_flight_bytes_per_principal;
+        let budget = open.budgets.entry(name.clone()).or_insert_with(|| ByteBudget::new(limit)).clone();
+        Ok(PrincipalStreamPermit { open: self.open.clone(), principal: Some(name.clone()), budget: Some(budget) })
     }
 
     /// The limits in force.

@@ -28,7 +28,7 @@ use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
 use crate::grpc::stream::Command;
-use crate::hub::{Hub, LeaseTurn, PushGuard, PushSlot, TurnGuard};
+use crate::hub::{Hub, InFlightBytes, LeaseTurn, PushGuard, PushSlot, TurnGuard};
 use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
@@ -59,6 +59,8 @@ pub struct SessionStart {
     pub consumer: Consumer,
     pub max_in_flight: u32,
     pub ack_deadline: Duration,
+    /// The byte budget its principal's streams share, if any.
+    pub bytes: Option<InFlightBytes>,
 }
 
 /// What the client sent: a command, or why the stream cannot go on.
@@ -175,7 +177,7 @@ impl Session {
         let (push_tx, pushed) = mpsc::unbounded_channel();
         Self {
             id: uuid::Uuid::new_v4().to_string(),
-            window: Window::new(start.max_in_flight as usize),
+            window: Window::bounded(start.max_in_flight as usize, start.bytes.clone()),
             push: None,
             pushed,
             push_tx,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::domain::MessageId;
-use crate::hub::Credits;
+use crate::hub::{Credits, InFlightBytes};
 use crate::store::LeasedDelivery;
 
 /// Expired leases a window remembers for late acks; past this it forgets them all (the
@@ -27,6 +27,8 @@ pub struct Held {
     pub has_ordering_key: bool,
     /// The message's seq, which the store finds batch-held deliveries by.
     pub seq: i64,
+    /// What the delivery weighs against its principal's byte budget.
+    pub bytes: usize,
 }
 
 impl Held {
@@ -37,8 +39,16 @@ impl Held {
             enqueued_at: d.message.enqueued_at,
             has_ordering_key: d.message.ordering_key.is_some(),
             seq: d.message.seq,
+            bytes: size_of(d),
         }
     }
+}
+
+/// A delivery's size as a stream holds it: payload, headers, and the names that come with it.
+pub fn size_of(d: &LeasedDelivery) -> usize {
+    let m = &d.message;
+    let headers: usize = m.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    m.payload.len() + headers + m.topic.len() + m.type_.len() + m.ordering_key.as_ref().map_or(0, String::len)
 }
 
 /// Held leases plus room: `room() + held()` never exceeds `max` (the relay's share of the room
@@ -53,7 +63,12 @@ pub struct Window {
 
 impl Window {
     pub fn new(max: usize) -> Self {
-        Self { max, credits: Arc::new(Credits::new(max)), held: HashMap::new(), expired: HashMap::new() }
+        Self::bounded(max, None)
+    }
+
+    /// A window whose room also draws on a principal's byte budget.
+    pub fn bounded(max: usize, bytes: Option<InFlightBytes>) -> Self {
+        Self { max, credits: Arc::new(Credits::bounded(max, bytes)), held: HashMap::new(), expired: HashMap::new() }
     }
 
     /// The room, as shared with the relay.
@@ -83,7 +98,12 @@ impl Window {
     /// Holds a delivery leased to this stream; its room is already taken (by [`Window::reserve`],
     /// or by the relay when it pushed the delivery).
     pub fn hold(&mut self, d: &LeasedDelivery) {
-        self.held.insert(d.message.message_id, Held::of(d));
+        let held = Held::of(d);
+        self.credits.settle(held.bytes);
+        if let Some(before) = self.held.insert(d.message.message_id, held) {
+            // Held twice (never expected): its earlier bytes are not held any more.
+            self.credits.release_bytes(before.bytes);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -104,10 +124,10 @@ impl Window {
         let gone: Vec<MessageId> = self.held.iter().filter(|(_, h)| h.deadline <= now).map(|(id, _)| *id).collect();
         for id in &gone {
             if let Some(h) = self.held.remove(id) {
+                self.credits.give_held(h.bytes);
                 self.expired.insert(*id, h);
             }
         }
-        self.credits.give(gone.len());
         if self.expired.len() > MAX_REMEMBERED_EXPIRED {
             self.expired.clear();
         }
@@ -120,7 +140,7 @@ impl Window {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(h) = self.held.remove(id) {
-                self.credits.give(1);
+                self.credits.give_held(h.bytes);
                 out.push((*id, h));
             } else if let Some(h) = self.expired.remove(id) {
                 out.push((*id, h));
@@ -132,7 +152,7 @@ impl Window {
     /// The nacked lease, if this stream holds it (a nack after expiry is the sweeper's).
     pub fn nack(&mut self, id: &MessageId) -> Option<Held> {
         let h = self.held.remove(id)?;
-        self.credits.give(1);
+        self.credits.give_held(h.bytes);
         Some(h)
     }
 
@@ -156,9 +176,23 @@ impl Window {
     }
 
     /// Everything held, for release as the stream ends. The room is not given back: the
-    /// stream takes nothing more.
+    /// stream takes nothing more; the bytes are, to the principal's other streams.
     pub fn drain(&mut self) -> Vec<(MessageId, Held)> {
-        self.held.drain().collect()
+        let all: Vec<(MessageId, Held)> = self.held.drain().collect();
+        for (_, h) in &all {
+            self.credits.release_bytes(h.bytes);
+        }
+        all
+    }
+}
+
+/// A window dropped while it holds deliveries (a session that ended without draining) still
+/// gives their bytes back to its principal.
+impl Drop for Window {
+    fn drop(&mut self) {
+        for h in self.held.values() {
+            self.credits.release_bytes(h.bytes);
+        }
     }
 }
 
@@ -301,5 +335,61 @@ mod tests {
         assert_eq!(w.expire(start()), MAX_REMEMBERED_EXPIRED + 1);
         assert!(w.ack(&ids).is_empty());
         assert_eq!(w.room(), MAX_REMEMBERED_EXPIRED + 1);
+    }
+
+    /// A delivery whose size as a window counts it is `bytes` (topic "t" and type "x" included).
+    fn sized(bytes: usize) -> LeasedDelivery {
+        let mut d = leased(add(start(), Duration::from_secs(5)), None);
+        d.message.payload = vec![0; bytes - 2];
+        d
+    }
+
+    #[test]
+    fn a_principals_streams_share_its_bytes_and_get_them_back_as_deliveries_leave() {
+        let budget = crate::hub::ByteBudget::new(100);
+        let bytes = Some(InFlightBytes { budget: budget.clone(), unit: 40 });
+        let mut a = Window::bounded(10, bytes.clone());
+        let b = Window::bounded(10, bytes.clone());
+        assert_eq!(a.reserve(10), 2, "room is reserved a largest delivery at a time: two of 40 in 100");
+        assert_eq!(b.reserve(10), 0, "the principal's other stream waits");
+        assert_eq!(budget.available(), 20);
+        let d = sized(10);
+        a.hold(&d);
+        assert_eq!(budget.available(), 50, "a delivery of 10 gives back the 30 its unit did not need");
+        a.unreserve(1);
+        assert_eq!(budget.available(), 90);
+        assert_eq!(b.reserve(10), 2);
+        assert_eq!(a.ack(&[d.message.message_id]).len(), 1);
+        assert_eq!(budget.available(), 20, "the ack gives back the delivery's 10");
+        b.unreserve(2);
+        assert_eq!(budget.available(), 100);
+
+        // Nacked, expired, drained, or held when the window goes: every byte comes back.
+        let (n, e, r, kept) = (sized(20), sized(20), sized(20), sized(20));
+        assert_eq!(a.reserve(2), 2);
+        a.hold(&n);
+        a.hold(&e);
+        assert_eq!(budget.available(), 60);
+        assert!(a.nack(&n.message.message_id).is_some());
+        assert_eq!(a.expire(add(start(), Duration::from_secs(6))), 1);
+        assert_eq!(budget.available(), 100);
+        assert_eq!(a.reserve(1), 1);
+        a.hold(&r);
+        assert_eq!(a.drain().len(), 1);
+        assert_eq!(budget.available(), 100);
+        let mut c = Window::bounded(10, bytes);
+        assert_eq!(c.reserve(1), 1);
+        c.hold(&kept);
+        assert_eq!(budget.available(), 80);
+        drop(c);
+        assert_eq!(budget.available(), 100);
+    }
+
+    #[test]
+    fn without_a_budget_room_is_counted_in_deliveries_only() {
+        let mut w = Window::new(3);
+        assert_eq!(w.reserve(3), 3);
+        w.hold(&sized(10_000_000));
+        assert_eq!(w.room(), 0);
     }
 }

@@ -440,12 +440,27 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             done: p.done,
         };
         let forward_tx = tx.clone();
-        // Forwards progress; once the caller is gone it drops the progress channel, which stops
-        // the replay after its current batch.
+        // A reloaded auth file that takes the caller's credential or `replay:` away ends the
+        // stream with that status, and the replay with it.
+        let caller = audit.caller.clone();
+        let consumer = plan.consumer.clone();
+        let revoked = async move { caller.revoked(move |p| p.allows(&Need::Replay(consumer.as_str()))).await };
+        // Forwards progress; once the caller is gone (or revoked) it drops the progress
+        // channel, which stops the replay after its current batch.
         let forward = async move {
-            while let Some(p) = progress_rx.recv().await {
-                if forward_tx.send(Ok(to_pb(p))).await.is_err() {
-                    return;
+            let mut revoked = std::pin::pin!(revoked);
+            loop {
+                tokio::select! {
+                    status = revoked.as_mut() => {
+                        let _ = forward_tx.send(Err(status)).await;
+                        return;
+                    }
+                    p = progress_rx.recv() => {
+                        let Some(p) = p else { return };
+                        if forward_tx.send(Ok(to_pb(p))).await.is_err() {
+                            return;
+                        }
+                    }
                 }
             }
         };

@@ -132,7 +132,11 @@ impl pb::outbox_server::Outbox for OutboxService {
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
         let revoked_name = consumer.spec.name.as_str().to_owned();
-        let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline });
+        let bytes = mine.in_flight_bytes().map(|budget| crate::hub::InFlightBytes {
+            budget,
+            unit: crate::limits::delivery_unit(self.limits.max_payload_bytes),
+        });
+        let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline, bytes });
         // The session sees commands, never the wire; a reloaded auth file that takes the
         // caller's permission away ends the stream.
         let name = revoked_name;

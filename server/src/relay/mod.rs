@@ -212,6 +212,8 @@ impl Relay {
             let (consumer, session) = (consumer.as_str(), session.as_str());
             let Some(slot) = slots.slot(consumer, session) else { continue };
             if let Err(unsent) = slot.tx.send(batch) {
+                // Their room (and its principal's bytes) was taken for nothing.
+                slot.credits.give(unsent.0.len());
                 let now = self.clock.now();
                 let Ok(name) = ConsumerName::parse("consumer", consumer) else { continue };
                 let releases: Vec<Release> = unsent

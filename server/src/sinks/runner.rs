@@ -118,6 +118,8 @@ impl SinkRunner {
             consumer: self.consumer.clone(),
             max_in_flight,
             ack_deadline: self.consumer.spec.ack_deadline,
+            // outboxd's own sessions: what they hold is bounded by max_in_flight.
+            bytes: None,
         };
         // Commands never wait on the session for long: it takes them every pass.
         let (commands, inbound) = mpsc::channel::<Incoming>(max_in_flight as usize + 16);

@@ -746,3 +746,122 @@ async fn dead_letter_pages_are_bounded_in_bytes() -> Result<()> {
     assert_eq!((seen.len(), unique.len()), (12, 12));
     Ok(())
 }
+
+/// Opens a Subscribe stream of `who` on `consumer` that reads deliveries but acks nothing
+/// (yet): the sender is for its acks.
+async fn subscriber(
+    srv: &Outboxd,
+    who: &str,
+    consumer: &str,
+    max_in_flight: u32,
+) -> Result<(mpsc::Sender<pb::SubscribeRequest>, tonic::Streaming<pb::SubscribeResponse>)> {
+    let mut c = outbox_with(&srv.endpoint, &tok(who)).await?;
+    let (tx, rx) = mpsc::channel(16);
+    let start_req = pb::Start { consumer: consumer.into(), max_in_flight, ack_deadline: None };
+    tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start_req)) }).await?;
+    let stream = c.subscribe(ReceiverStream::new(rx)).await?.into_inner();
+    Ok((tx, stream))
+}
+
+/// The next delivery of a stream, within ten seconds.
+async fn next_delivery(stream: &mut tonic::Streaming<pb::SubscribeResponse>) -> Result<pb::Delivery> {
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(10), stream.message()).await.context("no delivery")??;
+        if let Some(pb::subscribe_response::Response::Delivery(d)) = r.context("the stream ended")?.response {
+            return Ok(d);
+        }
+    }
+}
+
+/// Review finding (slow readers): a tenant's streams that take deliveries and never ack them
+/// hold at most --max-in-flight-bytes-per-principal of payloads, whatever their max_in_flight,
+/// shared by all the tenant's streams; another tenant's stream is served meanwhile, and an ack
+/// gives the bytes back.
+#[tokio::test]
+async fn a_tenants_unacked_deliveries_are_bounded_in_bytes() -> Result<()> {
+    let principals: &[(&str, &[&str])] =
+        &[("hog", &["consume:hog-*"]), ("billing", &["consume:billing"]), ("root", &["*"])];
+    // A delivery reserves 64 KiB + 16 KiB of headers + 1 KiB = 82,944 bytes until it arrives.
+    let (_store, _scratch, srv) =
+        serve_as(principals, &["--max-payload-bytes", "65536", "--max-in-flight-bytes-per-principal", "400000"])
+            .await?;
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    for (name, topic) in [("hog-a", "big.a"), ("hog-b", "big.b"), ("billing", "orders.created")] {
+        admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer(name, &[topic])) }).await?;
+    }
+    let mut producer = outbox_with(&srv.endpoint, &tok("root")).await?;
+    for topic in std::iter::repeat_n("big.a", 20).chain(std::iter::repeat_n("big.b", 5)) {
+        let req = pb::EnqueueRequest {
+            topic: topic.into(),
+            r#type: "T".into(),
+            payload: vec![7; 60_000],
+            ..Default::default()
+        };
+        producer.enqueue(req).await?;
+    }
+    let (ack_a, mut a) = subscriber(&srv, "hog", "hog-a", 1000).await?;
+    // Held 60,011 bytes each: after six, 39,934 of the 400,000 are left, less than a delivery's
+    // reservation.
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(next_delivery(&mut a).await?);
+    }
+    let in_flight = |stats: pb::GetStatsResponse| stats.consumers.first().map_or(-1, |c| c.in_flight);
+    let stats = admin.get_stats(pb::GetStatsRequest { consumer: "hog-a".into() }).await?.into_inner();
+    assert_eq!(in_flight(stats), 6, "leased beyond the byte budget");
+    // The same tenant's other stream shares the budget: nothing is leased to it.
+    let (ack_b, b) = subscriber(&srv, "hog", "hog-b", 1000).await?;
+    // Another tenant is served meanwhile.
+    producer
+        .enqueue(pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() })
+        .await?;
+    let (_ack_billing, mut billing) = subscriber(&srv, "billing", "billing", 10).await?;
+    let began = Instant::now();
+    next_delivery(&mut billing).await?;
+    assert!(began.elapsed() < Duration::from_secs(1), "the other tenant waited {:?}", began.elapsed());
+    let stats = admin.get_stats(pb::GetStatsRequest { consumer: "hog-b".into() }).await?.into_inner();
+    assert_eq!(in_flight(stats), 0, "the tenant's second stream got room its budget does not have");
+    let stats = admin.get_stats(pb::GetStatsRequest { consumer: "hog-a".into() }).await?.into_inner();
+    assert_eq!(in_flight(stats), 6);
+    // An ack gives its bytes back: one more delivery comes (the second stream gone, to this one).
+    drop((ack_b, b));
+    let ids = vec![held[0].message_id.clone()];
+    ack_a
+        .send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: ids })) })
+        .await?;
+    let more = next_delivery(&mut a).await?;
+    assert!(held.iter().all(|d| d.message_id != more.message_id));
+    Ok(())
+}
+
+/// Revocation ends a running ReplayStream too: the replayer loses `replay:` while a paced
+/// replay runs, and its stream ends with PERMISSION_DENIED before the replay is through.
+#[tokio::test]
+async fn revoking_replay_ends_a_running_replay_stream() -> Result<()> {
+    let before: &[(&str, &[&str])] = &[("replayer", &["replay:billing"]), ("root", &["*"])];
+    let (_store, scratch, srv) = serve_as(before, &["--reload-interval", "200ms"]).await?;
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("billing", &["orders.*"])) }).await?;
+    let mut producer = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let messages = (0..40)
+        .map(|_| pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() })
+        .collect();
+    producer.enqueue_batch(pb::EnqueueBatchRequest { messages }).await?;
+    let mut replayer = admin_with(&srv.endpoint, &tok("replayer")).await?;
+    // Two a second: the whole replay would take 20 s.
+    let req = pb::ReplayRequest {
+        consumer: "billing".into(),
+        enqueued_after: Some(prost_types::Timestamp { seconds: 0, nanos: 0 }),
+        max_per_second: 2,
+        allow_beyond_retention: true,
+        ..Default::default()
+    };
+    let mut progress = replayer.replay_stream(req).await?.into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), progress.message()).await.context("first progress")??;
+    assert_eq!(first.context("the replay ended at once")?.selected, 40);
+    let after: &[(&str, &[&str])] = &[("replayer", &["admin:read"]), ("root", &["*"])];
+    let _ = scratch.write("auth.toml", &auth_file(after))?;
+    let end = ending_status(&mut progress).await.context("the replay of a principal that lost replay:")?;
+    assert_eq!(end.code(), Code::PermissionDenied, "{end:?}");
+    Ok(())
+}
