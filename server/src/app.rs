@@ -177,8 +177,10 @@ impl App {
             .max_decoding_message_size(max_decode);
         let replayer = Replayer::new(store.clone(), clock.clone(), hub.clone(), config.retention, config.replay_rate)
             .with_shutdown(shutdown.clone());
-        let sinks =
-            config.sinks.then(|| SinkSupervisor::new(ctx.clone(), config.sink_poll, config.sink_destinations.clone()));
+        let sinks = config.sinks.then(|| {
+            SinkSupervisor::new(ctx.clone(), config.sink_poll, config.sink_destinations.clone())
+                .with_owners(std::sync::Arc::new(auth.clone()))
+        });
         // Admin answers are bounded in bytes where they carry payloads (dead-letter pages); this
         // limit is the backstop for any other: an answer over it is refused, not sent.
         let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams })

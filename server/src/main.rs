@@ -62,6 +62,13 @@ async fn main() -> anyhow::Result<()> {
 /// `outboxd relay --once`: prints what moved (stdout) or what failed (stderr), returns the exit code.
 async fn relay_once(args: &once::RelayArgs) -> i32 {
     let clock: outbox_server::clock::SharedClock = Arc::new(SystemClock);
+    let auth = match args.auth_file.as_deref().map(outbox_server::grpc::auth::Authenticator::from_file).transpose() {
+        Ok(auth) => auth,
+        Err(e) => {
+            eprintln!("outboxd relay --once: --auth-file: {e}");
+            return 1;
+        }
+    };
     let result = async {
         let store = store::connect(&args.database.database_url, 4).await?;
         if !args.no_migrate {
@@ -71,7 +78,8 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
             allow_private: args.sink_allow_private,
             allowed: args.sink_allow.clone().into(),
         };
-        let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations).await;
+        let owners = auth.as_ref().map(|a| a as &dyn outbox_server::sinks::supervisor::SinkOwners);
+        let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations, owners).await;
         store.close().await;
         report
     }

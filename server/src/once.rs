@@ -47,6 +47,10 @@ pub struct RelayArgs {
     /// Do not apply migrations first.
     #[arg(long)]
     pub no_migrate: bool,
+    /// The auth file `serve` runs with: a sink then runs only while its creator may still
+    /// create it and read its topics, as under `serve`. Without it every sink runs.
+    #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
+    pub auth_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,6 +108,7 @@ pub async fn run(
     batch: i64,
     sinks: bool,
     destinations: crate::sinks::destination::Destinations,
+    owners: Option<&dyn crate::sinks::supervisor::SinkOwners>,
 ) -> Result<OnceReport, StoreError> {
     let config = RelayConfig { batch_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
     let relay = Relay::new(store.clone(), clock.clone(), Hub::default(), config);
@@ -124,6 +129,10 @@ pub async fn run(
     if sinks {
         for consumer in store.consumer_list().await? {
             let Some(sink) = &consumer.spec.sink else { continue };
+            if let Some(why) = crate::sinks::supervisor::refused(owners, &consumer) {
+                tracing::warn!(consumer = %consumer.spec.name, reason = %why, "sink skipped: its creator may no longer run it");
+                continue;
+            }
             let target = crate::sinks::connect(&sink.target, destinations.clone());
             report.sinks.push(round::run(store, clock, &consumer, target.as_ref()).await?);
         }

@@ -249,6 +249,14 @@ impl ConsumerSpec {
     /// The first field in which `other` differs from this definition (`None`: the same), as
     /// the wire names it: what an ALREADY_EXISTS tells a client to look at.
     pub fn first_difference(&self, other: &ConsumerSpec) -> Option<&'static str> {
+        // Who created a sink is not part of the definition: the same one asked again by
+        // another principal is the same consumer.
+        let definition = |c: &ConsumerSpec| ConsumerSpec { sink: c.sink.as_ref().map(Sink::definition), ..c.clone() };
+        let (this, other) = (&definition(self), &definition(other));
+        this.first_difference_of_definitions(other)
+    }
+
+    fn first_difference_of_definitions(&self, other: &ConsumerSpec) -> Option<&'static str> {
         if self.topics != other.topics {
             Some("topics")
         } else if self.max_deliveries != other.max_deliveries {
@@ -350,6 +358,28 @@ mod tests {
 
     fn pat(s: &str) -> TopicPattern {
         TopicPattern::parse("p", s).expect("valid pattern")
+    }
+
+    #[test]
+    fn who_created_a_sink_is_not_part_of_its_definition() {
+        let sink = |by: Option<&str>, routing: &str| Sink {
+            target: SinkTarget::nats("s", "nats://127.0.0.1:4222", routing).expect("valid sink"),
+            max_in_flight: 1,
+            created_by: by.map(str::to_owned),
+        };
+        let spec = |s: Sink| ConsumerSpec {
+            name: ConsumerName::parse("n", "to-nats").expect("valid name"),
+            topics: vec![pat("orders.*")],
+            max_deliveries: 10,
+            backoff: Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) },
+            ack_deadline: Duration::from_secs(30),
+            start_from: StartFrom::New,
+            sink: Some(s),
+        };
+        let alice = spec(sink(Some("alice"), ""));
+        assert_eq!(alice.first_difference(&spec(sink(Some("bob"), ""))), None);
+        assert_eq!(alice.first_difference(&spec(sink(None, ""))), None);
+        assert_eq!(alice.first_difference(&spec(sink(Some("alice"), "x.{topic}"))), Some("sink"));
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub struct Sink {
     pub target: SinkTarget,
     /// Concurrent unconfirmed publishes.
     pub max_in_flight: u32,
+    /// The principal that created it (with an auth file): the sink runs only while that
+    /// principal may still create it and read its topics. `None`: created without an auth file
+    /// (or before outboxd recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
 }
 
 impl Sink {
@@ -34,7 +39,12 @@ impl Sink {
 
     /// The same sink with its secrets replaced by `***`.
     pub fn redacted(&self) -> Sink {
-        Sink { target: self.target.redacted(), max_in_flight: self.max_in_flight }
+        Sink { target: self.target.redacted(), max_in_flight: self.max_in_flight, created_by: self.created_by.clone() }
+    }
+
+    /// The same sink as a definition: who created it is not part of what it is.
+    pub fn definition(&self) -> Sink {
+        Sink { created_by: None, ..self.clone() }
     }
 }
 
@@ -42,7 +52,11 @@ impl Sink {
 impl fmt::Debug for Sink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let shown = self.redacted();
-        f.debug_struct("Sink").field("target", &shown.target).field("max_in_flight", &shown.max_in_flight).finish()
+        f.debug_struct("Sink")
+            .field("target", &shown.target)
+            .field("max_in_flight", &shown.max_in_flight)
+            .field("created_by", &shown.created_by)
+            .finish()
     }
 }
 
@@ -457,11 +471,15 @@ mod tests {
     #[test]
     fn secrets_never_show() {
         let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([7u8; 32]));
-        let hook =
-            Sink { target: SinkTarget::webhook("s", "https://p.example/", &secret, None).unwrap(), max_in_flight: 1 };
+        let hook = Sink {
+            target: SinkTarget::webhook("s", "https://p.example/", &secret, None).unwrap(),
+            max_in_flight: 1,
+            created_by: None,
+        };
         let rabbit = Sink {
             target: SinkTarget::rabbitmq("s", "amqp://app:s3cr3t@127.0.0.1:5672/%2f", "x", "").unwrap(),
             max_in_flight: 1,
+            created_by: None,
         };
         for sink in [&hook, &rabbit] {
             let debug = format!("{sink:?}");

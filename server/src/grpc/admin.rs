@@ -183,7 +183,11 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             let Some(c) = request.into_inner().consumer else {
                 return Err(invalid(InvalidField::new("consumer", "required")));
             };
-            let spec = convert::consumer_spec(c).map_err(invalid)?;
+            let mut spec = convert::consumer_spec(c).map_err(invalid)?;
+            if let Some(sink) = spec.sink.as_mut() {
+                // It runs on its creator's authority: revoking that ends it (SinkOwners).
+                sink.created_by = audit.caller.principal_name().map(str::to_owned);
+            }
             if spec.sink.is_some() {
                 // A sink sends every payload of its topics out of outboxd: creating one is a
                 // permission of its own, and it takes only topics its creator may read.

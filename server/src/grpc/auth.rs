@@ -548,6 +548,12 @@ impl Authenticator {
         self.inner.path.is_some()
     }
 
+    /// The principal of that name in the file in force.
+    fn principal_named(&self, name: &str) -> Option<Arc<Principal>> {
+        let table = self.table();
+        table.by_token.values().chain(table.by_subject.values()).find(|p| p.name == name).cloned()
+    }
+
     fn table(&self) -> Arc<AuthTable> {
         self.inner.table.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -862,6 +868,32 @@ fn refuse<E: Send + 'static>(
         );
     }
     Box::pin(std::future::ready(Ok(status.into_http())))
+}
+
+/// A sink runs on its creator's authority: while the auth file in force still names that
+/// principal with `sink:NAME` and `tail:` on each of the sink's topics (without an auth file,
+/// every sink runs).
+impl crate::sinks::supervisor::SinkOwners for Authenticator {
+    fn may_run(&self, owner: &str, spec: &crate::domain::ConsumerSpec) -> Result<(), String> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let Some(p) = self.principal_named(owner) else {
+            return Err(format!("its creator, principal {owner:?}, is no longer in the auth file"));
+        };
+        let name = spec.name.as_str();
+        let needs = std::iter::once(Need::Sink(name)).chain(spec.topics.iter().map(Need::Tail));
+        for need in needs {
+            if !p.allows(&need) {
+                return Err(format!("its creator, principal {owner:?}, no longer holds {need}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.generation.subscribe()
+    }
 }
 
 #[cfg(test)]

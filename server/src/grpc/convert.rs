@@ -287,7 +287,7 @@ pub fn sink(s: &pb::Sink) -> Result<Sink, InvalidField> {
         }
         n => n,
     };
-    Ok(Sink { target, max_in_flight })
+    Ok(Sink { target, max_in_flight, created_by: None })
 }
 
 /// Takes the secrets out of a sink as it came over the wire (for logs), whether or not it parses.

@@ -9,13 +9,35 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::runner::SinkRunner;
 use crate::delivery::session::SessionContext;
-use crate::domain::Sink;
+use crate::domain::{Consumer, ConsumerSpec, Sink};
+
+/// 1 while a sink consumer is stopped because its creator may no longer run it.
+pub const SUSPENDED: &str = "outboxd_sink_suspended";
 use crate::store::StoreError;
+
+/// Whether a sink may run on its creator's authority: the edge answers from the auth file in
+/// force, and says when that may have changed. A sink whose creator is gone from the file, or
+/// no longer holds `sink:NAME` and `tail:` on each of its topics, stops, and starts again if
+/// the permission comes back.
+pub trait SinkOwners: Send + Sync {
+    /// `Err(why)` when the sink of `spec`, created by principal `owner`, may not run.
+    fn may_run(&self, owner: &str, spec: &ConsumerSpec) -> Result<(), String>;
+    /// Changes whenever the answer may have (the auth file was reloaded).
+    fn changed(&self) -> watch::Receiver<u64>;
+}
+
+/// `Err(why)` when `owners` says the sink consumer `c` may not run now (sinks without a
+/// recorded creator run: created without an auth file, or before creators were recorded).
+pub fn refused(owners: Option<&dyn SinkOwners>, c: &Consumer) -> Option<String> {
+    let owner = c.spec.sink.as_ref()?.created_by.as_deref()?;
+    owners?.may_run(owner, &c.spec).err()
+}
 
 struct Running {
     sink: Sink,
@@ -28,11 +50,20 @@ pub struct SinkSupervisor {
     interval: Duration,
     destinations: super::destination::Destinations,
     running: HashMap<String, Running>,
+    owners: Option<Arc<dyn SinkOwners>>,
+    /// Sinks stopped because their creator may no longer run them, with why (logged once).
+    suspended: HashMap<String, String>,
 }
 
 impl SinkSupervisor {
     pub fn new(ctx: SessionContext, interval: Duration, destinations: super::destination::Destinations) -> Self {
-        Self { ctx, interval, destinations, running: HashMap::new() }
+        Self { ctx, interval, destinations, running: HashMap::new(), owners: None, suspended: HashMap::new() }
+    }
+
+    /// Runs a sink only while its creator may (see [`SinkOwners`]).
+    pub fn with_owners(mut self, owners: Arc<dyn SinkOwners>) -> Self {
+        self.owners = Some(owners);
+        self
     }
 
     /// Starts a runner for each sink consumer without one, restarts one whose sink changed
@@ -40,11 +71,29 @@ impl SinkSupervisor {
     pub async fn run_once(&mut self) -> Result<(), StoreError> {
         let consumers = self.ctx.store.consumer_list().await?;
         let mut wanted = HashMap::new();
+        let mut suspended = HashMap::new();
         for c in consumers {
-            if let Some(sink) = c.spec.sink.clone() {
-                wanted.insert(c.spec.name.to_string(), (sink, c));
+            let Some(sink) = c.spec.sink.clone() else { continue };
+            let name = c.spec.name.to_string();
+            if let Some(why) = refused(self.owners.as_deref(), &c) {
+                if self.suspended.get(&name) != Some(&why) {
+                    tracing::warn!(consumer = %name, reason = %why, "sink stopped: its creator may no longer run it");
+                }
+                suspended.insert(name, why);
+                continue;
             }
+            if self.suspended.contains_key(&name) {
+                tracing::info!(consumer = %name, "sink runs again: its creator may run it");
+            }
+            wanted.insert(name, (sink, c));
         }
+        for name in self.suspended.keys().filter(|n| !suspended.contains_key(*n)) {
+            metrics::gauge!(SUSPENDED, "consumer" => name.clone()).set(0.0);
+        }
+        for name in suspended.keys() {
+            metrics::gauge!(SUSPENDED, "consumer" => name.clone()).set(1.0);
+        }
+        self.suspended = suspended;
         let gone: Vec<String> = self
             .running
             .iter()
@@ -73,6 +122,9 @@ impl SinkSupervisor {
     /// Runs until `cancel`; then stops every runner (each one drains like a stream does).
     pub async fn run(mut self, cancel: CancellationToken) {
         let mut changed = self.ctx.hub.consumers_changed().subscribe();
+        // Without owners to ask, a sender kept here so that the receiver never ends.
+        let (_unchanging, never) = watch::channel(0u64);
+        let mut owners_changed = self.owners.as_ref().map_or(never, |o| o.changed());
         loop {
             if let Err(e) = self.run_once().await {
                 tracing::warn!(error = %e, "sink supervisor could not list consumers");
@@ -80,6 +132,7 @@ impl SinkSupervisor {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = changed.changed() => {}
+                _ = owners_changed.changed() => {}
                 _ = tokio::time::sleep(self.interval) => {}
             }
         }

@@ -865,3 +865,55 @@ async fn revoking_replay_ends_a_running_replay_stream() -> Result<()> {
     assert_eq!(end.code(), Code::PermissionDenied, "{end:?}");
     Ok(())
 }
+
+/// A sink runs on its creator's authority: once a reloaded auth file takes `sink:` away from
+/// the principal that created it, the sink delivers nothing more (a sink created by another
+/// principal on the same topic goes on), and it resumes when the permission comes back.
+#[tokio::test]
+async fn a_sink_stops_when_its_creator_loses_the_permission() -> Result<()> {
+    let sinker: (&str, &[&str]) = ("sinker", &["admin:write", "sink:to-*", "tail:orders.>"]);
+    let demoted: (&str, &[&str]) = ("sinker", &["admin:write", "tail:orders.>"]);
+    let root: (&str, &[&str]) = ("root", &["*"]);
+    let flags = ["--sink-poll", "100ms", "--sink-allow", "127.0.0.1/32", "--reload-interval", "200ms"];
+    let (_store, scratch, srv) = serve_as(&[sinker, root], &flags).await?;
+    let (revoked, control) =
+        (outbox_tests::brokers::WebhookPartner::start().await?, outbox_tests::brokers::WebhookPartner::start().await?);
+    let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3";
+    let sink = |name: &str, url: &str| pb::CreateConsumerRequest {
+        consumer: Some(pb::Consumer { sink: Some(webhook_sink(url, secret)), ..consumer(name, &["orders.*"]) }),
+    };
+    admin_with(&srv.endpoint, &tok("sinker")).await?.create_consumer(sink("to-partner", &revoked.url)).await?;
+    admin_with(&srv.endpoint, &tok("root")).await?.create_consumer(sink("to-control", &control.url)).await?;
+    let mut producer = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let req = || pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    producer.enqueue(req()).await?;
+    received(&revoked, 1, "the creator's sink delivers").await?;
+    received(&control, 1, "the other sink delivers").await?;
+
+    let _ = scratch.write("auth.toml", &auth_file(&[demoted, root]))?;
+    outbox_tests::eventually("the sink to stop", Duration::from_secs(10), || {
+        let found =
+            !srv.log_lines(&["consumer=to-partner", "sink stopped", "no longer holds sink:to-partner"]).is_empty();
+        async move { Ok(found.then_some(())) }
+    })
+    .await?;
+    producer.enqueue(req()).await?;
+    received(&control, 2, "the other sink goes on").await?;
+    assert_eq!(revoked.received().len(), 1, "a sink whose creator lost sink: delivered");
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    let stats = admin.get_stats(pb::GetStatsRequest { consumer: "to-partner".into() }).await?.into_inner();
+    assert_eq!(stats.consumers.first().map(|c| (c.backlog, c.in_flight)), Some((1, 0)), "{stats:?}");
+
+    let _ = scratch.write("auth.toml", &auth_file(&[sinker, root]))?;
+    received(&revoked, 2, "the sink resumes with the permission").await?;
+    Ok(())
+}
+
+/// Until `partner` has received `n` requests (within 15 s).
+async fn received(partner: &outbox_tests::brokers::WebhookPartner, n: usize, what: &str) -> Result<()> {
+    outbox_tests::eventually(what, Duration::from_secs(15), || {
+        let got = partner.received().len();
+        async move { Ok((got >= n).then_some(())) }
+    })
+    .await
+}
