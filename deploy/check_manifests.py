@@ -9,7 +9,7 @@
 - prometheusrule.yaml is what gen_prometheusrule.py makes of prometheus/alerts.yml;
 - the compose file is valid by the Compose Specification's schema, when given one;
 - the Deployment, Job and compose file use only settings outboxd reads, the ports and user of
-  the Dockerfile, and the security settings the README promises.
+  the Dockerfile, and the security settings docs/deploying.md promises.
 
 Run from anywhere: python3 deploy/check_manifests.py [--compose-schema PATH]
 """

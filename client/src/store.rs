@@ -1,7 +1,7 @@
 //! Every SQL statement of the client. On PostgreSQL the transactional ack goes through the SQL
 //! function that outboxd's migrations install; enqueue is one plain INSERT (the SQL function
 //! `outbox.enqueue` does the same for other languages, a little slower). SQLite has no stored
-//! functions, so its two statements are here (and documented in the README).
+//! functions, so its two statements are here (and documented in docs/sql-api.md).
 use futures::future::BoxFuture;
 use sqlx::types::Json;
 use sqlx::{Executor, Postgres, Row, Sqlite};

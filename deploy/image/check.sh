@@ -16,7 +16,7 @@
 #    `outboxd healthcheck` from inside the image and a metrics scrape from outside.
 #
 # What this cannot check: the builder stage (it needs a container runtime to RUN cargo) and the
-# real base image (it needs a registry); see README, "Deploying".
+# real base image (it needs a registry); see docs/deploying.md, "The image".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -37,7 +37,7 @@ test("npm install of the folder from a scratch project builds it and the package
   const out = execFileSync("node", ["main.mjs"], { cwd: app, encoding: "utf8" });
   assert.equal(out.trim(), "function function function function");
   // The declarations resolve through the package's exports and type-check a typical use, and
-  // the README's example.
+  // the example of docs/clients/typescript.md.
   writeFileSync(join(app, "readme.ts"), readmeExample());
   execFileSync(join(pkg, "node_modules", ".bin", "tsc"), ["-p", "."], { cwd: app, stdio: ["ignore", "inherit", "inherit"] });
   writeFileSync(join(app, "bad.ts"), 'import { enqueue } from "@outboxd/client";\nenqueue(null as never, { topic: 1 });\n');
@@ -47,11 +47,10 @@ test("npm install of the folder from a scratch project builds it and the package
   );
 });
 
-/** The first TypeScript block of the README's "TypeScript client" section. */
+/** The first TypeScript block of the TypeScript client's page, docs/clients/typescript.md. */
 function readmeExample(): string {
-  const readme = readFileSync(join(repoRoot, "README.md"), "utf8");
-  const section = readme.split("\n## TypeScript client\n")[1]?.split("\n## ")[0];
-  const code = section?.split("```ts\n")[1]?.split("\n```")[0];
-  assert.ok(code, "the README has a TypeScript example under TypeScript client");
+  const page = readFileSync(join(repoRoot, "docs", "clients", "typescript.md"), "utf8");
+  const code = page.split("```ts\n")[1]?.split("\n```")[0];
+  assert.ok(code, "docs/clients/typescript.md has a TypeScript example");
   return `${code}\nexport {};\n`;
 }

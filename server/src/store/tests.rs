@@ -1177,7 +1177,7 @@ async fn a_lease_and_an_ack_of_batch_held_deliveries_cost_per_run_not_per_delive
 }
 
 /// A producer on the system's SQLite (Python's `sqlite3` module links it; 3.40 on Debian 12,
-/// where `unixepoch('subsec')` is NULL) writes the README's documented INSERT into a file that
+/// where `unixepoch('subsec')` is NULL) writes the documented INSERT (docs/sql-api.md) into a file that
 /// an older outboxd schema created and this one migrated: the row gets its defaults and is
 /// delivered. The migration keeps every message and delivery, and the seq counter: a pruned
 /// highest seq is not handed out again.

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     SyncConn = Union[psycopg.Connection[Any], psycopg.Cursor[Any], sqlite3.Connection, sqlite3.Cursor]
     AsyncConn = Union[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]
 
-# The limits outboxd holds every enqueue path to (README, "Limits and least privilege").
+# The limits outboxd holds every enqueue path to (docs/configuration.md, "Message limits").
 MAX_TOPIC_LEN = 255
 MAX_TYPE_BYTES = 255
 MAX_ORDERING_KEY_BYTES = 255
@@ -47,13 +47,13 @@ application/json` header unless the headers name a content type."""
 
 _PG_ENQUEUE = "SELECT outbox.enqueue(%s, %s, %s, %s::jsonb, %s::uuid, %s)"
 _PG_ACK = "SELECT outbox.ack(%s, %s::uuid)"
-# README, "On SQLite, from any language" (no RETURNING: that needs SQLite 3.35, and the id is
+# docs/sql-api.md, "SQLite: the enqueue statement" (no RETURNING: that needs SQLite 3.35, and the id is
 # always the one given here, a duplicate's included).
 _SQLITE_ENQUEUE = (
     "INSERT INTO outbox_messages (topic, type, payload, headers, message_id, ordering_key) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
 )
-# The same transition as PostgreSQL's outbox.ack (README, "Effectively once").
+# The same transition as PostgreSQL's outbox.ack (docs/sql-api.md, `outbox.ack`).
 _SQLITE_ACK = (
     "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?3, updated_at = ?3, "
     "lease_expires_at = NULL, leased_by = NULL "

@@ -38,7 +38,7 @@ from outboxd._proto.outbox.v1 import outbox_pb2_grpc as pb_grpc
 
 log = logging.getLogger("outboxd.subscriber")
 
-# The server's limits (README, "Limits"): max_in_flight per stream, ids per request, error text.
+# The server's limits (docs/configuration.md, "Message limits" and "Resource limits"): max_in_flight per stream, ids per request, error text.
 MAX_IN_FLIGHT = 10_000
 MAX_IDS_PER_REQUEST = 10_000
 MAX_ERROR_BYTES = 4096

@@ -5,7 +5,7 @@
 //! SQLite's defaults (WAL, `synchronous = FULL`, a 5 s busy timeout). Phases:
 //!
 //! 1. **ceiling**: single-row inserts into a plain table of the same file, no outboxd running;
-//! 2. **end_to_end**: the README's documented INSERT into `outbox_messages`, flat out, while
+//! 2. **end_to_end**: the documented INSERT (docs/sql-api.md) into `outbox_messages`, flat out, while
 //!    four streams of one consumer receive and ack;
 //! 3. **latency**: producers paced to `--latency-rate` (default 500/s); commit → delivery;
 //! 4. **drain**: a backlog committed while no stream is attached, timed until the last ack.
