@@ -55,6 +55,8 @@ pub enum AppError {
     Tls(#[from] crate::tls::TlsError),
     #[error("auth file: {0}")]
     Auth(String),
+    #[error(transparent)]
+    SinkKey(#[from] crate::sinks::sealed::SealError),
 }
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -101,6 +103,12 @@ impl App {
             None => Authenticator::open(),
         };
         let tls = config.security.tls.clone().map(TlsState::load).transpose()?;
+        let sink_key = config
+            .sink_key_file
+            .as_deref()
+            .map(crate::sinks::sealed::SinkKey::from_file)
+            .transpose()?
+            .map(std::sync::Arc::new);
         if auth.enabled() && tls.is_none() && !crate::config::is_loopback(config.listen.ip()) {
             tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
         }
@@ -180,10 +188,11 @@ impl App {
         let sinks = config.sinks.then(|| {
             SinkSupervisor::new(ctx.clone(), config.sink_poll, config.sink_destinations.clone())
                 .with_owners(std::sync::Arc::new(auth.clone()))
+                .with_key(sink_key.clone())
         });
         // Admin answers are bounded in bytes where they carry payloads (dead-letter pages); this
         // limit is the backstop for any other: an answer over it is refused, not sent.
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams })
+        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams, sink_key })
             .max_encoding_message_size(ADMIN_MAX_ENCODE);
 
         let stop_accepting = shutdown.clone();

@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// inside your network, without --sink-allow-private's every address; repeat for several.
     #[arg(long, env = "OUTBOXD_SINK_ALLOW", value_delimiter = ',', value_name = "NETWORK", value_parser = parse_net)]
     pub sink_allow: Vec<ipnet::IpNet>,
+    /// Seal sinks' URLs and webhook secrets in the database with this key (base64 of 64
+    /// random bytes: `openssl rand -base64 64`); every replica and `relay --once` needs the
+    /// same file. Sinks created without it stay as they were stored.
+    #[arg(long, env = "OUTBOXD_SINK_KEY_FILE", value_name = "PATH")]
+    pub sink_key_file: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
     #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
@@ -187,6 +192,7 @@ pub struct ServeConfig {
     pub sink_poll: Duration,
     /// Where sinks may connect (internal addresses refused unless allowed).
     pub sink_destinations: crate::sinks::destination::Destinations,
+    pub sink_key_file: Option<PathBuf>,
     pub metrics_listen: Option<SocketAddr>,
     pub health_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
@@ -246,6 +252,7 @@ impl ServeConfig {
             sinks: true,
             sink_poll: Duration::from_secs(30),
             sink_destinations: Default::default(),
+            sink_key_file: None,
             metrics_listen: None,
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
@@ -346,6 +353,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.relay = !a.no_relay;
         c.sinks = !a.no_sinks;
         c.sink_poll = a.sink_poll;
+        c.sink_key_file = a.sink_key_file.clone();
         c.sink_destinations = crate::sinks::destination::Destinations {
             allow_private: a.sink_allow_private,
             allowed: a.sink_allow.clone().into(),

@@ -69,6 +69,13 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
             return 1;
         }
     };
+    let key = match args.sink_key_file.as_deref().map(outbox_server::sinks::sealed::SinkKey::from_file).transpose() {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("outboxd relay --once: {e}");
+            return 1;
+        }
+    };
     let result = async {
         let store = store::connect(&args.database.database_url, 4).await?;
         if !args.no_migrate {
@@ -79,7 +86,7 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
             allowed: args.sink_allow.clone().into(),
         };
         let owners = auth.as_ref().map(|a| a as &dyn outbox_server::sinks::supervisor::SinkOwners);
-        let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations, owners).await;
+        let report = once::run(&store, &clock, args.batch, !args.no_sinks, destinations, owners, key.as_ref()).await;
         store.close().await;
         report
     }

@@ -51,6 +51,9 @@ pub struct RelayArgs {
     /// create it and read its topics, as under `serve`. Without it every sink runs.
     #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
     pub auth_file: Option<std::path::PathBuf>,
+    /// The key `serve` seals sinks' secrets with (`--sink-key-file`), to open them.
+    #[arg(long, env = "OUTBOXD_SINK_KEY_FILE", value_name = "PATH")]
+    pub sink_key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,6 +112,7 @@ pub async fn run(
     sinks: bool,
     destinations: crate::sinks::destination::Destinations,
     owners: Option<&dyn crate::sinks::supervisor::SinkOwners>,
+    key: Option<&crate::sinks::sealed::SinkKey>,
 ) -> Result<OnceReport, StoreError> {
     let config = RelayConfig { batch_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
     let relay = Relay::new(store.clone(), clock.clone(), Hub::default(), config);
@@ -133,6 +137,13 @@ pub async fn run(
                 tracing::warn!(consumer = %consumer.spec.name, reason = %why, "sink skipped: its creator may no longer run it");
                 continue;
             }
+            let sink = match crate::sinks::sealed::open(key, sink) {
+                Ok(sink) => sink,
+                Err(e) => {
+                    tracing::warn!(consumer = %consumer.spec.name, reason = %e, "sink skipped: it may not run");
+                    continue;
+                }
+            };
             let target = crate::sinks::connect(&sink.target, destinations.clone());
             report.sinks.push(round::run(store, clock, &consumer, target.as_ref()).await?);
         }

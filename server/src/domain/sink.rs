@@ -15,6 +15,9 @@ use super::InvalidField;
 /// What a secret is shown as, anywhere outside the store.
 pub const REDACTED: &str = "***";
 
+/// How a value sealed with the operator's sink key is stored (`--sink-key-file`).
+pub const SEALED_PREFIX: &str = "sealed:v1:";
+
 /// A sink consumer's target and its pipelining.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sink {
@@ -250,6 +253,9 @@ fn is_loopback(url: &url::Url) -> bool {
 /// beside a password stays: it says who, not how), a user part alone (a NATS token is written
 /// `nats://TOKEN@host`), every query value (a webhook's `?token=`), the fragment.
 pub fn redact_url(url: &str) -> String {
+    if url.starts_with(SEALED_PREFIX) {
+        return REDACTED.to_owned();
+    }
     let Ok(mut parsed) = url::Url::parse(url) else {
         // Not stored unless it parsed; never print what might be a secret.
         return REDACTED.to_owned();
@@ -393,6 +399,11 @@ impl WebhookSecret {
     /// The secret as written (only for the store).
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    /// A secret as the store holds it (sealed, or as written), unchecked.
+    pub fn stored(s: String) -> Self {
+        Self(s)
     }
 }
 

@@ -18,6 +18,17 @@ pub struct AdminService {
     pub pruner: Pruner,
     pub replayer: Replayer,
     pub streams: crate::limits::StreamLimiter,
+    /// Seals sinks' secrets before they are stored (`--sink-key-file`).
+    pub sink_key: Option<std::sync::Arc<crate::sinks::sealed::SinkKey>>,
+}
+
+impl AdminService {
+    /// A consumer as answers show it: a sealed sink opened, then redacted like every sink.
+    fn shown(&self, c: &crate::domain::Consumer) -> pb::Consumer {
+        let mut c = c.clone();
+        c.spec.sink = c.spec.sink.map(|s| crate::sinks::sealed::shown(self.sink_key.as_deref(), &s));
+        pb_consumer(&c)
+    }
 }
 
 fn name(field: &str, s: &str) -> Result<ConsumerName, Status> {
@@ -187,6 +198,9 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             if let Some(sink) = spec.sink.as_mut() {
                 // It runs on its creator's authority: revoking that ends it (SinkOwners).
                 sink.created_by = audit.caller.principal_name().map(str::to_owned);
+                if let Some(key) = &self.sink_key {
+                    *sink = key.seal(sink);
+                }
             }
             if spec.sink.is_some() {
                 // A sink sends every payload of its topics out of outboxd: creating one is a
@@ -207,7 +221,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             }
             let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
             self.ctx.hub.consumers_changed().notify();
-            Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(pb_consumer(&consumer)) }))
+            Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(self.shown(&consumer)) }))
         }
         .await;
         audit.done(result)
@@ -219,7 +233,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
     ) -> Result<Response<pb::GetConsumerResponse>, Status> {
         let n = name("consumer", &request.into_inner().consumer)?;
         let c = self.ctx.store.consumer_get(&n).await.map_err(store_status)?;
-        Ok(Response::new(pb::GetConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+        Ok(Response::new(pb::GetConsumerResponse { consumer: Some(self.shown(&c)) }))
     }
 
     async fn list_consumers(
@@ -227,7 +241,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         _request: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
         let cs = self.ctx.store.consumer_list().await.map_err(store_status)?;
-        Ok(Response::new(pb::ListConsumersResponse { consumers: cs.iter().map(pb_consumer).collect() }))
+        Ok(Response::new(pb::ListConsumersResponse { consumers: cs.iter().map(|c| self.shown(c)).collect() }))
     }
 
     async fn delete_consumer(
@@ -254,7 +268,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
             let c = self.ctx.store.consumer_set_paused(&n, true).await.map_err(store_status)?;
-            Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+            Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(self.shown(&c)) }))
         }
         .await;
         audit.done(result)
@@ -269,7 +283,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             let n = name("consumer", &request.into_inner().consumer)?;
             let c = self.ctx.store.consumer_set_paused(&n, false).await.map_err(store_status)?;
             self.ctx.hub.notify_consumer(n.as_str());
-            Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(pb_consumer(&c)) }))
+            Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(self.shown(&c)) }))
         }
         .await;
         audit.done(result)

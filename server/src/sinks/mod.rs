@@ -22,6 +22,7 @@ pub mod nats;
 pub mod rabbitmq;
 pub mod round;
 pub mod runner;
+pub mod sealed;
 pub mod supervisor;
 pub mod webhook;
 

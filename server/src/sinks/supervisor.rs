@@ -51,13 +51,28 @@ pub struct SinkSupervisor {
     destinations: super::destination::Destinations,
     running: HashMap<String, Running>,
     owners: Option<Arc<dyn SinkOwners>>,
+    key: Option<Arc<super::sealed::SinkKey>>,
     /// Sinks stopped because their creator may no longer run them, with why (logged once).
     suspended: HashMap<String, String>,
 }
 
 impl SinkSupervisor {
     pub fn new(ctx: SessionContext, interval: Duration, destinations: super::destination::Destinations) -> Self {
-        Self { ctx, interval, destinations, running: HashMap::new(), owners: None, suspended: HashMap::new() }
+        Self {
+            ctx,
+            interval,
+            destinations,
+            running: HashMap::new(),
+            owners: None,
+            key: None,
+            suspended: HashMap::new(),
+        }
+    }
+
+    /// Opens sealed sinks with `key` (`--sink-key-file`).
+    pub fn with_key(mut self, key: Option<Arc<super::sealed::SinkKey>>) -> Self {
+        self.key = key;
+        self
     }
 
     /// Runs a sink only while its creator may (see [`SinkOwners`]).
@@ -75,9 +90,10 @@ impl SinkSupervisor {
         for c in consumers {
             let Some(sink) = c.spec.sink.clone() else { continue };
             let name = c.spec.name.to_string();
-            if let Some(why) = refused(self.owners.as_deref(), &c) {
+            let opened = super::sealed::open(self.key.as_deref(), &sink).map_err(|e| e.to_string());
+            if let Some(why) = refused(self.owners.as_deref(), &c).or_else(|| opened.as_ref().err().cloned()) {
                 if self.suspended.get(&name) != Some(&why) {
-                    tracing::warn!(consumer = %name, reason = %why, "sink stopped: its creator may no longer run it");
+                    tracing::warn!(consumer = %name, reason = %why, "sink stopped: it may not run");
                 }
                 suspended.insert(name, why);
                 continue;
@@ -85,7 +101,11 @@ impl SinkSupervisor {
             if self.suspended.contains_key(&name) {
                 tracing::info!(consumer = %name, "sink runs again: its creator may run it");
             }
-            wanted.insert(name, (sink, c));
+            // Compared as stored (sealed), connected as opened.
+            let Ok(opened) = opened else { continue };
+            let mut c = c;
+            c.spec.sink = Some(opened.clone());
+            wanted.insert(name, (sink, opened, c));
         }
         for name in self.suspended.keys().filter(|n| !suspended.contains_key(*n)) {
             metrics::gauge!(SUSPENDED, "consumer" => name.clone()).set(0.0);
@@ -97,7 +117,7 @@ impl SinkSupervisor {
         let gone: Vec<String> = self
             .running
             .iter()
-            .filter(|(name, r)| r.task.is_finished() || wanted.get(*name).is_none_or(|(sink, _)| *sink != r.sink))
+            .filter(|(name, r)| r.task.is_finished() || wanted.get(*name).is_none_or(|(sink, _, _)| *sink != r.sink))
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
@@ -106,11 +126,11 @@ impl SinkSupervisor {
                 let _ = r.task.await;
             }
         }
-        for (name, (sink, consumer)) in wanted {
+        for (name, (sink, opened, consumer)) in wanted {
             if self.running.contains_key(&name) {
                 continue;
             }
-            let target: Arc<dyn super::Target> = super::connect(&sink.target, self.destinations.clone()).into();
+            let target: Arc<dyn super::Target> = super::connect(&opened.target, self.destinations.clone()).into();
             let stop = CancellationToken::new();
             let runner = SinkRunner::new(self.ctx.clone(), consumer, target);
             let task = tokio::spawn(runner.run(stop.clone()));

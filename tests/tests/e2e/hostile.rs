@@ -917,3 +917,53 @@ async fn received(partner: &outbox_tests::brokers::WebhookPartner, n: usize, wha
     })
     .await
 }
+
+/// Finding 16 (sink secrets at rest): with --sink-key-file, a sink's URL (its token, its query
+/// values) and a webhook's signing secret are sealed in `outbox.consumers`: the table holds
+/// none of them, answers show them redacted as before, and the sink still delivers, signed
+/// with its secret. An outboxd without the key does not run the sink, and says why.
+#[tokio::test]
+async fn sink_secrets_are_sealed_at_rest_with_the_operators_key() -> Result<()> {
+    use base64::Engine as _;
+    let store = TestStore::create(Backend::Postgres).await?;
+    let scratch = Scratch::new()?;
+    let key = base64::engine::general_purpose::STANDARD.encode([42u8; 64]);
+    let key_file = scratch.write("sink.key", &format!("{key}\n"))?;
+    let flags = ["--sink-poll", "100ms", "--sink-allow", "127.0.0.1/32", "--sink-key-file", s(&key_file)];
+    let srv = Outboxd::start(store.url(), &flags).await?;
+    let partner = outbox_tests::brokers::WebhookPartner::start().await?;
+    let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3";
+    let c = pb::Consumer { sink: Some(webhook_sink(&partner.url, secret)), ..consumer("to-partner", &["orders.*"]) };
+    let mut admin = srv.admin().await?;
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(c.clone()) }).await?;
+    // The same definition again is the same consumer (sealing is deterministic).
+    admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await?;
+
+    let db = sqlx::PgPool::connect(store.url()).await?;
+    let stored: String =
+        sqlx::query_scalar("SELECT sink::text FROM outbox.consumers WHERE name = 'to-partner'").fetch_one(&db).await?;
+    assert!(!stored.contains("q-s3cr3t") && !stored.contains("whsec_") && !stored.contains("127.0.0.1"), "{stored}");
+    assert!(stored.contains("sealed:v1:"), "{stored}");
+    let shown = admin.get_consumer(pb::GetConsumerRequest { consumer: "to-partner".into() }).await?.into_inner();
+    let shown = format!("{shown:?}");
+    assert!(shown.contains("127.0.0.1") && shown.contains("token=***") && !shown.contains("sealed:"), "{shown}");
+
+    let mut producer = srv.client().await?;
+    let req = pb::EnqueueRequest { topic: "orders.created".into(), r#type: "T".into(), ..Default::default() };
+    producer.enqueue(req).await?;
+    received(&partner, 1, "the sealed sink delivers").await?;
+    let first = &partner.received()[0];
+    assert!(first.headers.iter().any(|(k, _)| k == "webhook-signature"), "{:?}", first.headers);
+    drop(srv);
+
+    // Without the key, the sink cannot run: it says so, and nothing is sent.
+    let keyless = Outboxd::start(store.url(), &["--sink-poll", "100ms", "--sink-allow", "127.0.0.1/32"]).await?;
+    outbox_tests::eventually("the keyless outboxd to say why", Duration::from_secs(10), || {
+        let found = !keyless.log_lines(&["consumer=to-partner", "--sink-key-file"]).is_empty();
+        async move { Ok(found.then_some(())) }
+    })
+    .await?;
+    let shown = keyless.admin().await?.get_consumer(pb::GetConsumerRequest { consumer: "to-partner".into() }).await?;
+    assert!(!format!("{shown:?}").contains("sealed:"), "{shown:?}");
+    Ok(())
+}
