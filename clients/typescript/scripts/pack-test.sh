@@ -31,6 +31,8 @@ cd "$scratch/app"
 printf '{ "name": "pack-test-app", "private": true, "type": "module" }\n' >package.json
 npm install --no-audit --no-fund --loglevel=error "$tarball" >/dev/null
 [ ! -e "$scratch/proto" ] || { echo "pack-test: the scratch folder should have no proto/" >&2; exit 1; }
+# Its prepare script, should npm run it there (when allowed), does nothing and succeeds.
+(cd node_modules/@outboxd/client && npm run -s prepare) || { echo "pack-test: prepare fails in the installed package" >&2; exit 1; }
 
 port="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 "$outboxd" serve --database-url "sqlite://$scratch/outbox.db" --listen "127.0.0.1:$port" >"$scratch/outboxd.log" 2>&1 &
