@@ -1,41 +1,73 @@
 #!/usr/bin/env bash
-# The checkout saga demo in one command: builds what is needed (build.sh), starts outboxd and
-# the three services against DATABASE_URL, creates the consumers, and stops everything on
-# Ctrl-C.
+# The checkout saga demo in one command: prepares what is needed (build.sh: prebuilt binaries
+# when there are some, building only what is missing), starts outboxd and the three services
+# against DATABASE_URL, creates the consumers, and stops everything on Ctrl-C.
 #
 #   examples/checkout/run.sh [--style orchestration|choreography] [--limit AMOUNT]
+#                            [--grpc-port N] [--orders-port N] [--inventory-port N] [--payments-port N]
 #
 #   Orders     http://127.0.0.1:8080   (Rust)        POST /orders, GET /orders/{id}
 #   Inventory  http://127.0.0.1:8081   (Python)      GET /stock/{sku}
 #   Payments   http://127.0.0.1:8082   (TypeScript)  GET /payments/{order_id}
 #   outboxd    127.0.0.1:50051         (gRPC)
 #
+# Ports: --grpc-port (OUTBOXD_PORT, default 50051), --orders-port (ORDERS_PORT, 8080),
+# --inventory-port (INVENTORY_PORT, 8081), --payments-port (PAYMENTS_PORT, 8082); flags win.
 # DATABASE_URL defaults to the local PostgreSQL, database `checkout` (outboxd creates it).
-# Needs Rust, Python 3.11+, Node 20+ and the package registries (crates.io, PyPI, npm).
+# Binaries: OUTBOXD_BIN, OUTBOXCTL_BIN, ORDERS_BIN, or the newest build under
+# ${CARGO_TARGET_DIR:-target}/{release,debug}; cargo builds them only when missing or out of
+# date (CHECKOUT_BUILD=auto|never|always, CHECKOUT_PROFILE=debug|release; see build.sh).
+# Needs Python 3.11+ and Node 20+, the package registries on the first run, and Rust unless
+# the binaries are prebuilt.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 style=orchestration
 limit=1000
-usage() { sed -n '6p' "$0" | sed 's/^#  *//' >&2; exit 2; }
+grpc_port="${OUTBOXD_PORT:-50051}"
+orders_port="${ORDERS_PORT:-8080}"
+inventory_port="${INVENTORY_PORT:-8081}"
+payments_port="${PAYMENTS_PORT:-8082}"
+usage() { sed -n '6,7p' "$0" | sed 's/^#  *//' >&2; exit 2; }
+# `--flag VALUE` and `--flag=VALUE`: sets `value`, and how many arguments it took.
+flag_value() {
+  case "$1" in
+    *=*) value="${1#*=}"; took=1 ;;
+    *) [ $# -ge 2 ] || { echo "run.sh: $1 needs a value" >&2; usage; }; value="$2"; took=2 ;;
+  esac
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --style) style="${2:-}"; shift 2 || usage ;;
-    --style=*) style="${1#*=}"; shift ;;
-    --limit) limit="${2:-}"; shift 2 || usage ;;
-    --limit=*) limit="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --style|--style=*) flag_value "$@"; style="$value"; shift "$took" ;;
+    --limit|--limit=*) flag_value "$@"; limit="$value"; shift "$took" ;;
+    --grpc-port|--grpc-port=*) flag_value "$@"; grpc_port="$value"; shift "$took" ;;
+    --orders-port|--orders-port=*) flag_value "$@"; orders_port="$value"; shift "$took" ;;
+    --inventory-port|--inventory-port=*) flag_value "$@"; inventory_port="$value"; shift "$took" ;;
+    --payments-port|--payments-port=*) flag_value "$@"; payments_port="$value"; shift "$took" ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; usage ;;
   esac
 done
 case "$style" in orchestration|choreography) ;; *) echo "run.sh: --style is orchestration or choreography, got '$style'" >&2; exit 2 ;; esac
 [[ "$limit" =~ ^[0-9]+$ ]] || { echo "run.sh: --limit is a non-negative integer, got '$limit'" >&2; exit 2; }
+for p in "grpc-port:$grpc_port" "orders-port:$orders_port" "inventory-port:$inventory_port" "payments-port:$payments_port"; do
+  n="${p#*:}"
+  if ! [[ "$n" =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt 65535 ]; then
+    echo "run.sh: --${p%%:*} is a port from 1 to 65535, got '$n'" >&2
+    exit 2
+  fi
+done
+if [ "$(printf '%s\n' "$grpc_port" "$orders_port" "$inventory_port" "$payments_port" | sort -u | wc -l)" -ne 4 ]; then
+  echo "run.sh: the four ports must differ (grpc $grpc_port, orders $orders_port, inventory $inventory_port, payments $payments_port)" >&2
+  exit 2
+fi
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout}"
-export OUTBOXD_SERVER="http://127.0.0.1:50051"
+export OUTBOXD_SERVER="http://127.0.0.1:$grpc_port"
 # shellcheck source=build.sh
 source "$here/build.sh"
 
 pids=()
+names=()
 stop_all() {
   trap - EXIT INT TERM
   echo "checkout: stopping" >&2
@@ -51,14 +83,31 @@ start() {
   shift
   "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
   pids+=("$!")
+  names+=("$name")
 }
 
-# Polls until `check` succeeds, for at most `bound` seconds.
+# The pid `start` gave process `name`.
+pid_of() {
+  local i
+  for i in "${!names[@]}"; do
+    [ "${names[$i]}" = "$1" ] && { printf '%s' "${pids[$i]}"; return; }
+  done
+}
+
+# Polls until `check` succeeds, for at most `bound` seconds; fails at once if the process
+# `what` has exited meanwhile (its log, above, says why).
 wait_for() {
   local what=$1 bound=$2
   shift 2
-  local deadline=$((SECONDS + bound))
+  local deadline=$((SECONDS + bound)) pid
+  pid="$(pid_of "$what")"
   until "$@" >/dev/null 2>&1; do
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      local status=0
+      wait "$pid" 2>/dev/null || status=$?
+      echo "checkout: $what exited (status $status) before it was up; its log is above" >&2
+      exit 1
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "checkout: $what is not up after ${bound}s" >&2
       exit 1
@@ -68,20 +117,20 @@ wait_for() {
 }
 http_ok() { "$venv_python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1"; }
 
-start outboxd "$outboxd_bin" serve --database-url "$DATABASE_URL" --listen 127.0.0.1:50051
-wait_for outboxd 60 "$outboxd_bin" healthcheck --addr 127.0.0.1:50051
+start outboxd "$outboxd_bin" serve --database-url "$DATABASE_URL" --listen "127.0.0.1:$grpc_port"
+wait_for outboxd 60 "$outboxd_bin" healthcheck --addr "127.0.0.1:$grpc_port"
 OUTBOXCTL="$outboxctl_bin" bash "$here/consumers.sh"
 
-start orders "$orders_bin" --style "$style" --listen 127.0.0.1:8080
-start inventory "$venv_python" "$here/inventory/inventory.py" --listen 127.0.0.1:8081
-start payments node "$payments_js" --listen 127.0.0.1:8082 --limit "$limit"
-wait_for orders 30 http_ok http://127.0.0.1:8080/health
-wait_for inventory 30 http_ok http://127.0.0.1:8081/health
-wait_for payments 30 http_ok http://127.0.0.1:8082/health
+start orders "$orders_bin" --style "$style" --listen "127.0.0.1:$orders_port"
+start inventory "$venv_python" "$here/inventory/inventory.py" --listen "127.0.0.1:$inventory_port"
+start payments node "$payments_js" --listen "127.0.0.1:$payments_port" --limit "$limit"
+wait_for orders 30 http_ok "http://127.0.0.1:$orders_port/health"
+wait_for inventory 30 http_ok "http://127.0.0.1:$inventory_port/health"
+wait_for payments 30 http_ok "http://127.0.0.1:$payments_port/health"
 
 cat >&2 <<EOT
-checkout: running, style $style, payment limit $limit. Try:
-  curl -s -X POST http://127.0.0.1:8080/orders -H 'content-type: application/json' \\
+checkout: running, style $style, payment limit $limit (started in ${SECONDS}s). Try:
+  curl -s -X POST http://127.0.0.1:$orders_port/orders -H 'content-type: application/json' \\
        -H 'Idempotency-Key: demo-1' -d '{"sku": "SKU-1", "quantity": 2, "amount": 100}'
 Ctrl-C stops everything.
 EOT

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The checkout demo's end-to-end test: builds what run.sh builds (build.sh, with pytest in the
-# virtualenv), then runs tests/ with pytest against real processes: outboxd and the three
+# The checkout demo's end-to-end test: prepares what run.sh runs (build.sh, with pytest in the
+# virtualenv: the same prebuilt binaries, OUTBOXD_BIN, OUTBOXCTL_BIN, ORDERS_BIN or
+# ${CARGO_TARGET_DIR:-target}/{release,debug}, built only when missing or out of date; see
+# build.sh), then runs tests/ with pytest against real processes: outboxd and the three
 # services, on a fresh database per saga style in the PostgreSQL at OUTBOX_TEST_DATABASE_URL
 # (default postgres://postgres@127.0.0.1:5432/postgres). Arguments go to pytest;
 # `test.sh --measure [N]` instead measures N orders per style (tests/measure.py).

@@ -4,6 +4,7 @@ own, since it deletes what other tests' messages would be)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 
 from typing import Any
@@ -23,15 +24,19 @@ async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.Admi
     c = await admin.create_consumer(name, topics, max_deliveries=3, backoff_base=dt.timedelta(milliseconds=200),
                                     backoff_max=2, ack_deadline=5.5, start_from="earliest")
     assert (c.name, list(c.topics), c.max_deliveries, c.start_from) == (name, topics, 3, pb.Consumer.EARLIEST)
-    assert (c.backoff_base.ToMilliseconds(), c.backoff_max.seconds, c.ack_deadline.ToMilliseconds()) == (200, 2, 5500)
-    assert c.HasField("created_at") and not c.paused
+    assert c.start_from is outboxd.StartFrom.EARLIEST
+    assert (c.backoff_base, c.backoff_max, c.ack_deadline) == (
+        dt.timedelta(milliseconds=200), dt.timedelta(seconds=2), dt.timedelta(seconds=5.5))
+    assert c.created_at is not None and c.created_at.tzinfo is not None and not c.paused
+    # The protobuf message it came from, for what the dataclass does not show.
+    assert c.raw.backoff_base.ToMilliseconds() == 200 and c.raw.HasField("created_at")
     # The same definition again is fine (safe at every start); another one is refused.
     assert (await admin.create_consumer(name, topics, max_deliveries=3, backoff_base=0.2, backoff_max=2,
                                         ack_deadline=5.5, start_from="earliest")).name == name
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await admin.create_consumer(name, ["other.topic"])
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert (await admin.get_consumer(name)).topics == topics
+    assert (await admin.get_consumer(name)).topics == tuple(topics)
     assert name in [x.name for x in await admin.list_consumers()]
     assert (await admin.pause_consumer(name)).paused
     assert (await admin.get_stats(name)).consumers[0].paused
@@ -47,8 +52,12 @@ async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.Admi
     hooked = unique("hooked")
     sink = pb.Sink(webhook=pb.WebhookSink(url="http://127.0.0.1:9/hook", secret="whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"))
     got = await admin.create_consumer(hooked, [topic_for(hooked)], sink=sink)
-    assert got.sink.webhook.url == "http://127.0.0.1:9/hook" and got.sink.webhook.secret == "***"
+    assert got.sink is not None
+    assert (got.sink.kind, got.sink.url, got.sink.secret) == ("webhook", "http://127.0.0.1:9/hook", "***")
     assert (await admin.get_stats(hooked)).consumers[0].sink == "webhook"
+    # The same definition as an outboxd.Sink.
+    typed = outboxd.Sink("webhook", "http://127.0.0.1:9/hook", secret="whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY")
+    assert (await admin.create_consumer(hooked, [topic_for(hooked)], sink=typed)).sink == got.sink
     await admin.delete_consumer(hooked)
     with pytest.raises(ValueError, match="start_from"):
         await admin.create_consumer(name, ["t"], start_from="latest")  # type: ignore[arg-type]
@@ -107,7 +116,7 @@ async def _dead(admin: outboxd.AdminClient, name: str, n: int) -> bool:
 
 async def test_tail_shows_messages_as_they_commit(admin: outboxd.AdminClient, database_url: str) -> None:
     topic = topic_for(unique("tail"))
-    got: asyncio.Queue[outboxd.pb.admin.Message] = asyncio.Queue()
+    got: asyncio.Queue[outboxd.Message] = asyncio.Queue()
 
     async def watch() -> None:
         async for m in admin.tail([topic]):
@@ -117,7 +126,7 @@ async def test_tail_shows_messages_as_they_commit(admin: outboxd.AdminClient, da
     try:
         # Tail starts at the newest message: enqueue until one shows (the stream may not be
         # open yet when the first commits).
-        async def shown() -> outboxd.pb.admin.Message | None:
+        async def shown() -> outboxd.Message | None:
             commit_enqueue(database_url, topic, 1, type="Tailed")
             try:
                 return await asyncio.wait_for(got.get(), 0.5)
@@ -150,3 +159,53 @@ def test_the_admin_client_works_from_synchronous_code(server: Outboxd) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as e:
             admin.get_consumer(name)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_answers_are_frozen_dataclasses_with_a_readable_repr(
+    admin: outboxd.AdminClient, server: Outboxd, database_url: str,
+) -> None:
+    name = unique("typed")
+    topic = topic_for(name)
+    c = await admin.create_consumer(name, [topic], max_deliveries=1, ack_deadline=dt.timedelta(seconds=30),
+                                    start_from=outboxd.StartFrom.EARLIEST)
+    assert isinstance(c, outboxd.Consumer) and c.start_from is outboxd.StartFrom.EARLIEST
+    assert repr(c).startswith(f"Consumer(name='{name}', topics=('{topic}',), max_deliveries=1, ")
+    assert "ack_deadline=datetime.timedelta(seconds=30)" in repr(c) and "start_from=StartFrom.EARLIEST" in repr(c)
+    assert "raw" not in repr(c)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.name = "other"  # type: ignore[misc]
+    assert c == await admin.get_consumer(name) and c in await admin.list_consumers()
+
+    [mid] = commit_enqueue(database_url, topic, 1, type="Typed")
+    info = await admin.get_message(mid)
+    assert isinstance(info, outboxd.MessageInfo) and isinstance(info.message, outboxd.Message)
+    assert (info.message.message_id, info.message.type, info.message.seq > 0) == (mid, "Typed", True)
+    assert isinstance(info.message.payload, bytes) and info.message.enqueued_at is not None
+    assert repr(info.message).startswith(f"Message(message_id='{mid}', seq=")
+
+    async def nack(d: outboxd.Delivery) -> None:
+        raise RuntimeError("typed poison")
+
+    async with running(outboxd.Subscriber(server.endpoint, name, nack)):
+        await eventually("dead", lambda: _dead(admin, name, 1))
+    state = (await admin.get_message(mid)).deliveries[0]
+    assert isinstance(state, outboxd.DeliveryState) and state.state is outboxd.DeliveryStatus.DEAD
+    assert int(state.state) == pb.DeliveryState.DEAD and state.dead_at is not None
+    assert "state=DeliveryStatus.DEAD" in repr(state) and "last_error='typed poison'" in repr(state)
+    stats = await admin.get_stats(name)
+    assert isinstance(stats, outboxd.Stats) and isinstance(stats.consumers, tuple)
+    [cs] = stats.consumers
+    assert isinstance(cs, outboxd.ConsumerStats) and (cs.consumer, cs.dead, cs.backlog) == (name, 1, 0)
+    assert all(isinstance(t, outboxd.TableStats) for t in stats.tables)
+    assert repr(cs).startswith(f"ConsumerStats(consumer='{name}', backlog=0, in_flight=0, retrying=0, dead=1, ")
+    page = await admin.list_dead_letters(name)
+    assert isinstance(page, outboxd.DeadLetterPage) and page.next_page_token == ""
+    [dead] = page.dead_letters
+    assert isinstance(dead, outboxd.DeadLetter) and dead.message.message_id == mid and dead.last_error == "typed poison"
+    replayed = await admin.replay(name, dead_letters=True, dry_run=True)
+    assert isinstance(replayed, outboxd.ReplayResult) and (replayed.selected, replayed.dry_run) == (1, True)
+    with pytest.raises(TypeError, match="consumer name"):
+        await admin.get_stats({"consumer": name})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="consumer name"):
+        await admin.get_consumer({"name": name})  # type: ignore[arg-type]
+    await admin.delete_consumer(name)

@@ -20,7 +20,7 @@ from support import Outboxd, acked, commit_enqueue, eventually, running, topic_f
 STATE = outboxd.pb.admin.DeliveryState
 
 
-async def stats(admin: outboxd.AdminClient, consumer: str) -> outboxd.pb.admin.ConsumerStats:
+async def stats(admin: outboxd.AdminClient, consumer: str) -> outboxd.ConsumerStats:
     return (await admin.get_stats(consumer)).consumers[0]
 
 

@@ -1,10 +1,12 @@
 // The admin client: one method per OutboxAdmin RPC, camelCase, each returning a promise (the
-// two streaming RPCs an async iterable). Answers are the generated message types.
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
+// two streaming RPCs an async iterable). Answers are the generated message types, each with a
+// `toJSON` (so `JSON.stringify(answer)` writes its canonical proto3 JSON: int64 as strings).
+import { create, type MessageInitShape, type Message as PbMessage } from "@bufbuild/protobuf";
 import { DurationSchema, durationFromMs, timestampFromDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client } from "@connectrpc/connect";
 
 import { Connection, type ConnectionOptions } from "./connection.js";
+import { withToJSON } from "./json.js";
 import {
   ConsumerSchema,
   Consumer_StartFrom,
@@ -57,6 +59,11 @@ export interface ReplayOptions {
   types?: string[];
   topics?: string[];
   maxPerSecond?: number;
+}
+
+/** What `getStats` takes besides a consumer's name: `{ consumer }` (absent: every consumer). */
+export interface StatsOptions {
+  consumer?: string;
 }
 
 /** Options of a streaming call: an `AbortSignal` ends it. */
@@ -139,16 +146,16 @@ export class AdminClient {
         startFrom: startFrom(from),
       },
     });
-    return required(res.consumer, "CreateConsumer");
+    return withToJSON(required(res.consumer, "CreateConsumer"));
   }
 
   async getConsumer(name: string): Promise<Consumer> {
     const res = await this.rpc.getConsumer({ consumer: consumerName("name", name) });
-    return required(res.consumer, "GetConsumer");
+    return withToJSON(required(res.consumer, "GetConsumer"));
   }
 
   async listConsumers(): Promise<Consumer[]> {
-    return (await this.rpc.listConsumers({})).consumers;
+    return (await this.rpc.listConsumers({})).consumers.map(withToJSON);
   }
 
   /** Deletes a consumer and its inbox rows. */
@@ -159,17 +166,27 @@ export class AdminClient {
   /** A paused consumer keeps collecting deliveries, and streams get none of them. */
   async pauseConsumer(name: string): Promise<Consumer> {
     const res = await this.rpc.pauseConsumer({ consumer: consumerName("name", name) });
-    return required(res.consumer, "PauseConsumer");
+    return withToJSON(required(res.consumer, "PauseConsumer"));
   }
 
   async resumeConsumer(name: string): Promise<Consumer> {
     const res = await this.rpc.resumeConsumer({ consumer: consumerName("name", name) });
-    return required(res.consumer, "ResumeConsumer");
+    return withToJSON(required(res.consumer, "ResumeConsumer"));
   }
 
-  /** The relay's backlog, each consumer's counts, and outboxd's tables; one consumer if named. */
-  async getStats(consumer?: string): Promise<GetStatsResponse> {
-    return this.rpc.getStats({ consumer: consumer ?? "" });
+  /**
+   * The relay's backlog, each consumer's counts, and outboxd's tables; one consumer's if named,
+   * as a string (`getStats("billing")`) or an object (`getStats({ consumer: "billing" })`).
+   */
+  async getStats(consumer?: string | StatsOptions): Promise<GetStatsResponse> {
+    let name: unknown = consumer;
+    if (consumer !== null && typeof consumer === "object" && !Array.isArray(consumer)) {
+      name = (consumer as StatsOptions).consumer;
+    }
+    if (name !== undefined && typeof name !== "string") {
+      throw new TypeError(`getStats: expected a consumer name (string) or { consumer: string }, got ${typeOf(consumer)}`);
+    }
+    return withToJSON(await this.rpc.getStats({ consumer: name ?? "" }));
   }
 
   /** One page of a consumer's dead letters; pass `nextPageToken` back for the next. */
@@ -177,11 +194,13 @@ export class AdminClient {
     consumer: string,
     page: { pageSize?: number; pageToken?: string } = {},
   ): Promise<ListDeadLettersResponse> {
-    return this.rpc.listDeadLetters({
-      consumer: consumerName("consumer", consumer),
-      pageSize: page.pageSize ?? 0,
-      pageToken: page.pageToken ?? "",
-    });
+    return withToJSON(
+      await this.rpc.listDeadLetters({
+        consumer: consumerName("consumer", consumer),
+        pageSize: page.pageSize ?? 0,
+        pageToken: page.pageToken ?? "",
+      }),
+    );
   }
 
   /** Every dead letter of a consumer, page after page. */
@@ -189,34 +208,37 @@ export class AdminClient {
     let pageToken = "";
     do {
       const page = await this.listDeadLetters(consumer, { pageSize, pageToken });
-      yield* page.deadLetters;
+      yield* page.deadLetters.map(withToJSON);
       pageToken = page.nextPageToken;
     } while (pageToken !== "");
   }
 
   /** A message and its delivery state for each consumer; NOT_FOUND if unknown. */
   async getMessage(messageId: string): Promise<GetMessageResponse> {
-    return this.rpc.getMessage({ messageId });
+    if (typeof messageId !== "string" || messageId === "") {
+      throw new TypeError(`getMessage: expected a message id (a UUID string), got ${typeOf(messageId)}`);
+    }
+    return withToJSON(await this.rpc.getMessage({ messageId }));
   }
 
   /** Makes the selected deliveries due again, bypassing the inbox; resolves when done. */
   async replay(consumer: string, options: ReplayOptions): Promise<ReplayResponse> {
-    return this.rpc.replay(replayRequest(consumer, options));
+    return withToJSON(await this.rpc.replay(replayRequest(consumer, options)));
   }
 
   /** `replay` with progress: one `ReplayProgress` after the count and after each batch. */
   replayStream(consumer: string, options: ReplayOptions, call: StreamOptions = {}): AsyncIterable<ReplayProgress> {
-    return this.rpc.replayStream(replayRequest(consumer, options), { signal: call.signal });
+    return mapStream(this.rpc.replayStream(replayRequest(consumer, options), { signal: call.signal }));
   }
 
   /** Deletes relayed messages older than `olderThan` (default: the server's retention). */
   async prune(options: { olderThan?: DurationInput } = {}): Promise<PruneResponse> {
-    return this.rpc.prune({ olderThan: duration("olderThan", options.olderThan) });
+    return withToJSON(await this.rpc.prune({ olderThan: duration("olderThan", options.olderThan) }));
   }
 
   /** Messages as they are committed, for watching (best effort); end it with `signal`. */
   tail(options: { topics?: string[] } & StreamOptions = {}): AsyncIterable<Message> {
-    return this.rpc.tail({ topics: options.topics ?? [] }, { signal: options.signal });
+    return mapStream(this.rpc.tail({ topics: options.topics ?? [] }, { signal: options.signal }));
   }
 
   /** Closes the connection (and any stream still open on it). */
@@ -241,6 +263,23 @@ function replayRequest(consumer: string, o: ReplayOptions) {
     topics: o.topics ?? [],
     maxPerSecond: o.maxPerSecond ?? 0,
   };
+}
+
+/** The messages of a server stream, each with its `toJSON`. */
+async function* mapStream<T extends PbMessage>(stream: AsyncIterable<T>): AsyncGenerator<T> {
+  for await (const m of stream) {
+    yield withToJSON(m);
+  }
+}
+
+function typeOf(value: unknown): string {
+  if (value === null) {
+    return "null";
+  }
+  if (Array.isArray(value)) {
+    return "an array";
+  }
+  return typeof value === "object" ? `an object ${JSON.stringify(Object.keys(value))}` : `${typeof value} ${String(value)}`;
 }
 
 function required<T>(value: T | undefined, rpc: string): T {

@@ -15,9 +15,12 @@ export {
   type ConsumerInput,
   type DurationInput,
   type ReplayOptions,
+  type StatsOptions,
   type StreamOptions,
   type TimestampInput,
 } from "./admin.js";
+// The JSON form of answers (canonical proto3 JSON: int64 as strings); answers' own toJSON uses it.
+export { messageToJson, messageToJsonString, type MessageJsonOptions } from "./json.js";
 export type { ConnectionOptions, TlsOptions, TokenSource } from "./connection.js";
 // Errors from outboxd are ConnectErrors: `err.code === Code.NotFound`, `err.rawMessage`.
 export { Code, ConnectError } from "@connectrpc/connect";

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { after, test } from "node:test";
 
-import { Code, ConnectError, Subscriber, ackIn, enqueue, pb } from "@outboxd/client";
+import { Code, ConnectError, Subscriber, ackIn, enqueue, messageToJson, messageToJsonString, pb } from "@outboxd/client";
 
 import { eventually, failure, startStack } from "./harness.js";
 
@@ -147,4 +147,39 @@ test("tail shows messages as they commit; prune deletes acked ones older than th
   });
   assert.ok(pruned.deliveriesDeleted >= 0n);
   assert.equal((await failure(admin.getMessage(ids[0]!))).code, Code.NotFound);
+});
+
+test("answers are JSON: int64 as strings (the canonical proto3 mapping); getStats takes a name or { consumer }", async () => {
+  await admin.createConsumer({ name: "jsonable", topics: ["jsonable.>"], ackDeadline: 1500, startFrom: "EARLIEST" });
+  await sql.query("BEGIN");
+  const id = await enqueue(sql, { topic: "jsonable.created", type: "Json", payload: "{}" });
+  await sql.query("COMMIT");
+
+  const byName = await admin.getStats("jsonable");
+  const byOptions = await admin.getStats({ consumer: "jsonable" });
+  assert.deepEqual(byOptions.consumers.map((c) => c.consumer), ["jsonable"]);
+  assert.deepEqual(byName.consumers.map((c) => c.consumer), ["jsonable"]);
+  assert.ok((await admin.getStats({})).consumers.length > 1, "{} is every consumer, as no argument is");
+  for (const bad of [42, ["jsonable"], { consumer: 7 }, null]) {
+    await assert.rejects(admin.getStats(bad as never), (e: Error) => e instanceof TypeError && /a consumer name \(string\) or \{ consumer: string \}/.test(e.message));
+  }
+  await assert.rejects(admin.getMessage({ messageId: id } as never), TypeError);
+
+  const stats = JSON.parse(JSON.stringify(byName));
+  assert.equal(typeof stats.unrelayed === "string" || stats.unrelayed === undefined, true);
+  assert.equal(stats.consumers[0].consumer, "jsonable");
+  const got = await admin.getMessage(id);
+  const json = JSON.parse(JSON.stringify(got));
+  assert.equal(json.message.messageId, id);
+  assert.equal(json.message.seq, String(got.message?.seq));
+  assert.match(json.message.enqueuedAt, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$/);
+  assert.equal(json.message.payload, Buffer.from("{}").toString("base64"));
+  assert.deepEqual(messageToJson(got), json);
+  assert.equal(messageToJsonString(got), JSON.stringify(got));
+  const consumer = JSON.parse(JSON.stringify(await admin.getConsumer("jsonable")));
+  assert.deepEqual([consumer.startFrom, consumer.ackDeadline], ["EARLIEST", "1.500s"]);
+  assert.deepEqual(JSON.parse(JSON.stringify(await admin.listConsumers())).map((c: { name: string }) => c.name).includes("jsonable"), true);
+  // The toJSON is not a field: spreading and equality ignore it.
+  assert.equal(Object.keys(got).includes("toJSON"), false);
+  assert.throws(() => messageToJson({ id: 1n } as never), TypeError);
 });

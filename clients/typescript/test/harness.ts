@@ -2,7 +2,7 @@
 // polling with a bound instead of sleeping.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -23,6 +23,16 @@ export const repoRoot: string = (() => {
   }
   return dir;
 })();
+
+/** The TypeScript blocks of docs/clients/typescript.md, in order. */
+export function docsExamples(): string[] {
+  const doc = readFileSync(join(repoRoot, "docs", "clients", "typescript.md"), "utf8");
+  const blocks = [...doc.matchAll(/^```ts\n([\s\S]*?)^```$/gm)].map((m) => m[1] ?? "");
+  if (blocks.length === 0) {
+    throw new Error("docs/clients/typescript.md has no TypeScript examples");
+  }
+  return blocks;
+}
 
 export const adminUrl = process.env.OUTBOX_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 

@@ -4,12 +4,12 @@
 // JavaScript and type-checked TypeScript.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { after, test } from "node:test";
 
-import { repoRoot } from "./harness.js";
+import { docsExamples, repoRoot } from "./harness.js";
 
 const scratch = mkdtempSync(join(tmpdir(), "outboxd-ts-package-"));
 after(() => rmSync(scratch, { recursive: true, force: true }));
@@ -37,8 +37,8 @@ test("npm install of the folder from a scratch project builds it and the package
   const out = execFileSync("node", ["main.mjs"], { cwd: app, encoding: "utf8" });
   assert.equal(out.trim(), "function function function function");
   // The declarations resolve through the package's exports and type-check a typical use, and
-  // the example of docs/clients/typescript.md.
-  writeFileSync(join(app, "readme.ts"), readmeExample());
+  // every example of docs/clients/typescript.md.
+  docsExamples().forEach((code, i) => writeFileSync(join(app, `docs-${i + 1}.ts`), `${code}\nexport {};\n`));
   execFileSync(join(pkg, "node_modules", ".bin", "tsc"), ["-p", "."], { cwd: app, stdio: ["ignore", "inherit", "inherit"] });
   writeFileSync(join(app, "bad.ts"), 'import { enqueue } from "@outboxd/client";\nenqueue(null as never, { topic: 1 });\n');
   assert.throws(
@@ -46,11 +46,3 @@ test("npm install of the folder from a scratch project builds it and the package
     "a mistyped call is a type error",
   );
 });
-
-/** The first TypeScript block of the TypeScript client's page, docs/clients/typescript.md. */
-function readmeExample(): string {
-  const page = readFileSync(join(repoRoot, "docs", "clients", "typescript.md"), "utf8");
-  const code = page.split("```ts\n")[1]?.split("\n```")[0];
-  assert.ok(code, "docs/clients/typescript.md has a TypeScript example");
-  return `${code}\nexport {};\n`;
-}

@@ -4,7 +4,9 @@
   (psycopg 3 on PostgreSQL, `sqlite3` on outboxd's SQLite file).
 - `ack_in(conn, consumer, message_id)`: the transactional ack.
 - `Subscriber(server, consumer, handler, ...)`: an asyncio consumer; `await run()`, `stop()`.
-- `AdminClient(server, token=None, tls=None)`: the admin API.
+- `AdminClient(server, token=None, tls=None)`: the admin API; its answers are the frozen
+  dataclasses `Consumer`, `Stats`, `MessageInfo`, `DeadLetterPage`, ... (each keeps its
+  protobuf message in `.raw`).
 - `pb`: the generated protobuf messages and stubs.
 """
 
@@ -14,15 +16,47 @@ from outboxd._connection import TLSConfig, __version__
 from outboxd._errors import ConfigError, InvalidMessage, OutboxdError
 from outboxd._produce import ack_in, enqueue, uuid7
 from outboxd._subscriber import Delivery, Handler, Subscriber
+from outboxd._types import (
+    Consumer,
+    ConsumerStats,
+    DeadLetter,
+    DeadLetterPage,
+    DeliveryState,
+    DeliveryStatus,
+    Message,
+    MessageInfo,
+    PruneResult,
+    ReplayProgress,
+    ReplayResult,
+    Sink,
+    StartFrom,
+    Stats,
+    TableStats,
+)
 
 __all__ = [
     "AdminClient",
     "ConfigError",
+    "Consumer",
+    "ConsumerStats",
+    "DeadLetter",
+    "DeadLetterPage",
     "Delivery",
+    "DeliveryState",
+    "DeliveryStatus",
     "Handler",
     "InvalidMessage",
+    "Message",
+    "MessageInfo",
     "OutboxdError",
+    "PruneResult",
+    "ReplayProgress",
+    "ReplayResult",
+    "Sink",
+    "StartFrom",
+    "Stats",
     "Subscriber",
+    "TableStats",
     "TLSConfig",
     "__version__",
     "ack_in",

@@ -1,5 +1,5 @@
 """The admin API (`outbox.v1.OutboxAdmin`), one method per RPC, for asyncio code and for plain
-synchronous code alike."""
+synchronous code alike. Answers are the typed dataclasses of `_types`, converted here."""
 
 from __future__ import annotations
 
@@ -17,6 +17,19 @@ from outboxd._connection import StrPath, TLSOption, Token, open_channel, parse_t
 from outboxd._convert import Seconds, duration, timestamp
 from outboxd._proto.outbox.v1 import admin_pb2 as pb
 from outboxd._proto.outbox.v1 import admin_pb2_grpc as pb_grpc
+from outboxd._types import (
+    Consumer,
+    DeadLetter,
+    DeadLetterPage,
+    Message,
+    MessageInfo,
+    PruneResult,
+    ReplayProgress,
+    ReplayResult,
+    Sink,
+    StartFrom as StartFromEnum,
+    Stats,
+)
 
 StartFrom = Literal["new", "earliest"]
 
@@ -37,6 +50,7 @@ class ReplaySelection(TypedDict, total=False):
     dry_run: bool
     allow_beyond_retention: bool
     max_per_second: int
+
 _START_FROM = {"new": pb.Consumer.NEW, "earliest": pb.Consumer.EARLIEST}
 
 _F = TypeVar("_F", bound=Callable[..., Coroutine[Any, Any, Any]])
@@ -157,14 +171,16 @@ class AdminClient:
         backoff_base: Seconds | None = None,
         backoff_max: Seconds | None = None,
         ack_deadline: Seconds | None = None,
-        start_from: StartFrom = "new",
+        start_from: StartFrom | StartFromEnum = "new",
         paused: bool = False,
-        sink: pb.Sink | None = None,
-    ) -> pb.Consumer:
+        sink: Sink | pb.Sink | None = None,
+    ) -> Consumer:
         """Creates a durable consumer; creating it again with the same definition returns it,
         a different definition is ALREADY_EXISTS. Zero and None mean the server's defaults
         (10 deliveries, backoff 1 s to 5 min, ack deadline 30 s). `sink` makes outboxd deliver
-        the consumer itself (`pb.admin.Sink`, see the proto)."""
+        the consumer itself (an `outboxd.Sink`, or a `pb.admin.Sink`; see the proto)."""
+        if isinstance(start_from, StartFromEnum):
+            start_from = "earliest" if start_from == StartFromEnum.EARLIEST else "new"
         if start_from not in _START_FROM:
             raise ValueError(f"start_from must be 'new' or 'earliest', got {start_from!r}")
         if isinstance(topics, str):
@@ -178,61 +194,66 @@ class AdminClient:
         if ack_deadline is not None:
             c.ack_deadline.CopyFrom(duration(ack_deadline, "ack_deadline"))
         if sink is not None:
-            c.sink.CopyFrom(sink)
+            c.sink.CopyFrom(sink.to_pb() if isinstance(sink, Sink) else sink)
         stub, md = self._rpc()
         resp = await stub.CreateConsumer(pb.CreateConsumerRequest(consumer=c), metadata=md, timeout=self._timeout)
-        return resp.consumer
+        return Consumer.from_pb(resp.consumer)
 
     @_either
-    async def get_consumer(self, name: str) -> pb.Consumer:
+    async def get_consumer(self, name: str) -> Consumer:
         stub, md = self._rpc()
-        resp = await stub.GetConsumer(pb.GetConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
-        return resp.consumer
+        resp = await stub.GetConsumer(pb.GetConsumerRequest(consumer=_name(name)), metadata=md, timeout=self._timeout)
+        return Consumer.from_pb(resp.consumer)
 
     @_either
-    async def list_consumers(self) -> list[pb.Consumer]:
+    async def list_consumers(self) -> list[Consumer]:
         stub, md = self._rpc()
         resp = await stub.ListConsumers(pb.ListConsumersRequest(), metadata=md, timeout=self._timeout)
-        return list(resp.consumers)
+        return [Consumer.from_pb(c) for c in resp.consumers]
 
     @_either
     async def delete_consumer(self, name: str) -> None:
         """Deletes a consumer and its inbox rows."""
         stub, md = self._rpc()
-        await stub.DeleteConsumer(pb.DeleteConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
+        await stub.DeleteConsumer(pb.DeleteConsumerRequest(consumer=_name(name)), metadata=md, timeout=self._timeout)
 
     @_either
-    async def pause_consumer(self, name: str) -> pb.Consumer:
+    async def pause_consumer(self, name: str) -> Consumer:
         stub, md = self._rpc()
-        resp = await stub.PauseConsumer(pb.PauseConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
-        return resp.consumer
+        resp = await stub.PauseConsumer(pb.PauseConsumerRequest(consumer=_name(name)), metadata=md,
+                                        timeout=self._timeout)
+        return Consumer.from_pb(resp.consumer)
 
     @_either
-    async def resume_consumer(self, name: str) -> pb.Consumer:
+    async def resume_consumer(self, name: str) -> Consumer:
         stub, md = self._rpc()
-        resp = await stub.ResumeConsumer(pb.ResumeConsumerRequest(consumer=name), metadata=md, timeout=self._timeout)
-        return resp.consumer
+        resp = await stub.ResumeConsumer(pb.ResumeConsumerRequest(consumer=_name(name)), metadata=md,
+                                         timeout=self._timeout)
+        return Consumer.from_pb(resp.consumer)
 
     # Watching
 
     @_either
-    async def get_stats(self, consumer: str | None = None) -> pb.GetStatsResponse:
+    async def get_stats(self, consumer: str | None = None) -> Stats:
         """Unrelayed messages and per consumer backlog, in flight, retrying, dead, acked; only
         `consumer`'s when given."""
+        if consumer is not None and not isinstance(consumer, str):
+            raise TypeError(f"consumer: expected a consumer name (str) or None, got {type(consumer).__name__}")
         stub, md = self._rpc()
-        return await stub.GetStats(pb.GetStatsRequest(consumer=consumer or ""), metadata=md, timeout=self._timeout)
+        resp = await stub.GetStats(pb.GetStatsRequest(consumer=consumer or ""), metadata=md, timeout=self._timeout)
+        return Stats.from_pb(resp)
 
     @_either
     async def list_dead_letters(
         self, consumer: str, *, page_size: int = 0, page_token: str = "",
-    ) -> pb.ListDeadLettersResponse:
+    ) -> DeadLetterPage:
         """One page (`page_size` at most 1000; 0 means 100); `next_page_token` is empty on the
         last. `dead_letters()` walks every page."""
         stub, md = self._rpc()
-        req = pb.ListDeadLettersRequest(consumer=consumer, page_size=page_size, page_token=page_token)
-        return await stub.ListDeadLetters(req, metadata=md, timeout=self._timeout)
+        req = pb.ListDeadLettersRequest(consumer=_name(consumer), page_size=page_size, page_token=page_token)
+        return DeadLetterPage.from_pb(await stub.ListDeadLetters(req, metadata=md, timeout=self._timeout))
 
-    async def dead_letters(self, consumer: str, *, page_size: int = 0) -> AsyncIterator[pb.DeadLetter]:
+    async def dead_letters(self, consumer: str, *, page_size: int = 0) -> AsyncIterator[DeadLetter]:
         """Every dead letter of `consumer`, page by page."""
         token = ""
         while True:
@@ -244,20 +265,21 @@ class AdminClient:
                 return
 
     @_either
-    async def get_message(self, message_id: str) -> pb.GetMessageResponse:
+    async def get_message(self, message_id: str) -> MessageInfo:
         """A message with its delivery row per consumer."""
         stub, md = self._rpc()
-        return await stub.GetMessage(pb.GetMessageRequest(message_id=str(message_id)), metadata=md,
+        resp = await stub.GetMessage(pb.GetMessageRequest(message_id=str(message_id)), metadata=md,
                                      timeout=self._timeout)
+        return MessageInfo.from_pb(resp)
 
-    async def tail(self, topics: Iterable[str] | None = None) -> AsyncIterator[pb.Message]:
+    async def tail(self, topics: Iterable[str] | None = None) -> AsyncIterator[Message]:
         """Messages as they commit (best effort, consuming nothing), until the caller stops
         iterating."""
         stub, md = self._rpc()
         call = stub.Tail(pb.TailRequest(topics=list(topics or [])), metadata=md)
         try:
             async for m in call:
-                yield m
+                yield Message.from_pb(m)
         finally:
             call.cancel()
 
@@ -266,35 +288,44 @@ class AdminClient:
     @_either
     async def replay(
         self, consumer: str, *, timeout: float | None = None, **selection: Unpack[ReplaySelection],
-    ) -> pb.ReplayResponse:
+    ) -> ReplayResult:
         """Makes deliveries due again for `consumer`, bypassing its inbox: by `message_ids`
         (alone), or by `dead_letters` and/or the enqueue-time range, narrowed by `types` and
         `topics` (see `ReplaySelection`). Returns when done, with how many were replayed."""
         stub, md = self._rpc()
-        return await stub.Replay(_replay_request(consumer, selection), metadata=md, timeout=timeout)
+        return ReplayResult.from_pb(await stub.Replay(_replay_request(consumer, selection), metadata=md,
+                                                      timeout=timeout))
 
     async def replay_stream(
         self, consumer: str, **selection: Unpack[ReplaySelection],
-    ) -> AsyncIterator[pb.ReplayProgress]:
+    ) -> AsyncIterator[ReplayProgress]:
         """`replay` with progress after the count and after each batch, the last with
         `done=True`. Leaving the iteration early stops the replay after the current batch."""
         stub, md = self._rpc()
         call = stub.ReplayStream(_replay_request(consumer, selection), metadata=md)
         try:
             async for p in call:
-                yield p
+                yield ReplayProgress.from_pb(p)
         finally:
             call.cancel()
 
     @_either
-    async def prune(self, older_than: Seconds | None = None) -> pb.PruneResponse:
+    async def prune(self, older_than: Seconds | None = None) -> PruneResult:
         """Deletes relayed, fully acked messages older than `older_than` (default: the server's
         retention, 7 days unless configured)."""
         req = pb.PruneRequest()
         if older_than is not None:
             req.older_than.CopyFrom(duration(older_than, "older_than"))
         stub, md = self._rpc()
-        return await stub.Prune(req, metadata=md, timeout=self._timeout)
+        return PruneResult.from_pb(await stub.Prune(req, metadata=md, timeout=self._timeout))
+
+
+def _name(name: str) -> str:
+    """A consumer's name, refused before the call when it is not a string (a dict or a list
+    would otherwise reach protobuf, or the server, as something else)."""
+    if not isinstance(name, str):
+        raise TypeError(f"expected a consumer name (str), got {type(name).__name__}")
+    return name
 
 
 def _replay_request(consumer: str, sel: ReplaySelection) -> pb.ReplayRequest:
