@@ -9,7 +9,8 @@
 //! sink is created and to an internal one later (DNS rebinding) is refused at the connection
 //! it would make. RabbitMQ and NATS clients resolve names themselves: their URL's addresses
 //! are checked just before each connection (a rebinding in the milliseconds between the two
-//! look-ups is not closed for those two kinds).
+//! look-ups is not closed for those two kinds), and a NATS client never follows the servers its
+//! server advertises.
 use std::net::{IpAddr, SocketAddr};
 
 /// The destinations sinks may reach.

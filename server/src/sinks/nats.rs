@@ -97,6 +97,9 @@ impl Nats {
             // Reconnecting is this target's job (see the module's comment): one try at most
             // in the background, and the client is retired at the first disconnect anyway.
             .max_reconnects(1)
+            // Only the URL's server, never one the server advertises: a sink's creator may run
+            // that server, and its INFO could name an internal address the check never saw.
+            .ignore_discovered_servers()
             .event_callback(move |event| {
                 if matches!(event, async_nats::Event::Disconnected | async_nats::Event::Closed) {
                     lost_tx.send_replace(true);

@@ -999,7 +999,14 @@ impl Driver for PgDriver {
                                          WHERE p.consumer = c.name)) AS backlog,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased')
                     + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.lease_batches b, unnest(b.seqs) r
-                                 WHERE b.consumer = c.name), 0)::bigint AS in_flight,
+                                 WHERE b.consumer = c.name), 0)::bigint
+                    -- Acked in the consumer's transaction while still in a lease batch (the
+                    -- stream's own ack or release takes the seq out later): acked, not in flight.
+                    - (SELECT count(*) FROM outbox.deliveries d
+                        WHERE d.consumer = c.name AND d.state = 'acked'
+                          AND d.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
+                                          FROM outbox.lease_batches b, unnest(b.seqs) r
+                                         WHERE b.consumer = c.name)) AS in_flight,
                     (SELECT count(*) FROM outbox.deliveries d
                       WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
