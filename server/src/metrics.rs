@@ -74,6 +74,10 @@ fn describe() {
     );
     describe_histogram!(SINK_CONFIRM, Unit::Seconds, "From publish to the target's confirmation.");
     describe_gauge!(SINK_CONNECTED, "1 while this process's sink is connected to its target.");
+    describe_gauge!(
+        SINK_SUSPENDED,
+        "1 while a sink is stopped: its creator may no longer run it, or its secrets cannot be opened."
+    );
     describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
     describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
     describe_gauge!("outboxd_unrelayed_messages", "Committed messages not yet fanned out.");
@@ -88,6 +92,15 @@ fn describe() {
     describe_gauge!("outboxd_table_dead_rows", "Dead rows of an outboxd table not yet vacuumed (SQLite: free pages).");
     describe_gauge!("outboxd_table_live_rows", "Estimated live rows of an outboxd table.");
     describe_gauge!("outboxd_table_bytes", Unit::Bytes, "On-disk size of an outboxd table with its indexes.");
+    describe_gauge!(
+        VACUUM_HORIZON_AGE,
+        Unit::Seconds,
+        "How long the oldest transaction or prepared transaction holding back vacuum of outboxd's tables has held it (0: none)."
+    );
+    describe_gauge!(
+        VACUUM_HORIZON_XMIN_AGE,
+        "Transactions since the snapshot of the oldest transaction, replication slot or prepared transaction holding back vacuum of outboxd's tables (0: none)."
+    );
     describe_gauge!("outboxd_db_pool_connections", "Open database connections.");
     describe_gauge!("outboxd_db_pool_idle_connections", "Idle database connections.");
 }
@@ -132,6 +145,13 @@ pub fn relayed(messages: u64, took: Duration) {
     histogram!(RELAY_BATCH_DURATION).record(took.as_secs_f64());
 }
 
+/// 1 while a sink consumer is stopped: its creator may no longer run it, or it cannot be opened.
+pub const SINK_SUSPENDED: &str = "outboxd_sink_suspended";
+
+/// The vacuum horizon's holder (PostgreSQL): how long it has held it, and how many transactions.
+pub const VACUUM_HORIZON_AGE: &str = "outboxd_vacuum_horizon_age_seconds";
+pub const VACUUM_HORIZON_XMIN_AGE: &str = "outboxd_vacuum_horizon_xmin_age";
+
 /// Refreshes the per-consumer gauges from the store every `interval`.
 #[derive(Debug, Clone)]
 pub struct GaugeCollector {
@@ -164,6 +184,9 @@ impl GaugeCollector {
             gauge!("outboxd_table_live_rows", "table" => t.table.clone()).set(t.live_rows as f64);
             gauge!("outboxd_table_bytes", "table" => t.table).set(t.bytes as f64);
         }
+        let horizon = self.store.vacuum_horizon().await?;
+        gauge!(VACUUM_HORIZON_AGE).set(horizon.as_ref().and_then(|h| h.longest).map_or(0.0, |t| age(now, t)));
+        gauge!(VACUUM_HORIZON_XMIN_AGE).set(horizon.map_or(0.0, |h| h.xmin_age as f64));
         gauge!("outboxd_db_pool_connections").set(f64::from(size));
         gauge!("outboxd_db_pool_idle_connections").set(idle as f64);
         Ok(())

@@ -846,6 +846,15 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
                     "bytes": t.bytes,
                     "last_vacuum": time_json(t.last_vacuum.as_ref()),
                 })).collect::<Vec<_>>(),
+                "vacuum_horizon": s.vacuum_horizon.as_ref().map(|h| json!({
+                    "kind": h.kind,
+                    "age_s": secs(h.age.as_ref()),
+                    "xmin_age": h.xmin_age,
+                    "pid": h.pid,
+                    "application_name": h.application_name,
+                    "state": h.state,
+                    "name": h.name,
+                })),
             })
         );
         return;
@@ -896,6 +905,24 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
         println!();
         println!("{t}");
     }
+    if let Some(h) = &s.vacuum_horizon {
+        println!();
+        println!("vacuum held back by: {}", horizon_line(h));
+    }
+}
+
+/// Who holds back vacuum, in one line: what it is, for how long, how far behind.
+fn horizon_line(h: &pb::VacuumHorizon) -> String {
+    let who = match h.kind.as_str() {
+        "transaction" if h.application_name.is_empty() => format!("transaction of pid {}", h.pid),
+        "transaction" => format!("transaction of pid {} ({})", h.pid, h.application_name),
+        "replication_slot" => format!("replication slot {:?}", h.name),
+        "prepared_transaction" => format!("prepared transaction {:?}", h.name),
+        other => other.to_owned(),
+    };
+    let state = if h.state.is_empty() { String::new() } else { format!(", {}", h.state) };
+    let held = if h.age.is_some() { format!(" for {}", fmt_duration(h.age.as_ref())) } else { String::new() };
+    format!("{who}{state}{held}, {} transactions behind", h.xmin_age)
 }
 
 fn message_json(m: &pb::Message) -> Value {

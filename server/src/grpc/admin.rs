@@ -294,6 +294,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let only = if req.consumer.is_empty() { None } else { Some(name("consumer", &req.consumer)?) };
         let stats = self.ctx.store.stats(only.as_ref(), true).await.map_err(store_status)?;
         let tables = self.ctx.store.table_health().await.map_err(store_status)?;
+        let horizon = self.ctx.store.vacuum_horizon().await.map_err(store_status)?;
         // Which consumers are sinks, and of what kind.
         let sinks: std::collections::HashMap<String, &'static str> = self
             .ctx
@@ -306,6 +307,15 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             .collect();
         let now = self.ctx.clock.now();
         Ok(Response::new(pb::GetStatsResponse {
+            vacuum_horizon: horizon.map(|h| pb::VacuumHorizon {
+                age: h.since.and_then(|t| age(now, Some(t))),
+                kind: h.kind,
+                xmin_age: h.xmin_age,
+                pid: h.pid,
+                application_name: h.application_name,
+                state: h.state,
+                name: h.name,
+            }),
             tables: tables
                 .into_iter()
                 .map(|t| pb::TableStats {

@@ -16,9 +16,6 @@ use tokio_util::sync::CancellationToken;
 use super::runner::SinkRunner;
 use crate::delivery::session::SessionContext;
 use crate::domain::{Consumer, ConsumerSpec, Sink};
-
-/// 1 while a sink consumer is stopped because its creator may no longer run it.
-pub const SUSPENDED: &str = "outboxd_sink_suspended";
 use crate::store::StoreError;
 
 /// Whether a sink may run on its creator's authority: the edge answers from the auth file in
@@ -108,10 +105,10 @@ impl SinkSupervisor {
             wanted.insert(name, (sink, opened, c));
         }
         for name in self.suspended.keys().filter(|n| !suspended.contains_key(*n)) {
-            metrics::gauge!(SUSPENDED, "consumer" => name.clone()).set(0.0);
+            metrics::gauge!(crate::metrics::SINK_SUSPENDED, "consumer" => name.clone()).set(0.0);
         }
         for name in suspended.keys() {
-            metrics::gauge!(SUSPENDED, "consumer" => name.clone()).set(1.0);
+            metrics::gauge!(crate::metrics::SINK_SUSPENDED, "consumer" => name.clone()).set(1.0);
         }
         self.suspended = suspended;
         let gone: Vec<String> = self

@@ -11,7 +11,7 @@ use super::driver::Driver;
 use super::{
     DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
     RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage, TableHealth,
+    StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId, StartFrom};
 
@@ -228,6 +228,10 @@ impl<D: Driver> Store for DriverStore<D> {
 
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
         self.driver.table_health().await
+    }
+
+    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>> {
+        self.driver.vacuum_horizon().await
     }
 
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::records::{ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef};
 use super::{
     ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoredMessage, TableHealth,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 
@@ -177,6 +177,7 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
     // Upkeep.
 
     async fn table_health(&self) -> Result<Vec<TableHealth>>;
+    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>>;
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>>;
     /// Deletes up to `batch` relayed, fully acked messages enqueued before `cutoff`, with their
     /// inbox rows, in one transaction; `None` when another replica is pruning.

@@ -141,6 +141,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
     /// Size and dead rows of outboxd's own tables, from the database's catalog (no table scan).
     async fn table_health(&self) -> Result<Vec<TableHealth>>;
+    /// The oldest holder of the vacuum horizon of outboxd's tables; `None` when nothing holds
+    /// it back, and always on SQLite.
+    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>>;
     /// Vacuums these of outboxd's tables (as [`Store::table_health`] names them), unless another
     /// process is doing it; returns the tables vacuumed. A no-op on stores that need none.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>>;
@@ -418,6 +421,25 @@ pub struct TableHealth {
     pub dead_rows: i64,
     pub bytes: i64,
     pub last_vacuum: Option<DateTime<Utc>>,
+}
+
+/// What holds back vacuum of outboxd's tables (PostgreSQL): the oldest of the sessions'
+/// snapshots, replication slots and prepared transactions in this database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VacuumHorizon {
+    /// `transaction`, `replication_slot` or `prepared_transaction`.
+    pub kind: String,
+    /// Since when it holds the horizon (a transaction's start, a prepare); `None` for a slot.
+    pub since: Option<DateTime<Utc>>,
+    /// Transactions since its snapshot.
+    pub xmin_age: i64,
+    pub pid: i32,
+    pub application_name: String,
+    pub state: String,
+    /// A slot's name or a prepared transaction's gid.
+    pub name: String,
+    /// The longest any holder (of any kind, not only this one) has held the horizon.
+    pub longest: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -327,3 +327,43 @@ fn tempfile_with(contents: &str) -> Result<PathBuf> {
     std::fs::write(&path, contents)?;
     Ok(path)
 }
+
+/// PostgreSQL only (SQLite keeps no snapshots for others): a session of another application
+/// that sits `idle in transaction` with a snapshot holds back vacuum of outboxd's tables;
+/// `outboxctl stats` names it (pid, application, state, how long), in text and JSON, and GetStats
+/// stops naming it once it commits.
+#[tokio::test]
+async fn stats_name_the_transaction_that_holds_back_vacuum() -> Result<()> {
+    let (_db, srv, pool) = crate::setup_pg(&[]).await?;
+    let mut holder = pool.acquire().await?;
+    sqlx::query("SET application_name = 'billing-report'").execute(&mut *holder).await?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *holder).await?;
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ").execute(&mut *holder).await?;
+    sqlx::query("SELECT count(*) FROM outbox.messages").execute(&mut *holder).await?;
+    // Transactions committed after its snapshot: it is that many behind.
+    for _ in 0..3 {
+        sqlx::query("SELECT outbox.enqueue('orders.created', 'T', '\\x7b7d'::bytea)").execute(&pool).await?;
+    }
+
+    let s = json(&srv.endpoint, &["stats"]).await?;
+    let h = &s["vacuum_horizon"];
+    assert_eq!(h["kind"], "transaction", "{s}");
+    assert_eq!(h["pid"], pid, "{s}");
+    assert_eq!(h["application_name"], "billing-report", "{s}");
+    assert_eq!(h["state"], "idle in transaction", "{s}");
+    assert!(h["xmin_age"].as_i64().is_some_and(|n| n >= 3), "{s}");
+    assert!(h["age_s"].as_f64().is_some_and(|a| a >= 0.0), "{s}");
+    let text = outboxctl(&srv.endpoint, &["stats"]).await?;
+    let line = format!("vacuum held back by: transaction of pid {pid} (billing-report), idle in transaction for ");
+    assert!(text.stdout.contains(&line), "{}", text.stdout);
+
+    sqlx::query("COMMIT").execute(&mut *holder).await?;
+    let mut admin = srv.admin().await?;
+    let after = admin.get_stats(outbox_proto::v1::GetStatsRequest::default()).await?.into_inner();
+    assert!(
+        after.vacuum_horizon.as_ref().is_none_or(|h| h.pid != pid),
+        "a committed transaction still named: {:?}",
+        after.vacuum_horizon
+    );
+    Ok(())
+}

@@ -20,6 +20,7 @@ use super::records::{
 use super::{
     ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
     Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
+    VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
@@ -926,6 +927,51 @@ impl Driver for PgDriver {
 
     /// From `pg_stat_user_tables` (the statistics collector's counts, no scan) and the
     /// relations' sizes with their indexes and TOAST.
+    /// The oldest snapshot that keeps vacuum from removing dead rows of outboxd's tables: a
+    /// session of this database (or a walsender) with a `backend_xmin` or a transaction id, a replication slot's
+    /// `xmin` (a standby's feedback; a logical slot's `catalog_xmin` holds back only the
+    /// catalogs), a prepared transaction. Sessions of other roles show their `backend_xmin`
+    /// but not their details unless outboxd's login has `pg_read_all_stats`.
+    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>> {
+        let row = sqlx::query(
+            "WITH holders AS (
+                SELECT 'transaction' AS kind, pid, coalesce(application_name, '') AS application_name,
+                       coalesce(state, '') AS state, '' AS name,
+                       greatest(age(backend_xmin), age(backend_xid))::bigint AS xmin_age,
+                       coalesce(xact_start, query_start, backend_start) AS since
+                  FROM pg_stat_activity
+                 WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
+                   AND (datname = current_database() OR backend_type = 'walsender')
+                UNION ALL
+                SELECT 'replication_slot', coalesce(active_pid, 0), '',
+                       CASE WHEN active THEN 'active' ELSE 'inactive' END, slot_name::text,
+                       age(xmin)::bigint, NULL::timestamptz
+                  FROM pg_replication_slots WHERE xmin IS NOT NULL
+                UNION ALL
+                SELECT 'prepared_transaction', 0, '', 'prepared', gid, age(transaction)::bigint, prepared
+                  FROM pg_prepared_xacts WHERE database = current_database()
+             )
+             SELECT kind, pid, application_name, state, name, xmin_age, since,
+                    (SELECT min(since) FROM holders) AS longest
+               FROM holders ORDER BY xmin_age DESC, since ASC NULLS LAST LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(VacuumHorizon {
+                kind: r.try_get("kind")?,
+                since: r.try_get("since")?,
+                xmin_age: r.try_get("xmin_age")?,
+                pid: r.try_get("pid")?,
+                application_name: r.try_get("application_name")?,
+                state: r.try_get("state")?,
+                name: r.try_get("name")?,
+                longest: r.try_get("longest")?,
+            })
+        })
+        .transpose()
+    }
+
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
         let rows = sqlx::query(
             "SELECT relname AS table_name, n_live_tup AS live, n_dead_tup AS dead,

@@ -30,7 +30,8 @@ use super::records::{
 };
 use super::{
     ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth, WorkHint,
+    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
+    VacuumHorizon, WorkHint,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
 
@@ -924,6 +925,12 @@ impl Driver for SqliteDriver {
 
     /// The whole file, from its header (no scan): SQLite keeps no per-table counts, and space
     /// freed by deletes is kept as free pages, reused before the file grows.
+    /// SQLite keeps no snapshots for others: nothing holds back reclaiming its pages but a
+    /// reader of the WAL, which a checkpoint waits for.
+    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>> {
+        Ok(None)
+    }
+
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
         let row = sqlx::query(
             "SELECT (SELECT page_count FROM pragma_page_count()) AS pages,

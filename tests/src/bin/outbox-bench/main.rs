@@ -125,6 +125,12 @@ struct Args {
     /// The soak's offered rate, messages per second over all producers.
     #[arg(long, default_value_t = 2000.0)]
     soak_rate: f64,
+    /// With --soak: hold one transaction open with a snapshot (REPEATABLE READ, as a report or
+    /// a forgotten `idle in transaction` session would) for the soak's whole length, so that
+    /// vacuum cannot remove any dead row of outboxd's tables; the samples show whether outboxd
+    /// keeps up regardless (backlog, p99, dead rows).
+    #[arg(long, requires = "soak")]
+    soak_hold_transaction: bool,
     /// Serve outboxd over TLS with an auth file; streams and admin calls use a certificate
     /// authority made for the run and a token. Compared with a run without it: what TLS and
     /// authentication cost.
@@ -1558,6 +1564,10 @@ struct SoakSample {
     acked_per_s: f64,
     /// Commit → delivery (enqueue time to receipt), 99th percentile over the interval.
     p99_ms: f64,
+    /// Dead rows of outboxd's tables not yet vacuumed (PostgreSQL's statistics).
+    dead_rows: i64,
+    /// How long the oldest holder of the vacuum horizon has held it (GetStats), 0 if none.
+    vacuum_held_s: f64,
 }
 
 /// What a soak run saw.
@@ -1570,6 +1580,8 @@ struct Soak {
     autovacuum: String,
     synchronous_commit: String,
     samples: Vec<SoakSample>,
+    /// A transaction held a snapshot open for the whole run (`--soak-hold-transaction`).
+    held_transaction: bool,
     /// The backlog did not grow: at the end it is at most twice the median sample's, or one
     /// second of the offered rate.
     kept_up: bool,
@@ -1601,6 +1613,17 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
     let mut streams =
         Streams::attach(&endpoint, std::slice::from_ref(&name), STREAMS, FLOW_MAX_IN_FLIGHT, false).await?;
     streams.progress.sample_latency.store(true, Ordering::Relaxed);
+    // The snapshot every dead row of the run stays visible to, until the end.
+    let mut holder = match args.soak_hold_transaction {
+        true => {
+            let mut conn = b.db.acquire().await?;
+            sqlx::query("SET application_name = 'outbox-bench-holder'").execute(&mut *conn).await?;
+            sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ").execute(&mut *conn).await?;
+            sqlx::query("SELECT count(*) FROM outbox.consumers").execute(&mut *conn).await?;
+            Some(conn)
+        }
+        false => None,
+    };
     let run = Producers::start(
         &b.producers,
         b.params.producers,
@@ -1633,6 +1656,14 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
             backlog: st.unrelayed + c.backlog + c.in_flight,
             acked_per_s: round(per_second(acked - last_acked, at - last_at), 1),
             p99_ms,
+            dead_rows: st.tables.iter().map(|t| t.dead_rows).sum(),
+            vacuum_held_s: round(
+                st.vacuum_horizon
+                    .as_ref()
+                    .and_then(|h| h.age)
+                    .map_or(0.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
+                1,
+            ),
         };
         tracing::info!(
             at_s = sample.at_s,
@@ -1640,6 +1671,8 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
             backlog = sample.backlog,
             acked_per_s = sample.acked_per_s,
             p99_ms = sample.p99_ms,
+            dead_rows = sample.dead_rows,
+            vacuum_held_s = sample.vacuum_held_s,
             "soak"
         );
         rss.push((sample.at_s, rss_now));
@@ -1647,6 +1680,10 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
         (last_acked, last_at) = (acked, at);
     }
     let produced = run.finish().await?;
+    if let Some(conn) = holder.as_mut() {
+        sqlx::query("COMMIT").execute(&mut **conn).await?;
+    }
+    drop(holder);
     streams.wait_acked(produced.total, budget(produced.total), "the soak's messages").await?;
     streams.stop().await?;
     if !outboxd.terminate(Duration::from_secs(20)).await? {
@@ -1665,6 +1702,7 @@ async fn soak(args: &Args, seconds: u64) -> Result<Soak> {
         autovacuum,
         synchronous_commit,
         samples,
+        held_transaction: args.soak_hold_transaction,
         kept_up,
         outboxd_rss_kib: rss,
     })
@@ -1806,17 +1844,22 @@ async fn main() -> Result<()> {
                 r.seconds, r.offered_per_s, r.producers, r.acked
             );
             println!(
-                "autovacuum {}, synchronous_commit {}; kept up: {}",
-                r.autovacuum, r.synchronous_commit, r.kept_up
+                "autovacuum {}, synchronous_commit {}{}; kept up: {}",
+                r.autovacuum,
+                r.synchronous_commit,
+                if r.held_transaction { ", one transaction held open throughout" } else { "" },
+                r.kept_up
             );
             for s in &r.samples {
                 println!(
-                    "  t = {:>5} s   RSS {:>6.1} MiB   backlog {:>8}   acked {:>8} msg/s   p99 {:>7.1} ms",
+                    "  t = {:>5} s   RSS {:>6.1} MiB   backlog {:>8}   acked {:>8} msg/s   p99 {:>7.1} ms   dead rows {:>9}   vacuum held {:>6.0} s",
                     s.at_s,
                     s.rss_mib,
                     s.backlog,
                     grouped(s.acked_per_s),
-                    s.p99_ms
+                    s.p99_ms,
+                    s.dead_rows,
+                    s.vacuum_held_s
                 );
             }
         }

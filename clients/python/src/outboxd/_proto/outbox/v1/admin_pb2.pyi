@@ -488,6 +488,7 @@ class GetStatsResponse(_message.Message):
     OLDEST_UNRELAYED_AGE_FIELD_NUMBER: _builtins.int
     CONSUMERS_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
+    VACUUM_HORIZON_FIELD_NUMBER: _builtins.int
     unrelayed: _builtins.int
     """Committed messages not yet fanned out to consumers' inboxes."""
     @_builtins.property
@@ -498,6 +499,13 @@ class GetStatsResponse(_message.Message):
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableStats]:
         """outboxd's own tables: size and the dead rows that vacuum has not reclaimed yet."""
 
+    @_builtins.property
+    def vacuum_horizon(self) -> Global___VacuumHorizon:
+        """What holds back vacuum of outboxd's tables now (PostgreSQL): the oldest transaction,
+        replication slot or prepared transaction whose snapshot keeps dead rows; unset when none
+        does, and on SQLite.
+        """
+
     def __init__(
         self,
         *,
@@ -505,14 +513,69 @@ class GetStatsResponse(_message.Message):
         oldest_unrelayed_age: _duration_pb2.Duration | None = ...,
         consumers: _abc.Iterable[Global___ConsumerStats] | None = ...,
         tables: _abc.Iterable[Global___TableStats] | None = ...,
+        vacuum_horizon: Global___VacuumHorizon | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_unrelayed_age", b"oldest_unrelayed_age"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_unrelayed_age", b"oldest_unrelayed_age", "vacuum_horizon", b"vacuum_horizon"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumers", b"consumers", "oldest_unrelayed_age", b"oldest_unrelayed_age", "tables", b"tables", "unrelayed", b"unrelayed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumers", b"consumers", "oldest_unrelayed_age", b"oldest_unrelayed_age", "tables", b"tables", "unrelayed", b"unrelayed", "vacuum_horizon", b"vacuum_horizon"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class VacuumHorizon(_message.Message):
+    """The oldest holder of PostgreSQL's vacuum horizon in outboxd's database."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    AGE_FIELD_NUMBER: _builtins.int
+    XMIN_AGE_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    APPLICATION_NAME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"transaction" (a session's snapshot: pg_stat_activity.backend_xmin), "replication_slot"
+    (pg_replication_slots.xmin, a standby's feedback) or "prepared_transaction".
+    """
+    xmin_age: _builtins.int
+    """Transactions committed since its snapshot: how far behind vacuum is held."""
+    pid: _builtins.int
+    """The session's process id (a slot's active walsender); 0 when none."""
+    application_name: _builtins.str
+    """The session's application_name; empty for slots and prepared transactions."""
+    state: _builtins.str
+    """The session's state ("idle in transaction", "active", …), "active"/"inactive" for a slot,
+    "prepared" for a prepared transaction.
+    """
+    name: _builtins.str
+    """The slot's name or the prepared transaction's gid; empty for a session."""
+    @_builtins.property
+    def age(self) -> _duration_pb2.Duration:
+        """How long it has held the horizon: since its transaction began (a session), since it was
+        prepared; unset for a replication slot (PostgreSQL does not record when).
+        """
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        age: _duration_pb2.Duration | None = ...,
+        xmin_age: _builtins.int = ...,
+        pid: _builtins.int = ...,
+        application_name: _builtins.str = ...,
+        state: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["age", b"age"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age", b"age", "application_name", b"application_name", "kind", b"kind", "name", b"name", "pid", b"pid", "state", b"state", "xmin_age", b"xmin_age"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VacuumHorizon: _TypeAlias = VacuumHorizon  # noqa: Y015
 
 @_typing.final
 class TableStats(_message.Message):
