@@ -1,4 +1,4 @@
--- revision: 6
+-- revision: 7
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -544,8 +544,14 @@ $$;
 -- the server), so that a lease copies each message once, straight to the client, instead of
 -- through an array and a function's result set (ADR 0048). Seqs with a row of their own are
 -- found by one range scan of `(consumer, seq)` per range, not by a look-up per message.
-CREATE OR REPLACE FUNCTION outbox.lease_pending_seqs(p_consumer text, p_now timestamptz, p_limit integer,
-                                                     p_until timestamptz, p_session text)
+--
+-- `p_visible`: the ids of the consumer's pending batches that the caller's statement can see
+-- (ADR 0056). Only those are taken. The function's own statements take newer snapshots than the
+-- caller's, so a batch that a relay pass committed after the caller's statement began is visible
+-- here, while its messages are not to the caller's read of them: taken, its seqs would be leased
+-- and never sent, stuck until the lease expired. NULL: every batch (the release before).
+CREATE OR REPLACE FUNCTION outbox.lease_pending_visible(p_consumer text, p_now timestamptz, p_limit integer,
+                                                        p_until timestamptz, p_session text, p_visible bigint[])
 RETURNS int8multirange
 LANGUAGE plpgsql VOLATILE SET jit = off SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -562,13 +568,14 @@ BEGIN
     END IF;
     WHILE v_need > 0 LOOP
         SELECT b.id, b.seqs INTO v_id, v_seqs FROM outbox.pending_batches b
-         WHERE b.consumer = p_consumer AND b.id > v_last
+         WHERE b.consumer = p_consumer AND b.id > v_last AND (p_visible IS NULL OR b.id = ANY (p_visible))
          ORDER BY b.id LIMIT 1
            FOR UPDATE;
         IF NOT FOUND THEN
             -- The row waited for was emptied by the lease that held it: look again.
             EXIT WHEN NOT EXISTS (SELECT 1 FROM outbox.pending_batches b
-                                   WHERE b.consumer = p_consumer AND b.id > v_last);
+                                   WHERE b.consumer = p_consumer AND b.id > v_last
+                                     AND (p_visible IS NULL OR b.id = ANY (p_visible)));
             CONTINUE;
         END IF;
         v_last := v_id;
@@ -604,8 +611,17 @@ BEGIN
 END
 $$;
 
+-- As the releases before revision 7 called it (a replica of one, during a rolling upgrade):
+-- every batch.
+CREATE OR REPLACE FUNCTION outbox.lease_pending_seqs(p_consumer text, p_now timestamptz, p_limit integer,
+                                                     p_until timestamptz, p_session text)
+RETURNS int8multirange
+LANGUAGE sql VOLATILE SET jit = off AS $$
+    SELECT outbox.lease_pending_visible(p_consumer, p_now, p_limit, p_until, p_session, NULL)
+$$;
+
 -- The same with the messages, as the release before called it (a replica of it, during a
--- rolling upgrade).
+-- rolling upgrade); the batches are those its statement can see.
 CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
                                      p_session text)
 RETURNS TABLE (
@@ -615,7 +631,8 @@ RETURNS TABLE (
 LANGUAGE sql VOLATILE SET jit = off AS $$
     SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
            m.enqueued_at, m.available_at, m.relayed_at, 1
-      FROM unnest(outbox.lease_pending_seqs(p_consumer, p_now, p_limit, p_until, p_session)) r,
+      FROM unnest(outbox.lease_pending_visible(p_consumer, p_now, p_limit, p_until, p_session,
+                  ARRAY(SELECT b.id FROM outbox.pending_batches b WHERE b.consumer = p_consumer))) r,
            LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
      ORDER BY m.seq
 $$;

@@ -471,3 +471,55 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     assert!(!ack(uuid::Uuid::new_v4(), "c").await, "an unknown message");
     assert!(!ack(in_lease_batch.message_id.0, "nobody").await, "an unknown consumer");
 }
+
+/// A lease from pending batches, overtaken between its snapshot and its batch read by a relay
+/// pass that writes a new pending batch: the lease must return every delivery it puts in its
+/// lease batch. Before the fix, the function took the new batch's seqs (its own statements see
+/// the relay's commit) while the statement read their messages with its older snapshot, which
+/// cannot see them: the seqs were leased and never sent, stuck until the lease expired (a 30 s
+/// stall seen with three replicas).
+#[tokio::test]
+async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
+    let (db, store) = setup().await;
+    let at = now();
+    let first = waiting(&store, at).await;
+    let until = at + chrono::Duration::seconds(15);
+    // Paused right after it took the first batch (its DELETE), its snapshot already taken.
+    let (mut conn, paused) = pausable(&db, "pending_batches:DELETE").await;
+    let lease = tokio::spawn(async move {
+        let rows = sqlx::query(postgres::LEASE_SQL.as_str())
+            .bind("c")
+            .bind(at)
+            .bind(10_i64)
+            .bind(until)
+            .bind("s1")
+            .bind("")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        rows.iter().map(|r| sqlx::Row::try_get::<i64, _>(r, "seq").unwrap()).collect::<Vec<i64>>()
+    });
+    let mover_store = store.clone();
+    let (second_tx, second_rx) = tokio::sync::oneshot::channel();
+    let mover = paused
+        .while_paused(async move {
+            let _ = second_tx.send(waiting(&mover_store, at).await);
+        })
+        .await;
+    mover.await.unwrap();
+    let second = second_rx.await.unwrap();
+    let returned = lease.await.unwrap();
+    assert!(returned.contains(&first.seq), "the first batch's delivery is leased: {returned:?}");
+    let batch: Vec<i64> = sqlx::query_scalar(
+        "SELECT s FROM outbox.lease_batches b, unnest(b.seqs) r, generate_series(lower(r), upper(r) - 1) s
+          WHERE b.leased_by = 's1' ORDER BY s",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(batch, returned, "leased and not returned: never sent until the lease expires");
+    // What it did not take waits for the next lease.
+    let next = store.driver().delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+    let seqs: Vec<i64> = next.iter().map(|d| d.message.seq).collect();
+    assert!(returned.contains(&second.seq) || seqs == [second.seq], "the second: {returned:?} then {seqs:?}");
+}

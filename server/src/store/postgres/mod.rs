@@ -91,7 +91,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 6;
+pub(crate) const FUNCTIONS_REVISION: i32 = 7;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -180,8 +180,8 @@ const KEY_HEADS_CTE: &str = r#"
 /// of their key in flight and no earlier message of their key still unrelayed (another
 /// replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
 /// locked (skipping rows other sessions hold) and leased; then, for the room left, the lowest
-/// seqs of the consumer's pending batches (`outbox.lease_pending_seqs`, ADR 0042, 0048), in the
-/// same round trip.
+/// seqs of the consumer's pending batches that the statement can see
+/// (`outbox.lease_pending_visible`, ADR 0042, 0048, 0056), in the same round trip.
 pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH RECURSIVE {}{}",
@@ -252,10 +252,12 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
     SELECT * FROM leased
     UNION ALL
     -- Batch-held deliveries: the function moves seqs from pending batches into a lease batch;
-    -- their messages are read here, once, by primary key range (ADR 0048).
+    -- their messages are read here, once, by primary key range (ADR 0048). Only from the
+    -- batches this statement can see: their messages are visible to it too (ADR 0056).
     SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
            m.enqueued_at, m.available_at, m.relayed_at, 1
-      FROM unnest(outbox.lease_pending_seqs($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5)) r,
+      FROM unnest(outbox.lease_pending_visible($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5,
+                  ARRAY(SELECT b.id FROM outbox.pending_batches b WHERE b.consumer = $1))) r,
            LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m"#
     )
 });
