@@ -86,6 +86,9 @@ enum Command {
     DeadLetters(DeadLettersCmd),
     /// Make deliveries due again for one consumer (bypasses the inbox on purpose).
     Replay(ReplayArgs),
+    /// Ordering keys a consumer holds after a dead letter (--dead-key-policy hold).
+    #[command(subcommand)]
+    Keys(KeysCmd),
     /// One message.
     #[command(subcommand)]
     Message(MessageCmd),
@@ -192,8 +195,23 @@ struct CreateArgs {
     ack_deadline: Duration,
     #[arg(long, value_enum, default_value_t = StartFrom::New)]
     start_from: StartFrom,
+    /// When a message with an ordering key dead-letters: skip it and deliver the key's next
+    /// message, or hold the key (its later messages wait) until the dead one is replayed or
+    /// the key released (`outboxctl keys`).
+    #[arg(long, value_enum, default_value_t = DeadKeyPolicy::Skip)]
+    dead_key_policy: DeadKeyPolicy,
     #[command(flatten)]
     sink: SinkArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DeadKeyPolicy {
+    Skip,
+    Hold,
+}
+
+fn dead_key_policy_text(p: i32) -> &'static str {
+    if p == pb::DeadKeyPolicy::Hold as i32 { "HOLD" } else { "SKIP" }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -333,6 +351,22 @@ fn sink_text(s: Option<&pb::Sink>) -> String {
         Some(Target::Nats(n)) => format!("nats {} subject={}", n.url, n.subject),
         Some(Target::Webhook(w)) => format!("webhook {}", w.url),
     }
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCmd {
+    /// The held keys, oldest first: the dead message that holds each, its error, and how
+    /// many messages wait behind it.
+    List { consumer: String },
+    /// Let a held key flow again: its dead message is delivered again first, then the waiting
+    /// ones in order (with --skip-dead: the dead message stays dead and the waiting ones go).
+    Release {
+        consumer: String,
+        key: String,
+        /// Leave the dead message dead; deliver the waiting ones without it.
+        #[arg(long)]
+        skip_dead: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -509,6 +543,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         },
         Command::DeadLetters(cmd) => dead_letters(&mut admin, out, cmd).await,
         Command::Replay(args) => replay(&mut admin, out, args).await,
+        Command::Keys(cmd) => keys(&mut admin, out, cmd).await,
         Command::Auth(AuthCmd::NewToken) => new_token(out),
         Command::Tail { topics } => {
             let mut stream = admin.tail(pb::TailRequest { topics }).await.map_err(|s| status_failure(&s))?.into_inner();
@@ -732,6 +767,7 @@ fn consumer_json(c: &pb::Consumer) -> Value {
         "start_from": if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" },
         "created_at": time_json(c.created_at.as_ref()),
         "sink": c.sink.as_ref().map(sink_json),
+        "dead_key_policy": dead_key_policy_text(c.dead_key_policy),
     })
 }
 
@@ -742,7 +778,17 @@ fn print_consumers(out: Output, cs: &[pb::Consumer]) {
     }
     let mut t = Table::new();
     t.load_style(comfy_table::presets::NOTHING);
-    t.set_header(["NAME", "TOPICS", "MAX DELIVERIES", "BACKOFF", "ACK DEADLINE", "PAUSED", "START", "SINK"]);
+    t.set_header([
+        "NAME",
+        "TOPICS",
+        "MAX DELIVERIES",
+        "BACKOFF",
+        "ACK DEADLINE",
+        "PAUSED",
+        "START",
+        "DEAD KEY",
+        "SINK",
+    ]);
     for c in cs {
         t.add_row([
             c.name.clone(),
@@ -752,6 +798,7 @@ fn print_consumers(out: Output, cs: &[pb::Consumer]) {
             fmt_duration(c.ack_deadline.as_ref()),
             c.paused.to_string(),
             if c.start_from == pb::consumer::StartFrom::Earliest as i32 { "EARLIEST" } else { "NEW" }.to_owned(),
+            dead_key_policy_text(c.dead_key_policy).to_owned(),
             sink_text(c.sink.as_ref()),
         ]);
     }
@@ -783,6 +830,10 @@ async fn consumers(admin: &mut AdminClient, out: Output, cmd: ConsumersCmd) -> R
                     StartFrom::Earliest => pb::consumer::StartFrom::Earliest as i32,
                 },
                 sink,
+                dead_key_policy: match a.dead_key_policy {
+                    DeadKeyPolicy::Skip => pb::DeadKeyPolicy::Skip as i32,
+                    DeadKeyPolicy::Hold => pb::DeadKeyPolicy::Hold as i32,
+                },
                 ..Default::default()
             };
             admin
@@ -813,6 +864,70 @@ async fn consumers(admin: &mut AdminClient, out: Output, cmd: ConsumersCmd) -> R
     Ok(())
 }
 
+fn held_key_json(k: &pb::HeldKey) -> Value {
+    json!({
+        "ordering_key": k.ordering_key,
+        "message_id": k.message_id,
+        "last_error": k.last_error,
+        "waiting": k.waiting,
+        "held_at": time_json(k.held_at.as_ref()),
+    })
+}
+
+async fn keys(admin: &mut AdminClient, out: Output, cmd: KeysCmd) -> Result<(), Failure> {
+    let st = |s: tonic::Status| status_failure(&s);
+    match cmd {
+        KeysCmd::List { consumer } => {
+            let r = admin.list_held_keys(pb::ListHeldKeysRequest { consumer }).await.map_err(st)?.into_inner();
+            if out == Output::Json {
+                println!(
+                    "{}",
+                    json!({ "keys": r.keys.iter().map(held_key_json).collect::<Vec<_>>(), "truncated": r.truncated })
+                );
+                return Ok(());
+            }
+            let mut t = Table::new();
+            t.load_style(comfy_table::presets::NOTHING);
+            t.set_header(["KEY", "DEAD MESSAGE", "WAITING", "HELD SINCE", "LAST ERROR"]);
+            for k in &r.keys {
+                t.add_row([
+                    k.ordering_key.clone(),
+                    k.message_id.clone(),
+                    k.waiting.to_string(),
+                    fmt_time(k.held_at.as_ref()),
+                    k.last_error.clone(),
+                ]);
+            }
+            println!("{t}");
+            if r.truncated {
+                eprintln!("(the first {} held keys; more are held)", r.keys.len());
+            }
+        }
+        KeysCmd::Release { consumer, key, skip_dead } => {
+            let r = admin
+                .release_key(pb::ReleaseKeyRequest { consumer: consumer.clone(), ordering_key: key.clone(), skip_dead })
+                .await
+                .map_err(st)?
+                .into_inner();
+            let k = r.key.unwrap_or_default();
+            if out == Output::Json {
+                println!("{}", json!({ "released": held_key_json(&k), "skip_dead": skip_dead }));
+            } else if skip_dead {
+                println!(
+                    "released key {key:?} of {consumer}: {} waiting go on without dead message {}",
+                    k.waiting, k.message_id
+                );
+            } else {
+                println!(
+                    "released key {key:?} of {consumer}: dead message {} is delivered again first, then {} waiting",
+                    k.message_id, k.waiting
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn print_stats(out: Output, s: &pb::GetStatsResponse) {
     if out == Output::Json {
         let consumers: Vec<Value> = s
@@ -830,6 +945,7 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
                     "paused": c.paused,
                     "streams": c.streams,
                     "sink": c.sink,
+                    "held_keys": c.held_keys,
                 })
             })
             .collect();
@@ -872,6 +988,7 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
         "ACKED",
         "STREAMS",
         "PAUSED",
+        "HELD KEYS",
         "SINK",
     ]);
     for c in &s.consumers {
@@ -885,6 +1002,7 @@ fn print_stats(out: Output, s: &pb::GetStatsResponse) {
             c.acked.to_string(),
             c.streams.to_string(),
             c.paused.to_string(),
+            c.held_keys.to_string(),
             c.sink.clone(),
         ]);
     }

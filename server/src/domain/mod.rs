@@ -215,6 +215,38 @@ impl TryFrom<&str> for StartFrom {
     }
 }
 
+/// What a consumer does with an ordering key when a message of it dead-letters (ADR 0057).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeadKeyPolicy {
+    /// The key's next message is delivered: the dead one is left behind (the default).
+    #[default]
+    Skip,
+    /// The key is held: its later messages wait, not delivered and not counted as attempts,
+    /// until the dead message is replayed and acked or the key is released.
+    Hold,
+}
+
+impl DeadKeyPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadKeyPolicy::Skip => "skip",
+            DeadKeyPolicy::Hold => "hold",
+        }
+    }
+}
+
+impl TryFrom<&str> for DeadKeyPolicy {
+    type Error = UnknownValue;
+
+    fn try_from(s: &str) -> Result<Self, UnknownValue> {
+        match s {
+            "skip" => Ok(DeadKeyPolicy::Skip),
+            "hold" => Ok(DeadKeyPolicy::Hold),
+            _ => Err(UnknownValue { what: "dead_key_policy", value: s.to_owned() }),
+        }
+    }
+}
+
 /// The retry policy: retry n (n ≥ 1) waits `base · 2^(n−1)`, capped at `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -243,6 +275,7 @@ pub struct ConsumerSpec {
     pub start_from: StartFrom,
     /// Set: outboxd delivers this consumer itself, to the sink's target.
     pub sink: Option<Sink>,
+    pub dead_key_policy: DeadKeyPolicy,
 }
 
 impl ConsumerSpec {
@@ -271,6 +304,8 @@ impl ConsumerSpec {
             Some("start_from")
         } else if self.sink != other.sink {
             Some("sink")
+        } else if self.dead_key_policy != other.dead_key_policy {
+            Some("dead_key_policy")
         } else if self != other {
             Some("definition")
         } else {
@@ -375,11 +410,14 @@ mod tests {
             ack_deadline: Duration::from_secs(30),
             start_from: StartFrom::New,
             sink: Some(s),
+            dead_key_policy: DeadKeyPolicy::Skip,
         };
         let alice = spec(sink(Some("alice"), ""));
         assert_eq!(alice.first_difference(&spec(sink(Some("bob"), ""))), None);
         assert_eq!(alice.first_difference(&spec(sink(None, ""))), None);
         assert_eq!(alice.first_difference(&spec(sink(Some("alice"), "x.{topic}"))), Some("sink"));
+        let holding = ConsumerSpec { dead_key_policy: DeadKeyPolicy::Hold, ..alice.clone() };
+        assert_eq!(alice.first_difference(&holding), Some("dead_key_policy"));
     }
 
     #[test]

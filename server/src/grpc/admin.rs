@@ -102,6 +102,19 @@ fn readable_by(caller: &Caller, mut message: pb::Message) -> pb::Message {
     message
 }
 
+/// Held keys one ListHeldKeys answers with at most.
+const MAX_HELD_KEYS: u32 = 1000;
+
+fn pb_held_key(k: crate::store::HeldKey) -> pb::HeldKey {
+    pb::HeldKey {
+        ordering_key: k.ordering_key,
+        message_id: k.message_id.to_string(),
+        last_error: k.last_error.unwrap_or_default(),
+        waiting: k.waiting,
+        held_at: Some(convert::timestamp(k.held_at)),
+    }
+}
+
 const DEFAULT_PAGE: u32 = 100;
 /// The payload and header bytes one page of dead letters carries at most (at least one
 /// message, however large): the page ends there and its token leads on.
@@ -342,6 +355,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                     oldest_unacked_age: age(now, c.oldest_unacked_at),
                     acked: c.acked,
                     paused: c.paused,
+                    held_keys: c.held_keys,
                 })
                 .collect(),
         }))
@@ -417,6 +431,58 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             message: Some(readable_by(&caller, convert::pb_message(message))),
             deliveries: deliveries.into_iter().map(convert::pb_delivery_state).collect(),
         }))
+    }
+
+    async fn list_held_keys(
+        &self,
+        request: Request<pb::ListHeldKeysRequest>,
+    ) -> Result<Response<pb::ListHeldKeysResponse>, Status> {
+        let n = name("consumer", &request.into_inner().consumer)?;
+        let mut keys = self.ctx.store.held_key_list(&n, i64::from(MAX_HELD_KEYS) + 1).await.map_err(store_status)?;
+        let truncated = keys.len() > MAX_HELD_KEYS as usize;
+        keys.truncate(MAX_HELD_KEYS as usize);
+        Ok(Response::new(pb::ListHeldKeysResponse { keys: keys.into_iter().map(pb_held_key).collect(), truncated }))
+    }
+
+    /// Needs `replay:CONSUMER`: it delivers the dead message again, or lets the messages behind
+    /// it go without it. Audited like a replay.
+    async fn release_key(
+        &self,
+        request: Request<pb::ReleaseKeyRequest>,
+    ) -> Result<Response<pb::ReleaseKeyResponse>, Status> {
+        let audit = Audit::of("release_key", &request)?;
+        let req = request.get_ref();
+        let n = name("consumer", &req.consumer).inspect_err(|s| audit.log(Err(s)))?;
+        audit.check(Need::Replay(n.as_str()))?;
+        let result = async {
+            if req.ordering_key.is_empty() {
+                return Err(invalid(InvalidField::new("ordering_key", "required: the key to release")));
+            }
+            if req.ordering_key.len() > crate::limits::MAX_ORDERING_KEY_BYTES {
+                return Err(invalid(InvalidField::new(
+                    "ordering_key",
+                    format!(
+                        "{} bytes; an ordering key is at most {} bytes",
+                        req.ordering_key.len(),
+                        crate::limits::MAX_ORDERING_KEY_BYTES
+                    ),
+                )));
+            }
+            let now = self.ctx.clock.now();
+            match self.ctx.store.held_key_release(&n, &req.ordering_key, req.skip_dead, now).await {
+                Ok(Some(held)) => {
+                    self.ctx.hub.notify_consumer(n.as_str());
+                    Ok(Response::new(pb::ReleaseKeyResponse { key: Some(pb_held_key(held)) }))
+                }
+                Ok(None) => Err(Status::not_found(format!(
+                    "consumer {n} holds no ordering key {:?} (ListHeldKeys lists the held ones)",
+                    req.ordering_key
+                ))),
+                Err(e) => Err(store_status(e)),
+            }
+        }
+        .await;
+        audit.done(result)
     }
 
     async fn replay(&self, request: Request<pb::ReplayRequest>) -> Result<Response<pb::ReplayResponse>, Status> {

@@ -82,7 +82,7 @@ pub enum Permission {
     AdminRead,
     /// `admin:write`: create, delete, pause, resume consumers; prune.
     AdminWrite,
-    /// `replay:NAME`: `Replay`, `ReplayStream` for matching consumers.
+    /// `replay:NAME`: `Replay`, `ReplayStream`, `ReleaseKey` for matching consumers.
     Replay(NameGlob),
     /// `sink:NAME`: create a consumer named NAME that outboxd delivers itself (a sink), with
     /// `admin:write`, and only on topics that `tail:` lets the same principal read.
@@ -741,10 +741,11 @@ pub fn route(path: &str) -> Route {
         ("outbox.v1.Outbox", "Enqueue" | "EnqueueBatch") => Route::ByService(Kind::Produce),
         ("outbox.v1.Outbox", "Subscribe") => Route::ByService(Kind::Consume),
         ("outbox.v1.OutboxAdmin", "Tail") => Route::ByService(Kind::Tail),
-        ("outbox.v1.OutboxAdmin", "Replay" | "ReplayStream") => Route::ByService(Kind::Replay),
-        ("outbox.v1.OutboxAdmin", "GetStats" | "GetConsumer" | "ListConsumers" | "ListDeadLetters" | "GetMessage") => {
-            Route::Checked(Need::AdminRead)
-        }
+        ("outbox.v1.OutboxAdmin", "Replay" | "ReplayStream" | "ReleaseKey") => Route::ByService(Kind::Replay),
+        (
+            "outbox.v1.OutboxAdmin",
+            "GetStats" | "GetConsumer" | "ListConsumers" | "ListDeadLetters" | "GetMessage" | "ListHeldKeys",
+        ) => Route::Checked(Need::AdminRead),
         (
             "outbox.v1.OutboxAdmin",
             "CreateConsumer" | "DeleteConsumer" | "PauseConsumer" | "ResumeConsumer" | "Prune",
@@ -1061,6 +1062,8 @@ permissions = ["consume:inventory-*"]
         assert_eq!(route("/outbox.v1.Outbox/Subscribe"), Route::ByService(Kind::Consume));
         assert_eq!(route("/outbox.v1.OutboxAdmin/Tail"), Route::ByService(Kind::Tail));
         assert_eq!(route("/outbox.v1.OutboxAdmin/ReplayStream"), Route::ByService(Kind::Replay));
+        assert_eq!(route("/outbox.v1.OutboxAdmin/ReleaseKey"), Route::ByService(Kind::Replay));
+        assert_eq!(route("/outbox.v1.OutboxAdmin/ListHeldKeys"), Route::Checked(Need::AdminRead));
     }
 
     #[test]

@@ -8,8 +8,8 @@ use outbox_proto::v1 as pb;
 
 use super::stream::MAX_ACK_DEADLINE;
 use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, InvalidField, MessageId, Sink, SinkTarget, StartFrom, Topic,
-    TopicPattern,
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, InvalidField, MessageId, Sink, SinkTarget, StartFrom,
+    Topic, TopicPattern,
 };
 use crate::limits;
 use crate::store::{DeliveryRow, NewMessage, StoredMessage};
@@ -257,8 +257,27 @@ pub fn consumer_spec(c: pb::Consumer) -> Result<ConsumerSpec, InvalidField> {
         Ok(pb::consumer::StartFrom::Earliest) => StartFrom::Earliest,
         Err(_) => return Err(InvalidField::new("consumer.start_from", "must be NEW or EARLIEST")),
     };
+    let dead_key_policy = match pb::DeadKeyPolicy::try_from(c.dead_key_policy) {
+        Ok(pb::DeadKeyPolicy::Unspecified | pb::DeadKeyPolicy::Skip) => DeadKeyPolicy::Skip,
+        Ok(pb::DeadKeyPolicy::Hold) => DeadKeyPolicy::Hold,
+        Err(_) => {
+            return Err(InvalidField::new(
+                "consumer.dead_key_policy",
+                format!("{} is not DEAD_KEY_POLICY_SKIP (1) or DEAD_KEY_POLICY_HOLD (2)", c.dead_key_policy),
+            ));
+        }
+    };
     let sink = c.sink.as_ref().map(sink).transpose()?;
-    Ok(ConsumerSpec { name, topics, max_deliveries, backoff: Backoff { base, max }, ack_deadline, start_from, sink })
+    Ok(ConsumerSpec {
+        name,
+        topics,
+        max_deliveries,
+        backoff: Backoff { base, max },
+        ack_deadline,
+        start_from,
+        sink,
+        dead_key_policy,
+    })
 }
 
 /// A consumer's sink: exactly one target, each checked for what it speaks.
@@ -337,6 +356,10 @@ pub fn pb_consumer(c: &Consumer) -> pb::Consumer {
         },
         created_at: Some(timestamp(c.created_at)),
         sink: c.spec.sink.as_ref().map(pb_sink),
+        dead_key_policy: match c.spec.dead_key_policy {
+            DeadKeyPolicy::Skip => pb::DeadKeyPolicy::Skip as i32,
+            DeadKeyPolicy::Hold => pb::DeadKeyPolicy::Hold as i32,
+        },
     }
 }
 

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::driver::Driver;
 use super::{
-    DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
+    DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned,
+    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
     StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId, StartFrom};
@@ -282,6 +282,34 @@ impl<D: Driver> Store for DriverStore<D> {
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>> {
         self.driver.replay_candidates(consumer, filter, after_seq, limit).await
+    }
+
+    async fn held_key_list(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<HeldKey>> {
+        self.consumer_get(consumer).await?;
+        self.driver.held_key_list(consumer.as_str(), None, limit).await
+    }
+
+    async fn held_key_release(
+        &self,
+        consumer: &ConsumerName,
+        ordering_key: &str,
+        skip_dead: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Option<HeldKey>> {
+        self.consumer_get(consumer).await?;
+        let Some(held) = self.driver.held_key_list(consumer.as_str(), Some(ordering_key), 1).await?.pop() else {
+            return Ok(None);
+        };
+        let mut tx = self.driver.begin().await?;
+        // Released by someone else in between: nothing to do.
+        if self.driver.held_key_delete(&mut tx, consumer.as_str(), ordering_key).await?.is_none() {
+            return Ok(None);
+        }
+        if !skip_dead {
+            self.driver.delivery_replay(&mut tx, consumer.as_str(), &[held.message_id], now).await?;
+        }
+        tx.commit().await?;
+        Ok(Some(held))
     }
 
     async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {

@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::records::{ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef};
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoredMessage, TableHealth, VacuumHorizon,
+    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
+    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoredMessage, TableHealth,
+    VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 
@@ -173,6 +174,17 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>>;
+    /// Up to `limit` of the keys `consumer` holds, oldest hold first (only `ordering_key` when
+    /// given), each with its dead message's last error and its waiting messages counted up to
+    /// [`super::HeldKey::WAITING_COUNTED`].
+    async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>>;
+    /// Deletes the hold of one key; returns the dead message that held it (`None`: none held).
+    async fn held_key_delete(
+        &self,
+        conn: &mut Conn<Self>,
+        consumer: &str,
+        ordering_key: &str,
+    ) -> Result<Option<MessageId>>;
 
     // Upkeep.
 

@@ -69,6 +69,7 @@ fn spec(name: &str, topics: &[&str], start_from: StartFrom) -> ConsumerSpec {
         ack_deadline: Duration::from_secs(15),
         start_from,
         sink: None,
+        dead_key_policy: Default::default(),
     }
 }
 

@@ -234,6 +234,7 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
         ack_deadline: Duration::from_secs(30),
         start_from: StartFrom::New,
         sink: None,
+        dead_key_policy: Default::default(),
     };
     store.consumer_create(&spec, Utc::now()).await.unwrap();
     let id: uuid::Uuid = sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'OrderCreated', '\\x'::bytea)")

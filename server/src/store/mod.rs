@@ -20,6 +20,8 @@ mod driver_tests;
 mod limits_tests;
 pub mod postgres;
 #[cfg(test)]
+mod quarantine_tests;
+#[cfg(test)]
 mod race_tests;
 pub mod records;
 pub mod sqlite;
@@ -177,6 +179,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
     /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
+    /// Up to `limit` of the ordering keys `consumer` holds, oldest hold first.
+    async fn held_key_list(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<HeldKey>>;
+    /// Lets a held key flow again and returns it as it was held (`None`: not held). Without
+    /// `skip_dead` the dead message is made due again first, in the same transaction (as
+    /// [`Store::replay_apply`] would), so that the key resumes with it, in order.
+    async fn held_key_release(
+        &self,
+        consumer: &ConsumerName,
+        ordering_key: &str,
+        skip_dead: bool,
+        now: DateTime<Utc>,
+    ) -> Result<Option<HeldKey>>;
 }
 
 /// Work that appeared outside this process, as [`Store::watch`] notices it. Hints only: one
@@ -412,6 +426,8 @@ pub struct ConsumerStats {
     pub dead: i64,
     pub acked: i64,
     pub oldest_unacked_at: Option<DateTime<Utc>>,
+    /// Ordering keys held after a dead letter (`DeadKeyPolicy::Hold`).
+    pub held_keys: i64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -456,6 +472,25 @@ pub struct DeadLetter {
     pub delivery_count: u32,
     pub last_error: Option<String>,
     pub dead_at: Option<DateTime<Utc>>,
+}
+
+/// An ordering key a consumer holds because a message of it dead-lettered
+/// ([`crate::domain::DeadKeyPolicy::Hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    pub ordering_key: String,
+    /// The dead message that holds the key.
+    pub message_id: MessageId,
+    pub last_error: Option<String>,
+    /// Messages of the key waiting behind it, counted up to [`HeldKey::WAITING_COUNTED`].
+    pub waiting: i64,
+    pub held_at: DateTime<Utc>,
+}
+
+impl HeldKey {
+    /// How far the waiting messages of one key are counted: a key's backlog may be deep, and a
+    /// listing must not cost what the backlog does.
+    pub const WAITING_COUNTED: i64 = 100_000;
 }
 
 /// The criteria of a replay that the store applies; every one given must hold. Topic patterns

@@ -71,6 +71,7 @@ async fn setup() -> (TestDb, PgStore) {
         ack_deadline: Duration::from_secs(15),
         start_from: StartFrom::New,
         sink: None,
+        dead_key_policy: Default::default(),
     };
     store.consumer_create(&spec, now()).await.unwrap();
     (db, store)

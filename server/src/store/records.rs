@@ -8,7 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{DeliveryRow, ExpiredLease, StoreError};
-use crate::domain::{Backoff, Consumer, ConsumerName, ConsumerSpec, DeliveryState, Sink, StartFrom, TopicPattern};
+use crate::domain::{
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, DeliveryState, Sink, StartFrom, TopicPattern,
+};
 
 /// A row of the consumers table.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +23,7 @@ pub struct ConsumerRecord {
     pub ack_deadline_ms: i64,
     pub start_from: String,
     pub sink: Option<serde_json::Value>,
+    pub dead_key_policy: String,
     pub paused: bool,
     pub start_seq: i64,
     pub created_at: DateTime<Utc>,
@@ -41,6 +44,8 @@ impl TryFrom<ConsumerRecord> for Consumer {
             .map_err(|e| bad("topics", &e))?;
         let sink = r.sink.clone().map(serde_json::from_value::<Sink>).transpose().map_err(|e| bad("sink", &e))?;
         let start_from = StartFrom::try_from(r.start_from.as_str()).map_err(|e| bad("start_from", &e))?;
+        let dead_key_policy =
+            DeadKeyPolicy::try_from(r.dead_key_policy.as_str()).map_err(|e| bad("dead_key_policy", &e))?;
         let max_deliveries = u32::try_from(r.max_deliveries).map_err(|e| bad("max_deliveries", &e))?;
         let name = ConsumerName::parse("name", &r.name).map_err(|e| bad("name", &e))?;
         Ok(Consumer {
@@ -52,6 +57,7 @@ impl TryFrom<ConsumerRecord> for Consumer {
                 ack_deadline: duration_ms(r.ack_deadline_ms),
                 start_from,
                 sink,
+                dead_key_policy,
             },
             paused: r.paused,
             start_seq: r.start_seq,
@@ -183,6 +189,7 @@ mod tests {
             ack_deadline_ms: 30_000,
             start_from: "new".into(),
             sink: None,
+            dead_key_policy: "hold".into(),
             paused: false,
             start_seq: 7,
             created_at: Utc::now(),
@@ -212,6 +219,7 @@ mod tests {
         assert_eq!(c.spec.max_deliveries, 5);
         assert_eq!(c.spec.backoff.max, Duration::from_secs(60));
         assert_eq!(c.spec.start_from, StartFrom::New);
+        assert_eq!(c.spec.dead_key_policy, DeadKeyPolicy::Hold);
         assert_eq!(c.start_seq, 7);
     }
 
@@ -223,6 +231,7 @@ mod tests {
             ("max_deliveries", ConsumerRecord { max_deliveries: -1, ..consumer() }),
             ("sink", ConsumerRecord { sink: Some(serde_json::json!({"carrier_pigeon": {}})), ..consumer() }),
             ("name", ConsumerRecord { name: "".into(), ..consumer() }),
+            ("dead_key_policy", ConsumerRecord { dead_key_policy: "park".into(), ..consumer() }),
         ] {
             let e = Consumer::try_from(r).unwrap_err().to_string();
             assert!(e.contains(field), "{field}: {e}");

@@ -81,6 +81,7 @@ fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
         ack_deadline: Duration::from_secs(30),
         start_from: StartFrom::New,
         sink: None,
+        dead_key_policy: Default::default(),
     }
 }
 
@@ -976,6 +977,45 @@ async fn a_lease_costs_what_it_returns_not_the_backlog_behind_it() {
     let keys: Vec<_> = leased.iter().filter_map(|d| d.message.ordering_key.clone()).collect();
     assert_eq!(keys.len(), keys.iter().collect::<std::collections::HashSet<_>>().len(), "one per key");
     assert!(leased.windows(2).all(|w| w[0].message.seq < w[1].message.seq));
+}
+
+/// Poison-key quarantine (ADR 0057): every ordering key of consumer `deep` held, 2,000
+/// messages waiting behind each, costs a lease of 64 about what a shallow backlog with no held
+/// key does: the held keys' heads are one probe each, their backlogs never read, and the lease
+/// fills with unkeyed work.
+#[tokio::test]
+async fn a_held_key_costs_a_lease_one_probe_whatever_waits_behind_it() {
+    let db = TestDb::create().await.unwrap();
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    deep_backlog(&pool, "shallow", 50).await;
+    deep_backlog(&pool, "deep", 2_000).await;
+    let held = sqlx::query(
+        "INSERT INTO outbox.held_keys (consumer, ordering_key, message_id, seq, held_at)
+         SELECT DISTINCT ON (ordering_key) consumer, ordering_key, message_id, seq, now()
+           FROM outbox.deliveries WHERE consumer = 'deep' AND ordering_key IS NOT NULL
+          ORDER BY ordering_key, seq",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held.rows_affected(), 49);
+    leases_cost_alike(&pool, "ANALYZE outbox.messages, outbox.deliveries, outbox.held_keys", 3_000).await;
+    let now = Utc::now();
+    let leased = store
+        .delivery_lease_batch(
+            &ConsumerName::parse("c", "deep").unwrap(),
+            "s",
+            64,
+            "",
+            crate::clock::add(now, Duration::from_secs(30)),
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 64);
+    assert!(leased.iter().all(|d| d.message.ordering_key.is_none()), "nothing of a held key");
 }
 
 /// A lease planned while `outbox.deliveries` was empty — the lease connections cache one plan

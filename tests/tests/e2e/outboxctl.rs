@@ -12,6 +12,7 @@ conformance!(
     outboxctl_tail_shows_matching_messages_as_they_commit,
     outboxctl_creates_sinks_shows_them_without_secrets_and_marks_them_in_stats,
     outboxctl_publishes_and_consumes_with_acks_and_nacks,
+    a_poison_key_waits_until_an_operator_releases_it_or_replays_its_dead_message,
 );
 
 /// The tour with nothing but outboxctl: publish messages, consume them (acking), nack one until
@@ -72,6 +73,85 @@ async fn outboxctl_publishes_and_consumes_with_acks_and_nacks(backend: Backend) 
     assert_eq!(run.code, 5, "{}", run.stderr);
     assert!(run.stderr.contains("--server") && run.stderr.contains("OUTBOXD_SERVER"), "{}", run.stderr);
     assert!(!run.stderr.contains("transport error: transport error"), "{}", run.stderr);
+    Ok(())
+}
+
+/// Poison-key quarantine end to end (ADR 0057): a consumer created with `--dead-key-policy
+/// hold` holds key `k1` when its first message dies; the key's next messages wait (not
+/// delivered, not counted) while another key's message, committed later, is delivered;
+/// `keys list` names the key, the dead message and what waits; `keys release --skip-dead` lets
+/// the waiting ones go in order and leaves the dead one dead; and on another held key, a replay
+/// of the dead message delivers it first and the key's next message only after its ack.
+async fn a_poison_key_waits_until_an_operator_releases_it_or_replays_its_dead_message(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+    let created = json(
+        server,
+        &["consumers", "create", "ledger", "--topic", "acct.*", "--max-deliveries", "1", "--dead-key-policy", "hold"],
+    )
+    .await?;
+    assert_eq!(created[0]["dead_key_policy"], "HOLD");
+    let publish = |key: &'static str, type_: &'static str| async move {
+        let v = json(server, &["publish", "acct.posted", type_, "--key", key]).await?;
+        v["message_id"].as_str().map(str::to_owned).context("a message id")
+    };
+    let a1 = publish("k1", "A1").await?;
+    let a2 = publish("k1", "A2").await?;
+    publish("k1", "A3").await?;
+
+    let mut s = RawStream::open(server, "ledger", 10).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, a1, "A1 first: A2 waits behind it");
+    s.nack(&d.message_id, "balance would go negative").await;
+    eventually("held", WAIT, || async { Ok((stats(&srv, "ledger").await?.held_keys == 1).then_some(())) }).await?;
+    publish("k2", "B1").await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.r#type, "B1", "another key flows while k1 is held (A2 was committed before B1)");
+    s.ack(&[&d.message_id]).await;
+    let a2_rows = json(server, &["message", "get", &a2]).await?;
+    assert_eq!(a2_rows["deliveries"][0]["delivery_count"], 0, "waiting is not an attempt: {a2_rows}");
+
+    let held = json(server, &["keys", "list", "ledger"]).await?;
+    assert_eq!(held["keys"].as_array().map(Vec::len), Some(1), "{held}");
+    assert_eq!(
+        (&held["keys"][0]["ordering_key"], &held["keys"][0]["message_id"], &held["keys"][0]["waiting"]),
+        (&Value::from("k1"), &Value::from(a1.as_str()), &Value::from(2))
+    );
+    assert_eq!(held["keys"][0]["last_error"], "balance would go negative");
+    let table = outboxctl(server, &["keys", "list", "ledger"]).await?;
+    assert!(table.stdout.contains("k1") && table.stdout.contains(&a1), "{}", table.stdout);
+    let st = json(server, &["stats"]).await?;
+    assert_eq!(st["consumers"][0]["held_keys"], 1);
+
+    let missing = outboxctl(server, &["keys", "release", "ledger", "k2"]).await?;
+    assert_eq!(missing.code, 3, "{}", missing.stderr);
+    assert!(missing.stderr.contains("holds no ordering key"), "{}", missing.stderr);
+    let released = json(server, &["keys", "release", "ledger", "k1", "--skip-dead"]).await?;
+    assert_eq!(released["released"]["message_id"], a1.as_str());
+    let got = s.take(1, WAIT).await?;
+    assert_eq!(got[0].r#type, "A2");
+    s.ack(&[&got[0].message_id]).await;
+    let got = s.take(1, WAIT).await?;
+    assert_eq!(got[0].r#type, "A3", "in order, one at a time");
+    s.ack(&[&got[0].message_id]).await;
+    let dead = json(server, &["dead-letters", "list", "ledger"]).await?;
+    assert_eq!(dead[0]["message"]["message_id"], a1.as_str(), "A1 stays a dead letter");
+
+    // Another poison key, resumed by replaying its dead message.
+    let c1 = publish("k3", "C1").await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.message_id, c1);
+    s.nack(&d.message_id, "unknown account").await;
+    eventually("held", WAIT, || async { Ok((stats(&srv, "ledger").await?.held_keys == 1).then_some(())) }).await?;
+    publish("k3", "C2").await?;
+    json(server, &["replay", "ledger", "--id", &c1, "--yes"]).await?;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((d.message_id.as_str(), d.delivery_count), (c1.as_str(), 1), "the dead message first");
+    s.ack(&[&d.message_id]).await;
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(d.r#type, "C2", "then the next, once it is acked");
+    s.ack(&[&d.message_id]).await;
+    assert_eq!(stats(&srv, "ledger").await?.held_keys, 0);
     Ok(())
 }
 

@@ -18,8 +18,8 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
 };
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
+    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
+    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
     VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
@@ -196,6 +196,9 @@ pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
                  WHERE l.consumer = $1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
                    AND l.ordering_key COLLATE "C" = h.k
                  LIMIT 1) IS NULL
+           -- A key held after a dead letter (dead_key_policy 'hold'): one primary-key probe,
+           -- whatever waits behind it.
+           AND (SELECT 1 FROM outbox.held_keys q WHERE q.consumer = $1 AND q.ordering_key = h.k) IS NULL
            -- An earlier message of the key that the relay has not read can only sit in an
            -- open gap of the relay cursor (the head itself was read): few, short ranges, read by
            -- primary key.
@@ -343,6 +346,7 @@ fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
         ack_deadline_ms: row.try_get("ack_deadline_ms")?,
         start_from: row.try_get("start_from")?,
         sink: row.try_get::<Option<Json<serde_json::Value>>, _>("sink")?.map(|s| s.0),
+        dead_key_policy: row.try_get("dead_key_policy")?,
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
         created_at: row.try_get("created_at")?,
@@ -638,12 +642,14 @@ impl Driver for PgDriver {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(
             "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq)
+                                           ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq,
+                                           dead_key_policy)
              VALUES ($1, $2, $3, $4, $5, $6, $7,
                      CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
                      $8, $9,
                      -- The EARLIEST backfill (same transaction) writes rows up to here.
-                     CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END)
+                     CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END,
+                     $10)
              RETURNING *",
         )
         .bind(spec.name.as_str())
@@ -655,6 +661,7 @@ impl Driver for PgDriver {
         .bind(spec.start_from.as_str())
         .bind(now)
         .bind(spec.sink.as_ref().map(Json))
+        .bind(spec.dead_key_policy.as_str())
         .fetch_one(conn)
         .await?;
         consumer_from_row(&row)
@@ -820,14 +827,25 @@ impl Driver for PgDriver {
                  WHERE d.state = 'leased'
                    AND ($7::text IS NULL OR d.leased_by = $7)
                    AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)
-                 FOR UPDATE OF d SKIP LOCKED)
+                 FOR UPDATE OF d SKIP LOCKED),
+             released AS (
              UPDATE outbox.deliveries d
                 SET state = r.state, available_at = r.available_at,
                     last_error = coalesce(r.last_error, d.last_error),
                     lease_expires_at = NULL, leased_by = NULL, updated_at = $6,
                     dead_at = CASE WHEN r.state = 'dead' THEN $6 END
                FROM r JOIN locked USING (consumer, message_id)
-              WHERE d.consumer = r.consumer AND d.message_id = r.message_id",
+              WHERE d.consumer = r.consumer AND d.message_id = r.message_id
+             RETURNING d.consumer, d.message_id, d.seq, d.ordering_key, d.state),
+             -- A keyed delivery that dies holds its key if its consumer says so (ADR 0057), in
+             -- the same statement: no lease can see the dead row without the hold.
+             held AS (
+             INSERT INTO outbox.held_keys (consumer, ordering_key, message_id, seq, held_at)
+             SELECT x.consumer, x.ordering_key, x.message_id, x.seq, $6
+               FROM released x JOIN outbox.consumers c ON c.name = x.consumer
+              WHERE x.state = 'dead' AND x.ordering_key IS NOT NULL AND c.dead_key_policy = 'hold'
+             ON CONFLICT (consumer, ordering_key) DO NOTHING)
+             SELECT count(*) FROM released",
         )
         .bind(&consumers)
         .bind(&ids)
@@ -837,10 +855,10 @@ impl Driver for PgDriver {
         .bind(now)
         .bind(session)
         .bind(expired_at)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(done.try_get::<i64, _>(0)?).unwrap_or(0))
     }
 
     /// Leases whose deadline has passed, oldest first.
@@ -1058,6 +1076,7 @@ impl Driver for PgDriver {
                     (SELECT count(*) FROM outbox.deliveries d
                       WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
+                    (SELECT count(*) FROM outbox.held_keys h WHERE h.consumer = c.name) AS held_keys,
                     CASE WHEN $2 THEN (SELECT count(*) FROM outbox.deliveries d
                                         WHERE d.consumer = c.name AND d.state = 'acked')
                                       + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.ack_log a, unnest(a.seqs) r
@@ -1088,6 +1107,7 @@ impl Driver for PgDriver {
                     dead: r.try_get("dead")?,
                     acked: r.try_get("acked")?,
                     oldest_unacked_at: r.try_get("oldest")?,
+                    held_keys: r.try_get("held_keys")?,
                 })
             })
             .collect()
@@ -1252,7 +1272,11 @@ impl Driver for PgDriver {
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let done = sqlx::query(
-            "WITH seen AS (
+            "WITH unheld AS (
+                -- A key held by a dead message flows again once that message is due again: it
+                -- is the key's head, so the key resumes with it, in order.
+                DELETE FROM outbox.held_keys h WHERE h.consumer = $1 AND h.message_id = ANY($2)),
+             seen AS (
                 -- A row for a message the relay has not read yet: the relay must find it there
                 -- instead of pushing the message in a lease batch (see migration 0013).
                 UPDATE outbox.consumers c
@@ -1277,6 +1301,56 @@ impl Driver for PgDriver {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
+        let rows = sqlx::query(
+            r#"SELECT h.ordering_key, h.message_id, h.held_at, d.last_error,
+                      -- Through deliveries_key_heads, stopped at the cap.
+                      (SELECT count(*) FROM (SELECT 1 FROM outbox.deliveries w
+                                              WHERE w.consumer = h.consumer AND w.ordering_key IS NOT NULL
+                                                AND w.ordering_key COLLATE "C" = h.ordering_key
+                                                AND w.state IN ('pending', 'leased')
+                                              LIMIT $4) w) AS waiting
+                 FROM outbox.held_keys h
+                 LEFT JOIN outbox.deliveries d ON d.message_id = h.message_id AND d.consumer = h.consumer
+                WHERE h.consumer = $1 AND ($2::text IS NULL OR h.ordering_key = $2)
+                ORDER BY h.held_at, h.ordering_key
+                LIMIT $3"#,
+        )
+        .bind(consumer)
+        .bind(ordering_key)
+        .bind(limit)
+        .bind(HeldKey::WAITING_COUNTED)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HeldKey {
+                    ordering_key: r.try_get("ordering_key")?,
+                    message_id: MessageId(r.try_get("message_id")?),
+                    last_error: r.try_get("last_error")?,
+                    waiting: r.try_get("waiting")?,
+                    held_at: r.try_get("held_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn held_key_delete(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        ordering_key: &str,
+    ) -> Result<Option<MessageId>> {
+        let id: Option<Uuid> = sqlx::query_scalar(
+            "DELETE FROM outbox.held_keys WHERE consumer = $1 AND ordering_key = $2 RETURNING message_id",
+        )
+        .bind(consumer)
+        .bind(ordering_key)
+        .fetch_optional(conn)
+        .await?;
+        Ok(id.map(MessageId))
     }
 
     /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.

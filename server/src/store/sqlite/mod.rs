@@ -29,8 +29,8 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer, RelayOutcome,
-    Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
+    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
+    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
     VacuumHorizon, WorkHint,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -126,6 +126,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<ConsumerRecord> {
         ack_deadline_ms: row.try_get("ack_deadline_ms")?,
         start_from: row.try_get("start_from")?,
         sink,
+        dead_key_policy: row.try_get("dead_key_policy")?,
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
         created_at: time(row.try_get("created_at")?),
@@ -653,9 +654,10 @@ impl Driver for SqliteDriver {
             .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
         let row = sqlx::query(
             "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at, sink)
+                                           ack_deadline_ms, start_from, start_seq, created_at, sink, dead_key_policy)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
-                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8, ?9)
+                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8, ?9,
+                     ?10)
              RETURNING *",
         )
         .bind(spec.name.as_str())
@@ -667,6 +669,7 @@ impl Driver for SqliteDriver {
         .bind(spec.start_from.as_str())
         .bind(us(now))
         .bind(sink)
+        .bind(spec.dead_key_policy.as_str())
         .fetch_one(conn)
         .await?;
         consumer_from_row(&row)
@@ -825,9 +828,9 @@ impl Driver for SqliteDriver {
             ReleaseGuard::ExpiredAt(t) => (None, Some(us(t))),
         };
         let batch_json = serde_json::Value::Array(batch).to_string();
-        let done = retry_busy(|| {
-            sqlx::query(
-                "UPDATE outbox_deliveries
+        let mut tx = self.begin_write().await?;
+        let released: Vec<(String, String, i64, Option<String>, String)> = sqlx::query_as(
+            "UPDATE outbox_deliveries
                 SET state = r.state, available_at = r.available_at,
                     last_error = coalesce(r.last_error, outbox_deliveries.last_error),
                     lease_expires_at = NULL, leased_by = NULL, updated_at = ?2,
@@ -839,16 +842,37 @@ impl Driver for SqliteDriver {
               WHERE outbox_deliveries.consumer = r.consumer AND outbox_deliveries.message_id = r.message_id
                 AND outbox_deliveries.state = 'leased'
                 AND (?3 IS NULL OR outbox_deliveries.leased_by = ?3)
-                AND (?4 IS NULL OR outbox_deliveries.lease_expires_at <= ?4)",
-            )
-            .bind(batch_json.clone())
-            .bind(us(now))
-            .bind(session)
-            .bind(expired_at)
-            .execute(&self.writer)
-        })
+                AND (?4 IS NULL OR outbox_deliveries.lease_expires_at <= ?4)
+             RETURNING consumer, message_id, seq, ordering_key, state",
+        )
+        .bind(batch_json)
+        .bind(us(now))
+        .bind(session)
+        .bind(expired_at)
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(done.rows_affected())
+        // A keyed delivery that dies holds its key if its consumer says so (ADR 0057), in the
+        // same transaction: no lease can see the dead row without the hold.
+        let dead: Vec<serde_json::Value> = released
+            .iter()
+            .filter(|(_, _, _, key, state)| key.is_some() && state == "dead")
+            .map(|(c, m, seq, key, _)| json!({"c": c, "m": m, "s": seq, "k": key}))
+            .collect();
+        if !dead.is_empty() {
+            sqlx::query(
+                "INSERT OR IGNORE INTO outbox_held_keys (consumer, ordering_key, message_id, seq, held_at)
+                 SELECT json_extract(value, '$.c'), json_extract(value, '$.k'), json_extract(value, '$.m'),
+                        json_extract(value, '$.s'), ?2
+                   FROM json_each(?1)
+                  WHERE (SELECT c.dead_key_policy FROM outbox_consumers c WHERE c.name = json_extract(value, '$.c')) = 'hold'",
+            )
+            .bind(serde_json::Value::Array(dead).to_string())
+            .bind(us(now))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(released.len() as u64)
     }
 
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
@@ -964,7 +988,8 @@ impl Driver for SqliteDriver {
                     count(d.state) FILTER (WHERE d.state = 'pending' AND d.delivery_count > 0) AS retrying,
                     count(d.state) FILTER (WHERE d.state = 'dead') AS dead,
                     count(d.state) FILTER (WHERE d.state = 'acked') AS acked,
-                    min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased')) AS oldest_seq
+                    min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased')) AS oldest_seq,
+                    (SELECT count(*) FROM outbox_held_keys h WHERE h.consumer = c.name) AS held_keys
                FROM outbox_consumers c LEFT JOIN outbox_deliveries d ON d.consumer = c.name
               WHERE ?1 IS NULL OR c.name = ?1
               GROUP BY c.name, c.paused ORDER BY c.name",
@@ -992,6 +1017,7 @@ impl Driver for SqliteDriver {
                 dead: r.try_get("dead")?,
                 acked: r.try_get("acked")?,
                 oldest_unacked_at: oldest,
+                held_keys: r.try_get("held_keys")?,
             });
         }
         Ok(consumers)
@@ -1109,6 +1135,15 @@ impl Driver for SqliteDriver {
         ids: &[MessageId],
         now: DateTime<Utc>,
     ) -> Result<u64> {
+        // A key held by a dead message flows again once that message is due again: it is the
+        // key's head, so the key resumes with it, in order.
+        sqlx::query(
+            "DELETE FROM outbox_held_keys WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(consumer)
+        .bind(ids_json(ids))
+        .execute(&mut *conn)
+        .await?;
         let done = sqlx::query(
             "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
              SELECT m.message_id, ?1, m.seq, m.ordering_key, 'pending', ?3, ?3, ?3
@@ -1124,6 +1159,54 @@ impl Driver for SqliteDriver {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
+        let rows = sqlx::query(
+            "SELECT h.ordering_key, h.message_id, h.held_at, d.last_error,
+                    (SELECT count(*) FROM (SELECT 1 FROM outbox_deliveries w INDEXED BY outbox_deliveries_ordering
+                                            WHERE w.consumer = h.consumer AND w.ordering_key IS NOT NULL
+                                              AND w.ordering_key = h.ordering_key AND w.state IN ('pending', 'leased')
+                                            LIMIT ?4)) AS waiting
+               FROM outbox_held_keys h
+               LEFT JOIN outbox_deliveries d ON d.message_id = h.message_id AND d.consumer = h.consumer
+              WHERE h.consumer = ?1 AND (?2 IS NULL OR h.ordering_key = ?2)
+              ORDER BY h.held_at, h.ordering_key
+              LIMIT ?3",
+        )
+        .bind(consumer)
+        .bind(ordering_key)
+        .bind(limit)
+        .bind(HeldKey::WAITING_COUNTED)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(HeldKey {
+                    ordering_key: r.try_get("ordering_key")?,
+                    message_id: uuid(r.try_get("message_id")?)?,
+                    last_error: r.try_get("last_error")?,
+                    waiting: r.try_get("waiting")?,
+                    held_at: time(r.try_get("held_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn held_key_delete(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        ordering_key: &str,
+    ) -> Result<Option<MessageId>> {
+        let id: Option<String> = sqlx::query_scalar(
+            "DELETE FROM outbox_held_keys WHERE consumer = ?1 AND ordering_key = ?2 RETURNING message_id",
+        )
+        .bind(consumer)
+        .bind(ordering_key)
+        .fetch_optional(conn)
+        .await?;
+        id.as_deref().map(uuid).transpose()
     }
 
     /// One server per file: nobody else prunes, so this never answers `None`.
@@ -1213,7 +1296,9 @@ async fn ready_key_heads(
                                        AND l.ordering_key = ?2)
                          OR EXISTS (SELECT 1 FROM outbox_messages u
                                      WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
-                                       AND u.ordering_key = ?2 AND u.seq < ?3)",
+                                       AND u.ordering_key = ?2 AND u.seq < ?3)
+                         -- Held after a dead letter (ADR 0057): one primary-key probe.
+                         OR EXISTS (SELECT 1 FROM outbox_held_keys h WHERE h.consumer = ?1 AND h.ordering_key = ?2)",
                 )
                 .bind(consumer.as_str())
                 .bind(&key)

@@ -25,6 +25,33 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _DeadKeyPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeadKeyPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeadKeyPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DEAD_KEY_POLICY_UNSPECIFIED: _DeadKeyPolicy.ValueType  # 0
+    """Skip, the default: the key's next message is delivered, the dead one is left behind."""
+    DEAD_KEY_POLICY_SKIP: _DeadKeyPolicy.ValueType  # 1
+    DEAD_KEY_POLICY_HOLD: _DeadKeyPolicy.ValueType  # 2
+    """Hold: the key is quarantined. Its later messages wait (not delivered, not counted as
+    attempts) while every other key flows, until the dead message is replayed and acked or the
+    key is released (ReleaseKey).
+    """
+
+class DeadKeyPolicy(_DeadKeyPolicy, metaclass=_DeadKeyPolicyEnumTypeWrapper): ...
+
+DEAD_KEY_POLICY_UNSPECIFIED: DeadKeyPolicy.ValueType  # 0
+"""Skip, the default: the key's next message is delivered, the dead one is left behind."""
+DEAD_KEY_POLICY_SKIP: DeadKeyPolicy.ValueType  # 1
+DEAD_KEY_POLICY_HOLD: DeadKeyPolicy.ValueType  # 2
+"""Hold: the key is quarantined. Its later messages wait (not delivered, not counted as
+attempts) while every other key flows, until the dead message is replayed and acked or the
+key is released (ReleaseKey).
+"""
+Global___DeadKeyPolicy: _TypeAlias = DeadKeyPolicy  # noqa: Y015
+
 @_typing.final
 class Consumer(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -56,12 +83,15 @@ class Consumer(_message.Message):
     START_FROM_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     SINK_FIELD_NUMBER: _builtins.int
+    DEAD_KEY_POLICY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[A-Za-z0-9_.-], 1 to 200 characters."""
     max_deliveries: _builtins.int
     """Deliveries before a message is dead; 0 means the default (10)."""
     paused: _builtins.bool
     start_from: Global___Consumer.StartFrom.ValueType
+    dead_key_policy: Global___DeadKeyPolicy.ValueType
+    """What happens to an ordering key when one of its messages dead-letters."""
     @_builtins.property
     def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Exact topics or patterns: `orders.*` matches one segment, `orders.>` one or more."""
@@ -101,10 +131,11 @@ class Consumer(_message.Message):
         start_from: Global___Consumer.StartFrom.ValueType = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         sink: Global___Sink | None = ...,
+        dead_key_policy: Global___DeadKeyPolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ack_deadline", b"ack_deadline", "backoff_base", b"backoff_base", "backoff_max", b"backoff_max", "created_at", b"created_at", "sink", b"sink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_deadline", b"ack_deadline", "backoff_base", b"backoff_base", "backoff_max", b"backoff_max", "created_at", b"created_at", "max_deliveries", b"max_deliveries", "name", b"name", "paused", b"paused", "sink", b"sink", "start_from", b"start_from", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_deadline", b"ack_deadline", "backoff_base", b"backoff_base", "backoff_max", b"backoff_max", "created_at", b"created_at", "dead_key_policy", b"dead_key_policy", "max_deliveries", b"max_deliveries", "name", b"name", "paused", b"paused", "sink", b"sink", "start_from", b"start_from", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -630,6 +661,7 @@ class ConsumerStats(_message.Message):
     PAUSED_FIELD_NUMBER: _builtins.int
     STREAMS_FIELD_NUMBER: _builtins.int
     SINK_FIELD_NUMBER: _builtins.int
+    HELD_KEYS_FIELD_NUMBER: _builtins.int
     consumer: _builtins.str
     backlog: _builtins.int
     """Deliveries waiting to be delivered (pending, including retries)."""
@@ -645,6 +677,8 @@ class ConsumerStats(_message.Message):
     """Streams attached to this consumer on the server that answered."""
     sink: _builtins.str
     """The sink's target ("rabbitmq", "nats", "webhook"); empty for a consumer served to streams."""
+    held_keys: _builtins.int
+    """Ordering keys held after a dead letter (DEAD_KEY_POLICY_HOLD); see ListHeldKeys."""
     @_builtins.property
     def oldest_unacked_age(self) -> _duration_pb2.Duration:
         """Age of the oldest message not yet acked or dead."""
@@ -662,10 +696,11 @@ class ConsumerStats(_message.Message):
         paused: _builtins.bool = ...,
         streams: _builtins.int = ...,
         sink: _builtins.str = ...,
+        held_keys: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_unacked_age", b"oldest_unacked_age"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "backlog", b"backlog", "consumer", b"consumer", "dead", b"dead", "in_flight", b"in_flight", "oldest_unacked_age", b"oldest_unacked_age", "paused", b"paused", "retrying", b"retrying", "sink", b"sink", "streams", b"streams"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "backlog", b"backlog", "consumer", b"consumer", "dead", b"dead", "held_keys", b"held_keys", "in_flight", b"in_flight", "oldest_unacked_age", b"oldest_unacked_age", "paused", b"paused", "retrying", b"retrying", "sink", b"sink", "streams", b"streams"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1141,3 +1176,133 @@ class TailRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TailRequest: _TypeAlias = TailRequest  # noqa: Y015
+
+@_typing.final
+class ListHeldKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    consumer: _builtins.str
+    def __init__(
+        self,
+        *,
+        consumer: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHeldKeysRequest: _TypeAlias = ListHeldKeysRequest  # noqa: Y015
+
+@_typing.final
+class HeldKey(_message.Message):
+    """An ordering key held because a message of it dead-lettered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORDERING_KEY_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    HELD_AT_FIELD_NUMBER: _builtins.int
+    ordering_key: _builtins.str
+    message_id: _builtins.str
+    """The dead message that holds the key."""
+    last_error: _builtins.str
+    """Its last error."""
+    waiting: _builtins.int
+    """Messages of the key waiting behind it, counted up to 100000."""
+    @_builtins.property
+    def held_at(self) -> _timestamp_pb2.Timestamp:
+        """When the key was held."""
+
+    def __init__(
+        self,
+        *,
+        ordering_key: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+        last_error: _builtins.str = ...,
+        waiting: _builtins.int = ...,
+        held_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held_at", b"held_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["held_at", b"held_at", "last_error", b"last_error", "message_id", b"message_id", "ordering_key", b"ordering_key", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldKey: _TypeAlias = HeldKey  # noqa: Y015
+
+@_typing.final
+class ListHeldKeysResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """More keys are held than the 1000 listed."""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldKey]: ...
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___HeldKey] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHeldKeysResponse: _TypeAlias = ListHeldKeysResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_FIELD_NUMBER: _builtins.int
+    ORDERING_KEY_FIELD_NUMBER: _builtins.int
+    SKIP_DEAD_FIELD_NUMBER: _builtins.int
+    consumer: _builtins.str
+    ordering_key: _builtins.str
+    skip_dead: _builtins.bool
+    """Leave the dead message dead and let the waiting ones go."""
+    def __init__(
+        self,
+        *,
+        consumer: _builtins.str = ...,
+        ordering_key: _builtins.str = ...,
+        skip_dead: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "ordering_key", b"ordering_key", "skip_dead", b"skip_dead"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseKeyRequest: _TypeAlias = ReleaseKeyRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___HeldKey:
+        """The key as it was held."""
+
+    def __init__(
+        self,
+        *,
+        key: Global___HeldKey | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseKeyResponse: _TypeAlias = ReleaseKeyResponse  # noqa: Y015

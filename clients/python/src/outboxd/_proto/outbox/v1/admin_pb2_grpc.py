@@ -100,6 +100,16 @@ class OutboxAdminStub:
                 request_serializer=outbox_dot_v1_dot_admin__pb2.TailRequest.SerializeToString,
                 response_deserializer=outbox_dot_v1_dot_admin__pb2.Message.FromString,
                 _registered_method=True)
+        self.ListHeldKeys = channel.unary_unary(
+                '/outbox.v1.OutboxAdmin/ListHeldKeys',
+                request_serializer=outbox_dot_v1_dot_admin__pb2.ListHeldKeysRequest.SerializeToString,
+                response_deserializer=outbox_dot_v1_dot_admin__pb2.ListHeldKeysResponse.FromString,
+                _registered_method=True)
+        self.ReleaseKey = channel.unary_unary(
+                '/outbox.v1.OutboxAdmin/ReleaseKey',
+                request_serializer=outbox_dot_v1_dot_admin__pb2.ReleaseKeyRequest.SerializeToString,
+                response_deserializer=outbox_dot_v1_dot_admin__pb2.ReleaseKeyResponse.FromString,
+                _registered_method=True)
 
 
 class OutboxAdminServicer:
@@ -198,6 +208,23 @@ class OutboxAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHeldKeys(self, request, context):
+        """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
+        dead-lettered: oldest first, at most 1000.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseKey(self, request, context):
+        """Lets a held key flow again. Without skip_dead the dead message is delivered again first
+        (as a replay of it would), then the waiting ones in order once it is acked; with
+        skip_dead it stays a dead letter and the waiting ones go. Needs replay:CONSUMER.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OutboxAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +292,16 @@ def add_OutboxAdminServicer_to_server(servicer, server):
                     servicer.Tail,
                     request_deserializer=outbox_dot_v1_dot_admin__pb2.TailRequest.FromString,
                     response_serializer=outbox_dot_v1_dot_admin__pb2.Message.SerializeToString,
+            ),
+            'ListHeldKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHeldKeys,
+                    request_deserializer=outbox_dot_v1_dot_admin__pb2.ListHeldKeysRequest.FromString,
+                    response_serializer=outbox_dot_v1_dot_admin__pb2.ListHeldKeysResponse.SerializeToString,
+            ),
+            'ReleaseKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseKey,
+                    request_deserializer=outbox_dot_v1_dot_admin__pb2.ReleaseKeyRequest.FromString,
+                    response_serializer=outbox_dot_v1_dot_admin__pb2.ReleaseKeyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +655,60 @@ class OutboxAdmin:
             '/outbox.v1.OutboxAdmin/Tail',
             outbox_dot_v1_dot_admin__pb2.TailRequest.SerializeToString,
             outbox_dot_v1_dot_admin__pb2.Message.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHeldKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outbox.v1.OutboxAdmin/ListHeldKeys',
+            outbox_dot_v1_dot_admin__pb2.ListHeldKeysRequest.SerializeToString,
+            outbox_dot_v1_dot_admin__pb2.ListHeldKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outbox.v1.OutboxAdmin/ReleaseKey',
+            outbox_dot_v1_dot_admin__pb2.ReleaseKeyRequest.SerializeToString,
+            outbox_dot_v1_dot_admin__pb2.ReleaseKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,15 @@ class OutboxAdminStub:
     Best effort: starts at the newest message, and a message whose transaction commits after a
     later one may be missed.
     """
+    ListHeldKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListHeldKeysRequest, _admin_pb2.ListHeldKeysResponse]
+    """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
+    dead-lettered: oldest first, at most 1000.
+    """
+    ReleaseKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReleaseKeyRequest, _admin_pb2.ReleaseKeyResponse]
+    """Lets a held key flow again. Without skip_dead the dead message is delivered again first
+    (as a replay of it would), then the waiting ones in order once it is acked; with
+    skip_dead it stays a dead letter and the waiting ones go. Needs replay:CONSUMER.
+    """
 
 @_typing.type_check_only
 class OutboxAdminAsyncStub(OutboxAdminStub):
@@ -104,6 +113,15 @@ class OutboxAdminAsyncStub(OutboxAdminStub):
     """Streams messages as they are committed, without consuming them for anyone: for watching.
     Best effort: starts at the newest message, and a message whose transaction commits after a
     later one may be missed.
+    """
+    ListHeldKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListHeldKeysRequest, _admin_pb2.ListHeldKeysResponse]  # type: ignore[assignment]
+    """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
+    dead-lettered: oldest first, at most 1000.
+    """
+    ReleaseKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReleaseKeyRequest, _admin_pb2.ReleaseKeyResponse]  # type: ignore[assignment]
+    """Lets a held key flow again. Without skip_dead the dead message is delivered again first
+    (as a replay of it would), then the waiting ones in order once it is acked; with
+    skip_dead it stays a dead letter and the waiting ones go. Needs replay:CONSUMER.
     """
 
 class OutboxAdminServicer(metaclass=_abc_1.ABCMeta):
@@ -216,6 +234,27 @@ class OutboxAdminServicer(metaclass=_abc_1.ABCMeta):
         """Streams messages as they are committed, without consuming them for anyone: for watching.
         Best effort: starts at the newest message, and a message whose transaction commits after a
         later one may be missed.
+        """
+
+    @_abc_1.abstractmethod
+    def ListHeldKeys(
+        self,
+        request: _admin_pb2.ListHeldKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListHeldKeysResponse, _abc.Awaitable[_admin_pb2.ListHeldKeysResponse]]:
+        """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
+        dead-lettered: oldest first, at most 1000.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseKey(
+        self,
+        request: _admin_pb2.ReleaseKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ReleaseKeyResponse, _abc.Awaitable[_admin_pb2.ReleaseKeyResponse]]:
+        """Lets a held key flow again. Without skip_dead the dead message is delivered again first
+        (as a replay of it would), then the waiting ones in order once it is acked; with
+        skip_dead it stays a dead letter and the waiting ones go. Needs replay:CONSUMER.
         """
 
 def add_OutboxAdminServicer_to_server(servicer: OutboxAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
