@@ -86,6 +86,7 @@ fn describe() {
     describe_gauge!("outboxd_consumer_in_flight", "Deliveries sent and not yet acked.");
     describe_gauge!("outboxd_consumer_retrying", "Pending deliveries after at least one failure.");
     describe_gauge!("outboxd_consumer_dead", "Dead letters.");
+    describe_gauge!("outboxd_consumer_held_keys", "Ordering keys held after a dead letter (dead_key_policy hold).");
     describe_gauge!("outboxd_consumer_oldest_unacked_age_seconds", Unit::Seconds, "Age of the oldest unacked message.");
     describe_gauge!("outboxd_consumer_paused", "1 while the consumer is paused.");
     describe_gauge!("outboxd_consumer_streams", "Streams attached to this process.");
@@ -173,6 +174,7 @@ impl GaugeCollector {
             gauge!("outboxd_consumer_in_flight", "consumer" => label.clone()).set(c.in_flight as f64);
             gauge!("outboxd_consumer_retrying", "consumer" => label.clone()).set(c.retrying as f64);
             gauge!("outboxd_consumer_dead", "consumer" => label.clone()).set(c.dead as f64);
+            gauge!("outboxd_consumer_held_keys", "consumer" => label.clone()).set(c.held_keys as f64);
             gauge!("outboxd_consumer_oldest_unacked_age_seconds", "consumer" => label.clone())
                 .set(c.oldest_unacked_at.map_or(0.0, |t| age(now, t)));
             gauge!("outboxd_consumer_paused", "consumer" => label.clone()).set(if c.paused { 1.0 } else { 0.0 });
