@@ -13,7 +13,11 @@
 //!    commit → ack percentiles.
 //! 5. **drain**: a backlog committed while no stream is attached, timed from the moment streams
 //!    attach until the last message is acked; the relay's fan-out is part of it.
-//! 6. **fanout**: the same with 1, 4 and 16 consumers on one topic.
+//! 6. **fanout**: the same with 1, 4 and 16 consumers on one topic. The server's WAL position
+//!    (`pg_current_wal_lsn()`) is read before each round's backlog is committed and again once
+//!    outboxd counts every delivery of the round acked; the difference over the round's messages
+//!    is `wal_bytes_per_message`, what a message costs in WAL, committed and delivered to k
+//!    consumers.
 //! 7. **idle**: transactions per second outboxd runs while nothing happens.
 //!
 //! And the figures of the storage targets: `outbox.enqueue` against a plain INSERT into the
@@ -21,12 +25,23 @@
 //! default 1,000/s), end to end with producers calling the SQL function, fan-out as a time
 //! ratio, and a backlog under 20 ordering keys drained at two depths per key.
 //!
+//! Last, once outboxd has stopped so that the two never share the CPU, a **JetStream reference**
+//! (`jetstream.rs`): the drain and the fan-out rounds again against NATS JetStream at
+//! `--nats-url`, with the same message counts and payload. Each backlog is published first to
+//! a file-backed stream of its own; the clock runs from the fetch loops starting until every
+//! durable pull consumer has acked every message (explicit acks, one per message): one consumer
+//! with as many fetch loops as the drain has streams, and k consumers with as many each as a
+//! fan-out consumer has. outboxd's rates over JetStream's are `drain_vs_jetstream` and
+//! `fanout_vs_jetstream`. `--no-jetstream` skips it (its keys are then null); without that flag
+//! a NATS that cannot be reached fails the run at its start.
+//!
 //! The database named by `--database-url` is dropped and recreated at start, so its name must
 //! contain "bench". With a `sqlite://PATH` URL the embedded store is measured instead (see
 //! `sqlite.rs`: ceiling, end to end, fixed-rate latency, drain). Results go to stdout (a table, or one JSON object with `--json`); progress
 //! and outboxd's own log go to stderr.
 #![forbid(unsafe_code)]
 
+mod jetstream;
 mod sinks;
 mod sqlite;
 
@@ -158,9 +173,13 @@ struct Args {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     amqp_url: String,
-    /// The sink phase's NATS server (with JetStream).
+    /// The NATS server (with JetStream) of the JetStream reference phase and of the sink phase.
     #[arg(long, env = "OUTBOX_BENCH_NATS_URL", default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
+    /// Skip the JetStream reference phase: no NATS needed, and the JSON's `jetstream_*` and
+    /// `*_vs_jetstream` keys are null.
+    #[arg(long)]
+    no_jetstream: bool,
     /// Messages per broker in the sink phase [default: 20000, with --quick 5000].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     sink_messages: Option<u64>,
@@ -610,11 +629,16 @@ impl Progress {
                 }
             }
         }
+        self.count(first, batch.len() as u64 - first, acked);
+    }
+
+    /// Counts `first` first deliveries and `again` redeliveries acked at `acked`.
+    fn count(&self, first: u64, again: u64, acked: Instant) {
         let ns = u64::try_from(acked.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX);
         // The instant first, so that whoever sees the count sees an instant at least this late.
         self.last_ack_ns.fetch_max(ns, Ordering::SeqCst);
         self.first_ack_ns.fetch_min(ns, Ordering::SeqCst);
-        self.again.fetch_add(batch.len() as u64 - first, Ordering::SeqCst);
+        self.again.fetch_add(again, Ordering::SeqCst);
         self.first.fetch_add(first, Ordering::SeqCst);
     }
 
@@ -1017,18 +1041,65 @@ async fn drain(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Dra
 }
 
 /// Phase 6: the same with several consumers on one topic (a topic per round, so rounds do not
-/// feed each other).
-async fn fanout(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<Vec<(u32, Drained)>> {
+/// feed each other). Also returns, by consumer count, the WAL each round wrote per message: the
+/// server's WAL position before the round (before its consumers are created and its backlog is
+/// committed) and after it (once outboxd counts every delivery of the round acked), over the
+/// round's messages.
+async fn fanout(b: &Bench, admin: &mut AdminClient, endpoint: &str) -> Result<(Vec<(u32, Drained)>, ByConsumers)> {
     let mut out = Vec::new();
+    let mut wal = ByConsumers::default();
     for k in FANOUT_CONSUMERS {
         let topic = format!("bench.fanout.c{k}");
         let names: Vec<String> = (1..=k).map(|i| format!("bench-fanout-c{k}-{i}")).collect();
         let n = b.params.fanout_messages;
+        let lsn = wal_lsn(&b.db).await?;
         let d = drain_backlog(b, admin, endpoint, &topic, &names, n, FANOUT_STREAMS_PER_CONSUMER).await?;
-        tracing::info!(consumers = k, deliveries_per_s = per_second(d.deliveries, d.elapsed), "fanout round done");
+        settle(admin, &names).await?;
+        let bytes = wal_bytes_since(&b.db, &lsn).await?;
+        tracing::info!(
+            consumers = k,
+            deliveries_per_s = per_second(d.deliveries, d.elapsed),
+            wal_bytes = bytes,
+            "fanout round done"
+        );
         out.push((k, d));
+        wal.0.push((k, round(bytes as f64 / n.max(1) as f64, 1)));
     }
-    Ok(out)
+    Ok((out, wal))
+}
+
+/// The server's current WAL write position (`pg_lsn`, as text).
+async fn wal_lsn(db: &PgPool) -> Result<String> {
+    Ok(sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(db).await?)
+}
+
+/// WAL bytes the whole server wrote since `lsn` (every database, outboxd's vacuum rounds and
+/// checkpoints' full-page images included).
+async fn wal_bytes_since(db: &PgPool, lsn: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint")
+        .bind(lsn)
+        .fetch_one(db)
+        .await?)
+}
+
+/// Waits, for at most 10 s, until outboxd counts no delivery of the consumers `names` pending or
+/// in flight: the bench counts an ack when it sends it, and outboxd writes the last acks after
+/// that. (A warning, not an error, if it does not: only the WAL figure depends on it.)
+async fn settle(admin: &mut AdminClient, names: &[String]) -> Result<()> {
+    let by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = admin.get_stats(pb::GetStatsRequest { consumer: String::new() }).await?.into_inner();
+        let left: i64 =
+            stats.consumers.iter().filter(|c| names.contains(&c.consumer)).map(|c| c.backlog + c.in_flight).sum();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= by {
+            tracing::warn!(left, "deliveries not acked 10 s after a fan-out round: its WAL figure misses their acks");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Phase 8: a backlog under `KEYED_KEYS` ordering keys, drained by `KEYED_STREAMS` streams, at
@@ -1273,6 +1344,18 @@ struct Report {
     keyed_drain_acking_per_s: ByDepth,
     /// Commit → delivery of single messages from the SQL function, each after a quiet spell.
     latency_after_quiet_ms: QuietLatency,
+    /// The JetStream reference phase (`None`, null in the JSON, with `--no-jetstream`):
+    /// deliveries per second of the same fan-out to k durable pull consumers.
+    jetstream_fanout_per_s: Option<ByConsumers>,
+    /// `fanout_per_s` over `jetstream_fanout_per_s`, for each k.
+    fanout_vs_jetstream: Option<ByConsumers>,
+    /// Messages per second of the same drain by one durable pull consumer.
+    jetstream_drain_per_s: Option<f64>,
+    /// `drain_per_s` over `jetstream_drain_per_s`.
+    drain_vs_jetstream: Option<f64>,
+    /// WAL bytes the server wrote during each fan-out round (its backlog's commit included),
+    /// over the round's messages.
+    wal_bytes_per_message: ByConsumers,
 }
 
 /// Figures keyed by depth per key.
@@ -1383,6 +1466,43 @@ fn print_table(r: &Report) {
         ]);
     }
     rows.push([
+        "WAL per message".into(),
+        r.wal_bytes_per_message
+            .0
+            .iter()
+            .map(|(k, v)| format!("x{k}: {} B", grouped(*v)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        "pg_wal_lsn_diff around each fanout round (backlog commit, relay, leases, acks) / its messages".into(),
+    ]);
+    match (&r.jetstream_drain_per_s, &r.drain_vs_jetstream, &r.jetstream_fanout_per_s, &r.fanout_vs_jetstream) {
+        (Some(drain), Some(drain_ratio), Some(fanout), Some(fanout_ratio)) => {
+            rows.push([
+                "jetstream drain".into(),
+                format!("{} msg/s", grouped(*drain)),
+                format!(
+                    "same backlog published to a file stream first; 1 durable pull consumer, {} fetch loops, \
+                     explicit acks; outboxd's drain {drain_ratio:.2} x this",
+                    p.streams
+                ),
+            ]);
+            for (k, per_s) in &fanout.0 {
+                let ratio = fanout_ratio.0.iter().find(|(c, _)| c == k).map_or(0.0, |(_, x)| *x);
+                rows.push([
+                    format!("jetstream fanout x{k}"),
+                    format!("{} deliveries/s", grouped(*per_s)),
+                    format!(
+                        "{} messages to {k} durable pull consumer{}, {} fetch loops each; outboxd's fanout {ratio:.2} x this",
+                        grouped(p.fanout_messages as f64),
+                        if *k == 1 { "" } else { "s" },
+                        p.fanout_streams_per_consumer
+                    ),
+                ]);
+            }
+        }
+        _ => rows.push(["jetstream".into(), "skipped".into(), "--no-jetstream".into()]),
+    }
+    rows.push([
         "latency fixed".into(),
         format!("commit->delivery {}", quantiles_text(&r.latency_fixed_ms.delivery)),
         format!(
@@ -1460,6 +1580,11 @@ fn print_table(r: &Report) {
 
 async fn run(args: Args) -> Result<Report> {
     let bin = find_outboxd(args.outboxd.clone())?;
+    // Reached now, so that a missing NATS fails the run before its PostgreSQL phases, not after.
+    let reference = match args.no_jetstream {
+        true => None,
+        false => Some(jetstream::Reference::connect(&args.nats_url).await?),
+    };
     let url = args.database_url.clone();
     recreate_database(&url).await?;
     let db = pool(&url, 4).await?;
@@ -1504,11 +1629,11 @@ async fn run(args: Args) -> Result<Report> {
     tracing::info!(p99_ms = lat.delivery.p99, "phase 5: drain");
     let dr = drain(&b, &mut admin, &endpoint).await?;
     tracing::info!(drain_per_s = per_second(dr.messages, dr.elapsed), "phase 6: fanout");
-    let fan = fanout(&b, &mut admin, &endpoint).await?;
+    let (fan, wal_bytes_per_message) = fanout(&b, &mut admin, &endpoint).await?;
     tracing::info!("phase 8: keyed backlog");
     let keyed = keyed_drain(&b, &mut admin, &endpoint).await?;
 
-    let Bench { params, db, producers, .. } = b;
+    let Bench { params, db, producers, payload } = b;
     producers.close().await;
     db.close().await;
     let rss_end = rss_kib(outboxd.pid())?;
@@ -1516,7 +1641,42 @@ async fn run(args: Args) -> Result<Report> {
         tracing::warn!("outboxd exited with an error status");
     }
 
+    // With outboxd stopped, so that the two never share the CPU.
+    let js = match &reference {
+        Some(r) => {
+            tracing::info!("phase 9: the JetStream reference (drain, then fanout)");
+            Some(
+                r.run(jetstream::Shape {
+                    drain_messages: params.drain_messages,
+                    drain_loops: STREAMS,
+                    fanout_messages: params.fanout_messages,
+                    fanout_consumers: &FANOUT_CONSUMERS,
+                    fanout_loops_per_consumer: FANOUT_STREAMS_PER_CONSUMER,
+                    max_in_flight: DRAIN_MAX_IN_FLIGHT,
+                    payload: &payload,
+                })
+                .await?,
+            )
+        }
+        None => None,
+    };
+
     let fan_by = |f: &dyn Fn(&Drained) -> f64| ByConsumers(fan.iter().map(|(k, d)| (*k, f(d))).collect());
+    let drain_per_s = round(per_second(dr.messages, dr.elapsed), 1);
+    let fanout_per_s = fan_by(&|d| round(per_second(d.deliveries, d.elapsed), 1));
+    let jetstream_fanout_per_s =
+        js.as_ref().map(|j| ByConsumers(j.fanout.iter().map(|(k, r)| (*k, round(r.deliveries_per_s(), 1))).collect()));
+    // Of the unrounded rates, as the other ratios.
+    let fanout_vs_jetstream = js.as_ref().map(|j| {
+        ByConsumers(
+            fan.iter()
+                .filter_map(|(k, d)| {
+                    let (_, r) = j.fanout.iter().find(|(c, _)| c == k)?;
+                    Some((*k, round(per_second(d.deliveries, d.elapsed) / r.deliveries_per_s().max(1e-9), 3)))
+                })
+                .collect(),
+        )
+    });
     let one = fan.iter().find(|(k, _)| *k == 1).map_or(1.0, |(_, d)| d.elapsed.as_secs_f64().max(1e-9));
     let redeliveries = e2e.redelivered + dr.redelivered + fan.iter().map(|(_, d)| d.redelivered).sum::<u64>();
     Ok(Report {
@@ -1535,8 +1695,15 @@ async fn run(args: Args) -> Result<Report> {
         end_to_end_per_s: round(e2e.per_s, 1),
         ratio_to_ceiling: round(e2e.per_s / ceiling_per_s.max(1e-9), 3),
         latency_ms: lat,
-        drain_per_s: round(per_second(dr.messages, dr.elapsed), 1),
-        fanout_per_s: fan_by(&|d| round(per_second(d.deliveries, d.elapsed), 1)),
+        jetstream_fanout_per_s,
+        fanout_vs_jetstream,
+        jetstream_drain_per_s: js.as_ref().map(|j| round(j.drain.deliveries_per_s(), 1)),
+        drain_vs_jetstream: js
+            .as_ref()
+            .map(|j| round(per_second(dr.messages, dr.elapsed) / j.drain.deliveries_per_s().max(1e-9), 3)),
+        wal_bytes_per_message,
+        drain_per_s,
+        fanout_per_s,
         idle_queries_per_s: round(idle_queries_per_s, 2),
         outboxd_rss_kib: Rss { start: rss_start, end: rss_end },
         details: Details {
