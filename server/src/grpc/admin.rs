@@ -620,6 +620,9 @@ pub fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
         }
     }
     let topics = parse_each("topics", &req.topics, TopicPattern::parse)?;
+    if !req.last_error.is_empty() && !req.dead_letters {
+        return Err(invalid(InvalidField::new("last_error", "selects dead letters: give dead_letters too")));
+    }
     Ok(ReplayPlan {
         consumer,
         filter: ReplayFilter {
@@ -628,6 +631,7 @@ pub fn replay_plan(req: pb::ReplayRequest) -> Result<ReplayPlan, Status> {
             enqueued_after,
             enqueued_before,
             types: req.types,
+            last_error: (!req.last_error.is_empty()).then_some(req.last_error),
         },
         topics,
         dry_run: req.dry_run,

@@ -235,23 +235,25 @@ proptest! {
         topics in prop::collection::vec(mostly("[a-z]{1,5}(\\.[a-z*]{1,5})?", text()), 0..3),
         dry_run in any::<bool>(),
         max_per_second in any::<u32>(),
+        last_error in mostly("[a-z ]{0,10}", text()),
     ) {
         let req = pb::ReplayRequest {
             consumer, message_ids: message_ids.clone(), dead_letters, enqueued_after, enqueued_before, types, topics,
-            dry_run, allow_beyond_retention: false, max_per_second,
+            dry_run, allow_beyond_retention: false, max_per_second, last_error: last_error.clone(),
         };
         match replay_plan(req) {
             Ok(plan) => {
                 prop_assert_eq!(plan.filter.message_ids.len(), message_ids.len());
                 prop_assert!(!plan.filter.message_ids.is_empty() || plan.filter.dead_only
                     || plan.filter.enqueued_after.is_some() || plan.filter.enqueued_before.is_some());
+                prop_assert!(plan.filter.last_error.is_none() || plan.filter.dead_only, "last_error without dead_letters");
             }
             Err(s) => {
                 prop_assert_eq!(s.code(), tonic::Code::InvalidArgument);
                 let bad = s.get_details_bad_request().expect("a BadRequest detail");
                 prop_assert_eq!(bad.field_violations.len(), 1);
                 let field = bad.field_violations[0].field.split('[').next().unwrap_or("").to_owned();
-                let known = ["consumer", "selector", "message_ids", "enqueued_after", "enqueued_before", "types", "topics"];
+                let known = ["consumer", "selector", "message_ids", "enqueued_after", "enqueued_before", "types", "topics", "last_error"];
                 prop_assert!(known.contains(&field.as_str()), "unknown field {:?}", bad.field_violations[0].field);
                 prop_assert!(s.message().starts_with(&bad.field_violations[0].field));
             }

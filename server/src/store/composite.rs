@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::driver::Driver;
 use super::{
-    DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned,
-    PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, Stats, Store, StoreError,
-    StoredMessage, TableHealth, VacuumHorizon,
+    DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
+    NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
+    SearchPage, Stats, Store, StoreError, StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId, StartFrom};
 
@@ -243,7 +243,33 @@ impl<D: Driver> Store for DriverStore<D> {
 
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
-        self.driver.dead_letter_page(consumer.as_str(), after_seq, limit).await
+        self.driver.dead_letter_page(consumer.as_str(), None, after_seq, limit).await
+    }
+
+    async fn dead_letter_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<DeadGroup>> {
+        self.consumer_get(consumer).await?;
+        self.driver.dead_letter_groups(consumer.as_str(), limit).await
+    }
+
+    async fn dead_letter_list_with_error(
+        &self,
+        consumer: &ConsumerName,
+        last_error: Option<&str>,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
+        self.consumer_get(consumer).await?;
+        self.driver.dead_letter_page(consumer.as_str(), last_error, after_seq, limit).await
+    }
+
+    async fn message_search(
+        &self,
+        query: &MessageQuery,
+        before_seq: Option<i64>,
+        limit: i64,
+        scan: i64,
+    ) -> Result<SearchPage> {
+        self.driver.message_search(query, before_seq, limit, scan).await
     }
 
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::records::{ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef};
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoredMessage, TableHealth,
-    VacuumHorizon,
+    ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, NewMessage,
+    Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, SearchPage,
+    StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 
@@ -164,8 +164,25 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
         ids: &[MessageId],
         now: DateTime<Utc>,
     ) -> Result<u64>;
-    /// A page of the consumer's dead letters in `seq` order after `after_seq`.
-    async fn dead_letter_page(&self, consumer: &str, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
+    /// A page of the consumer's dead letters in `seq` order after `after_seq` (only those whose
+    /// last error is `last_error` when given).
+    async fn dead_letter_page(
+        &self,
+        consumer: &str,
+        last_error: Option<&str>,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>>;
+    /// See [`super::Store::dead_letter_groups`].
+    async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>>;
+    /// See [`super::Store::message_search`].
+    async fn message_search(
+        &self,
+        query: &MessageQuery,
+        before_seq: Option<i64>,
+        limit: i64,
+        scan: i64,
+    ) -> Result<SearchPage>;
     /// See [`super::Store::replay_candidates`].
     async fn replay_candidates(
         &self,

@@ -179,6 +179,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
     /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
+    /// The consumer's dead letters grouped by last error, largest group first, at most `limit`
+    /// groups.
+    async fn dead_letter_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<DeadGroup>>;
+    /// A page of the consumer's dead letters with this last error, in `seq` order after
+    /// `after_seq`.
+    async fn dead_letter_list_with_error(
+        &self,
+        consumer: &ConsumerName,
+        last_error: Option<&str>,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>>;
+    /// Messages matching `query`, newest first, among at most `scan` messages with
+    /// `seq < before_seq` (all when `None`), at most `limit` of them: a page costs what it
+    /// scans, never the whole history.
+    async fn message_search(
+        &self,
+        query: &MessageQuery,
+        before_seq: Option<i64>,
+        limit: i64,
+        scan: i64,
+    ) -> Result<SearchPage>;
     /// Up to `limit` of the ordering keys `consumer` holds, oldest hold first.
     async fn held_key_list(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<HeldKey>>;
     /// Lets a held key flow again and returns it as it was held (`None`: not held). Without
@@ -474,6 +496,73 @@ pub struct DeadLetter {
     pub dead_at: Option<DateTime<Utc>>,
 }
 
+/// A consumer's dead letters that share one last error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadGroup {
+    pub last_error: Option<String>,
+    pub count: i64,
+    pub first_dead_at: Option<DateTime<Utc>>,
+    pub last_dead_at: Option<DateTime<Utc>>,
+    /// Up to [`DeadGroup::NAMES_SHOWN`] of its distinct topics and types, in byte order.
+    pub topics: Vec<String>,
+    pub types: Vec<String>,
+}
+
+impl DeadGroup {
+    pub const NAMES_SHOWN: usize = 5;
+}
+
+/// What a message search looks for; every criterion given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageQuery {
+    pub topic: Option<String>,
+    pub type_: Option<String>,
+    pub ordering_key: Option<String>,
+    /// `enqueued_at` at or after this.
+    pub after: Option<DateTime<Utc>>,
+    /// `enqueued_at` before this.
+    pub before: Option<DateTime<Utc>>,
+}
+
+/// A message without its payload and headers: a search result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageSummary {
+    pub message_id: MessageId,
+    pub seq: i64,
+    pub topic: String,
+    pub type_: String,
+    pub ordering_key: Option<String>,
+    pub enqueued_at: DateTime<Utc>,
+}
+
+/// One page of a search, newest first: the matches among the `scanned` messages below the
+/// cursor, and where the next page starts (`None`: no older message is left).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SearchPage {
+    pub messages: Vec<MessageSummary>,
+    pub scanned: i64,
+    pub next_before_seq: Option<i64>,
+}
+
+/// The page a search window makes: the next page starts below the last match when the page is
+/// full, else below the window when the window was full (older messages are left), else nowhere.
+pub(crate) fn search_page(
+    messages: Vec<MessageSummary>,
+    scanned: i64,
+    lowest: Option<i64>,
+    limit: i64,
+    scan: i64,
+) -> SearchPage {
+    let next_before_seq = if messages.len() as i64 >= limit {
+        messages.last().map(|m| m.seq)
+    } else if scanned >= scan {
+        lowest
+    } else {
+        None
+    };
+    SearchPage { messages, scanned, next_before_seq }
+}
+
 /// An ordering key a consumer holds because a message of it dead-lettered
 /// ([`crate::domain::DeadKeyPolicy::Hold`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -507,6 +596,8 @@ pub struct ReplayFilter {
     pub enqueued_before: Option<DateTime<Utc>>,
     /// Only these message types (none: any).
     pub types: Vec<String>,
+    /// Only dead letters whose last error is exactly this (with `dead_only`).
+    pub last_error: Option<String>,
 }
 
 /// A message a replay may make due again.

@@ -70,6 +70,8 @@ on_every_store!(
     a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
     a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not,
     table_health_shows_the_size_and_dead_rows_of_outboxds_tables,
+    dead_letters_group_by_last_error_and_a_group_replays_alone,
+    a_search_pages_newest_first_through_bounded_windows,
 );
 
 fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
@@ -1388,4 +1390,76 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
         assert!(std::time::Instant::now() < deadline, "the vacuum never showed: {t:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Dead letters grouped by last error (largest group first, with first and last time, topics
+/// and types); a group listed alone; a replay of one group (`last_error`) selects only it.
+async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let c = spec("c", &["t.*"], 1);
+    store.consumer_create(&c, now).await.unwrap();
+    let mut ids = Vec::new();
+    for (topic, type_) in [("t.a", "A"), ("t.b", "B"), ("t.a", "A"), ("t.c", "C")] {
+        let m = NewMessage { type_: type_.into(), ..msg(topic) };
+        ids.push(store.message_insert(&m, now).await.unwrap().message_id);
+    }
+    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    assert_eq!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().len(), 4);
+    let errors = ["card declined", "card declined", "card declined", "timeout"];
+    let releases: Vec<Release> =
+        ids.iter().zip(errors).map(|(id, e)| crate::delivery::failed(&c, *id, 1, e.into(), None, now)).collect();
+    assert_eq!(store.delivery_release_many(&releases, ReleaseGuard::Session("s"), now).await.unwrap(), 4);
+
+    let groups = store.dead_letter_groups(&c.name, 10).await.unwrap();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert_eq!((groups[0].last_error.as_deref(), groups[0].count), (Some("card declined"), 3));
+    assert_eq!(groups[0].topics, vec!["t.a", "t.b"]);
+    assert_eq!(groups[0].types, vec!["A", "B"]);
+    assert_eq!((groups[0].first_dead_at, groups[0].last_dead_at), (Some(now), Some(now)));
+    assert_eq!((groups[1].last_error.as_deref(), groups[1].count), (Some("timeout"), 1));
+    assert_eq!(store.dead_letter_groups(&c.name, 1).await.unwrap().len(), 1, "bounded");
+
+    let listed = store.dead_letter_list_with_error(&c.name, Some("timeout"), 0, 10).await.unwrap();
+    assert_eq!(listed.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), vec![ids[3]]);
+
+    let filter = ReplayFilter { dead_only: true, last_error: Some("card declined".into()), ..Default::default() };
+    let candidates = store.replay_candidates(&c.name, &filter, 0, 10).await.unwrap();
+    assert_eq!(candidates.iter().map(|c| c.message_id).collect::<Vec<_>>(), ids[..3].to_vec());
+}
+
+/// A search reads a window of the newest messages below its cursor, matches in it, and says
+/// where the next page starts, whatever the history's size.
+async fn a_search_pages_newest_first_through_bounded_windows(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let mut seqs = Vec::new();
+    for i in 0..30 {
+        let m = NewMessage {
+            type_: if i % 3 == 0 { "Wanted".into() } else { "Other".into() },
+            ordering_key: (i % 2 == 0).then(|| "k".to_owned()),
+            ..msg(if i < 15 { "s.old" } else { "s.new" })
+        };
+        seqs.push(store.message_insert(&m, now).await.unwrap().seq);
+    }
+    let wanted = MessageQuery { type_: Some("Wanted".into()), ..Default::default() };
+    // A window of 10 (seqs 30..21) holds Wanted at i = 27, 24, 21.
+    let page = store.message_search(&wanted, None, 2, 10).await.unwrap();
+    assert_eq!(page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![seqs[27], seqs[24]]);
+    assert_eq!(page.next_before_seq, Some(seqs[24]), "a full page: on from its last match");
+    let page = store.message_search(&wanted, page.next_before_seq, 5, 10).await.unwrap();
+    assert_eq!(page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![seqs[21], seqs[18], seqs[15]]);
+    assert_eq!((page.scanned, page.next_before_seq), (10, Some(seqs[14])), "a full window: on below it");
+    // Nothing matches in a window: it still moves on.
+    let none = MessageQuery { topic: Some("s.nothing".into()), ..Default::default() };
+    let page = store.message_search(&none, None, 5, 10).await.unwrap();
+    assert!(page.messages.is_empty());
+    assert_eq!(page.next_before_seq, Some(seqs[20]));
+    // The end of history: no next page.
+    let q = MessageQuery { topic: Some("s.old".into()), ordering_key: Some("k".into()), ..Default::default() };
+    let page = store.message_search(&q, Some(seqs[10]), 50, 100).await.unwrap();
+    assert_eq!(
+        page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        vec![seqs[8], seqs[6], seqs[4], seqs[2], seqs[0]]
+    );
+    assert_eq!(page.next_before_seq, None);
 }

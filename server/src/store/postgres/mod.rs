@@ -18,9 +18,9 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
 };
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
-    VacuumHorizon,
+    ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, MessageSummary,
+    NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
+    SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
@@ -1114,17 +1114,25 @@ impl Driver for PgDriver {
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    async fn dead_letter_page(&self, consumer: &str, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+    async fn dead_letter_page(
+        &self,
+        consumer: &str,
+        last_error: Option<&str>,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
               WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
+                AND ($4::text IS NULL OR d.last_error = $4)
               ORDER BY d.seq LIMIT $3"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(consumer)
             .bind(after_seq)
             .bind(limit)
+            .bind(last_error)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -1138,6 +1146,109 @@ impl Driver for PgDriver {
                 })
             })
             .collect()
+    }
+
+    /// From the dead-letter index; the topics and types of a group come from its messages by
+    /// primary key.
+    async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
+        let rows = sqlx::query(
+            "SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last,
+                    (array_agg(DISTINCT m.topic ORDER BY m.topic))[1:$3] AS topics,
+                    (array_agg(DISTINCT m.type ORDER BY m.type))[1:$3] AS types
+               FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+              WHERE d.consumer = $1 AND d.state = 'dead'
+              GROUP BY d.last_error
+              ORDER BY n DESC, d.last_error NULLS LAST
+              LIMIT $2",
+        )
+        .bind(consumer)
+        .bind(limit)
+        .bind(DeadGroup::NAMES_SHOWN as i32)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadGroup {
+                    last_error: r.try_get("last_error")?,
+                    count: r.try_get("n")?,
+                    first_dead_at: r.try_get("first")?,
+                    last_dead_at: r.try_get("last")?,
+                    topics: r.try_get("topics")?,
+                    types: r.try_get("types")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The window of the `scan` newest messages below the cursor (by primary key), then the
+    /// matches in it.
+    async fn message_search(
+        &self,
+        query: &MessageQuery,
+        before_seq: Option<i64>,
+        limit: i64,
+        scan: i64,
+    ) -> Result<SearchPage> {
+        let rows = sqlx::query(
+            "WITH w AS (SELECT m.seq FROM outbox.messages m
+                         WHERE m.seq < coalesce($1, 9223372036854775807)
+                           AND ($6::timestamptz IS NULL OR m.enqueued_at >= $6)
+                           AND ($7::timestamptz IS NULL OR m.enqueued_at < $7)
+                         ORDER BY m.seq DESC LIMIT $2)
+             SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
+                    (SELECT count(*) FROM w) AS scanned, (SELECT min(seq) FROM w) AS lowest
+               FROM outbox.messages m
+              WHERE m.seq IN (SELECT seq FROM w)
+                AND ($3::text IS NULL OR m.topic = $3)
+                AND ($4::text IS NULL OR m.type = $4)
+                AND ($5::text IS NULL OR m.ordering_key = $5)
+              ORDER BY m.seq DESC LIMIT $8",
+        )
+        .bind(before_seq)
+        .bind(scan)
+        .bind(query.topic.as_deref())
+        .bind(query.type_.as_deref())
+        .bind(query.ordering_key.as_deref())
+        .bind(query.after)
+        .bind(query.before)
+        .bind(limit)
+        .persistent(false)
+        .fetch_all(&self.pool)
+        .await?;
+        let messages = rows
+            .iter()
+            .map(|r| {
+                Ok(MessageSummary {
+                    message_id: MessageId(r.try_get("message_id")?),
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    type_: r.try_get("type")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    enqueued_at: r.try_get("enqueued_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // No match in the window still says how far it reached.
+        let (scanned, lowest): (i64, Option<i64>) = match rows.first() {
+            Some(r) => (r.try_get("scanned")?, r.try_get("lowest")?),
+            None => {
+                sqlx::query_as(
+                    "SELECT count(*), min(seq) FROM (SELECT m.seq FROM outbox.messages m
+                  WHERE m.seq < coalesce($1, 9223372036854775807)
+                    AND ($3::timestamptz IS NULL OR m.enqueued_at >= $3)
+                    AND ($4::timestamptz IS NULL OR m.enqueued_at < $4)
+                  ORDER BY m.seq DESC LIMIT $2) w",
+                )
+                .bind(before_seq)
+                .bind(scan)
+                .bind(query.after)
+                .bind(query.before)
+                .persistent(false)
+                .fetch_one(&self.pool)
+                .await?
+            }
+        };
+        Ok(super::search_page(messages, scanned, lowest, limit, scan))
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
@@ -1245,6 +1356,9 @@ impl Driver for PgDriver {
         }
         if !filter.types.is_empty() {
             q.push(" AND m.type = ANY(").push_bind(&filter.types).push(")");
+        }
+        if let Some(e) = &filter.last_error {
+            q.push(" AND d.last_error = ").push_bind(e);
         }
         q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
         // Unprepared: the statement's shape varies, and a plan cached on a small table would

@@ -29,9 +29,9 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsumerStats, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, NewMessage, Pruned, PushOffer,
-    RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result, StoreError, StoredMessage, TableHealth,
-    VacuumHorizon, WorkHint,
+    ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, MessageSummary,
+    NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
+    SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
 
@@ -1023,17 +1023,25 @@ impl Driver for SqliteDriver {
         Ok(consumers)
     }
 
-    async fn dead_letter_page(&self, consumer: &str, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
+    async fn dead_letter_page(
+        &self,
+        consumer: &str,
+        last_error: Option<&str>,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
               WHERE d.consumer = ?1 AND d.state = 'dead' AND d.seq > ?2
+                AND (?4 IS NULL OR d.last_error = ?4)
               ORDER BY d.seq LIMIT ?3"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(consumer)
             .bind(after_seq)
             .bind(limit)
+            .bind(last_error)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -1113,6 +1121,9 @@ impl Driver for SqliteDriver {
                 .push_bind(json!(filter.types).to_string())
                 .push("))");
         }
+        if let Some(e) = &filter.last_error {
+            q.push(" AND d.last_error = ").push_bind(e.clone());
+        }
         q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
         let rows = q.build().fetch_all(&self.pool).await?;
         rows.iter()
@@ -1159,6 +1170,94 @@ impl Driver for SqliteDriver {
         .execute(conn)
         .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
+        let rows = sqlx::query(
+            "SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last,
+                    json_group_array(DISTINCT m.topic) AS topics, json_group_array(DISTINCT m.type) AS types
+               FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
+              WHERE d.consumer = ?1 AND d.state = 'dead'
+              GROUP BY d.last_error
+              ORDER BY n DESC, d.last_error IS NULL, d.last_error
+              LIMIT ?2",
+        )
+        .bind(consumer)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let names = |text: &str| -> Result<Vec<String>> {
+            let mut v: Vec<String> = serde_json::from_str(text)
+                .map_err(|e| StoreError::InvalidValue(format!("dead letter group names: {e}")))?;
+            v.sort();
+            v.truncate(DeadGroup::NAMES_SHOWN);
+            Ok(v)
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(DeadGroup {
+                    last_error: r.try_get("last_error")?,
+                    count: r.try_get("n")?,
+                    first_dead_at: opt_time(r.try_get("first")?),
+                    last_dead_at: opt_time(r.try_get("last")?),
+                    topics: names(r.try_get("topics")?)?,
+                    types: names(r.try_get("types")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn message_search(
+        &self,
+        query: &MessageQuery,
+        before_seq: Option<i64>,
+        limit: i64,
+        scan: i64,
+    ) -> Result<SearchPage> {
+        let window = "SELECT m.seq FROM outbox_messages m
+                       WHERE m.seq < coalesce(?1, 9223372036854775807)
+                         AND (?2 IS NULL OR m.enqueued_at >= ?2) AND (?3 IS NULL OR m.enqueued_at < ?3)
+                       ORDER BY m.seq DESC LIMIT ?4";
+        let (scanned, lowest): (i64, Option<i64>) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*), min(seq) FROM ({window})")))
+                .bind(before_seq)
+                .bind(query.after.map(us))
+                .bind(query.before.map(us))
+                .bind(scan)
+                .fetch_one(&self.pool)
+                .await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at
+               FROM outbox_messages m
+              WHERE m.seq IN ({window})
+                AND (?5 IS NULL OR m.topic = ?5) AND (?6 IS NULL OR m.type = ?6)
+                AND (?7 IS NULL OR m.ordering_key = ?7)
+              ORDER BY m.seq DESC LIMIT ?8"
+        )))
+        .bind(before_seq)
+        .bind(query.after.map(us))
+        .bind(query.before.map(us))
+        .bind(scan)
+        .bind(query.topic.as_deref())
+        .bind(query.type_.as_deref())
+        .bind(query.ordering_key.as_deref())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let messages = rows
+            .iter()
+            .map(|r| {
+                Ok(MessageSummary {
+                    message_id: uuid(r.try_get("message_id")?)?,
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    type_: r.try_get("type")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    enqueued_at: time(r.try_get("enqueued_at")?),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(super::search_page(messages, scanned, lowest, limit, scan))
     }
 
     async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {

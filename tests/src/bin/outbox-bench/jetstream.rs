@@ -85,14 +85,18 @@ pub struct Shape<'a> {
 }
 
 impl Reference {
-    /// Connects, and asks for the account's JetStream information, which fails on a server
-    /// without JetStream.
+    /// Connects, and asks for the account's JetStream information (`$JS.API.INFO`), which a
+    /// server without JetStream does not answer or answers with an error. Read as plain JSON:
+    /// the typed answer of the client crate expects fields that older servers do not send.
     pub async fn connect(url: &str) -> Result<Self> {
         let client = connect(url).await?;
+        let no_jetstream = || format!("NATS at {url} did not answer as JetStream; {HOW_TO_SKIP}");
+        let reply = client.request("$JS.API.INFO", "".into()).await.with_context(no_jetstream)?;
+        let info: serde_json::Value = serde_json::from_slice(&reply.payload).with_context(no_jetstream)?;
+        if let Some(error) = info.get("error") {
+            anyhow::bail!("{}: {error}", no_jetstream());
+        }
         let js = jetstream::new(client);
-        js.query_account()
-            .await
-            .with_context(|| format!("NATS at {url} did not answer as JetStream; {HOW_TO_SKIP}"))?;
         Ok(Self { url: url.to_owned(), js })
     }
 

@@ -996,6 +996,7 @@ class ReplayRequest(_message.Message):
     TYPES_FIELD_NUMBER: _builtins.int
     TOPICS_FIELD_NUMBER: _builtins.int
     MAX_PER_SECOND_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
     consumer: _builtins.str
     dead_letters: _builtins.bool
     dry_run: _builtins.bool
@@ -1007,6 +1008,10 @@ class ReplayRequest(_message.Message):
     max_per_second: _builtins.int
     """Deliveries made due per second, so that a large replay does not starve live traffic;
     0 means the server's default (`--replay-rate`).
+    """
+    last_error: _builtins.str
+    """Only dead letters whose last error is exactly this (needs dead_letters): one group of
+    dead letters, as the console groups them.
     """
     @_builtins.property
     def message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -1037,10 +1042,11 @@ class ReplayRequest(_message.Message):
         types: _abc.Iterable[_builtins.str] | None = ...,
         topics: _abc.Iterable[_builtins.str] | None = ...,
         max_per_second: _builtins.int = ...,
+        last_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["enqueued_after", b"enqueued_after", "enqueued_before", b"enqueued_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_beyond_retention", b"allow_beyond_retention", "consumer", b"consumer", "dead_letters", b"dead_letters", "dry_run", b"dry_run", "enqueued_after", b"enqueued_after", "enqueued_before", b"enqueued_before", "max_per_second", b"max_per_second", "message_ids", b"message_ids", "topics", b"topics", "types", b"types"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_beyond_retention", b"allow_beyond_retention", "consumer", b"consumer", "dead_letters", b"dead_letters", "dry_run", b"dry_run", "enqueued_after", b"enqueued_after", "enqueued_before", b"enqueued_before", "last_error", b"last_error", "max_per_second", b"max_per_second", "message_ids", b"message_ids", "topics", b"topics", "types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
