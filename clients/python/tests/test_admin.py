@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 
 import outboxd
@@ -25,6 +26,8 @@ async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.Admi
                                     backoff_max=2, ack_deadline=5.5, start_from="earliest")
     assert (c.name, list(c.topics), c.max_deliveries, c.start_from) == (name, topics, 3, pb.Consumer.EARLIEST)
     assert c.start_from is outboxd.StartFrom.EARLIEST
+    # Skip is the default: the server answers with DEAD_KEY_POLICY_SKIP.
+    assert c.dead_key_policy is outboxd.DeadKeyPolicy.SKIP
     assert (c.backoff_base, c.backoff_max, c.ack_deadline) == (
         dt.timedelta(milliseconds=200), dt.timedelta(seconds=2), dt.timedelta(seconds=5.5))
     assert c.created_at is not None and c.created_at.tzinfo is not None and not c.paused
@@ -61,6 +64,8 @@ async def test_consumers_create_get_list_pause_resume_delete(admin: outboxd.Admi
     await admin.delete_consumer(hooked)
     with pytest.raises(ValueError, match="start_from"):
         await admin.create_consumer(name, ["t"], start_from="latest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dead_key_policy"):
+        await admin.create_consumer(name, ["t"], dead_key_policy="drop")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="list of topics"):
         await admin.create_consumer(name, "t")
 
@@ -109,6 +114,99 @@ async def test_stats_dead_letters_message_and_replay(
         await admin.replay(name, enqueued_after=dt.datetime(2026, 1, 1))
 
 
+async def test_a_hold_consumer_holds_a_dead_key_until_it_is_released(
+    admin: outboxd.AdminClient, server: Outboxd, database_url: str,
+) -> None:
+    """DeadKeyPolicy.HOLD: the first message of key k1 dies, so k1's next ones wait (another
+    key's still flow); list_held_keys names the key, the dead message and what waits;
+    release_key(skip_dead=True) lets them go in order and leaves the dead one dead."""
+    name = unique("held")
+    topic = topic_for(name)
+    c = await admin.create_consumer(name, [topic], max_deliveries=1, dead_key_policy="hold")
+    assert c.dead_key_policy is outboxd.DeadKeyPolicy.HOLD and c.raw.dead_key_policy == pb.DEAD_KEY_POLICY_HOLD
+    assert "dead_key_policy=DeadKeyPolicy.HOLD" in repr(c)
+    # The same definition, with the enum, is the same consumer; "skip" is another definition.
+    assert await admin.create_consumer(name, [topic], max_deliveries=1,
+                                       dead_key_policy=outboxd.DeadKeyPolicy.HOLD) == c
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await admin.create_consumer(name, [topic], max_deliveries=1, dead_key_policy="skip")
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert (await admin.list_held_keys(name)).keys == ()
+
+    dead_id, *waiting = commit_enqueue(database_url, topic, 3, type="Posted", ordering_key="k1")
+    got: dict[str, list[str]] = {"k1": [], "k2": []}
+
+    async def handler(d: outboxd.Delivery) -> None:
+        if d.message_id == dead_id:
+            raise RuntimeError("balance would go negative")
+        got[d.ordering_key or ""].append(d.message_id)
+
+    async with running(outboxd.Subscriber(server.endpoint, name, handler)):
+        async def held() -> outboxd.HeldKeys | None:
+            h = await admin.list_held_keys(name)
+            return h if h.keys and h.keys[0].waiting == 2 else None
+
+        keys = await eventually("k1 held, 2 waiting", held)
+        assert isinstance(keys, outboxd.HeldKeys) and not keys.truncated
+        [k] = keys.keys
+        assert isinstance(k, outboxd.HeldKey)
+        assert (k.ordering_key, k.message_id, k.waiting) == ("k1", dead_id, 2)
+        assert k.last_error == "balance would go negative"
+        assert k.held_at is not None and k.held_at.tzinfo is not None
+        assert k.raw.ordering_key == "k1" and "raw" not in repr(k)
+        assert (await admin.get_stats(name)).consumers[0].held_keys == 1
+        # Another key flows while k1 is held.
+        [other] = commit_enqueue(database_url, topic, 1, type="Posted", ordering_key="k2")
+        await eventually("k2 delivered", lambda: _true(got["k2"] == [other]))
+        assert got["k1"] == [], "k1's messages wait behind the dead one"
+
+        released = await admin.release_key(name, "k1", skip_dead=True)
+        assert isinstance(released, outboxd.HeldKey) and (released.ordering_key, released.message_id) == ("k1", dead_id)
+        await eventually("k1's waiting messages delivered", lambda: _true(got["k1"] == waiting))
+        await eventually("acked", lambda: acked(admin, name, 3, dead=1))
+    assert (await admin.get_stats(name)).consumers[0].held_keys == 0
+    assert (await admin.list_held_keys(name)).keys == ()
+    [dead] = (await admin.list_dead_letters(name)).dead_letters
+    assert dead.message.message_id == dead_id, "skip_dead leaves the dead message dead"
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await admin.release_key(name, "k1")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(TypeError, match="consumer name"):
+        await admin.list_held_keys({"consumer": name})  # type: ignore[arg-type]
+    await admin.delete_consumer(name)
+
+
+async def _true(cond: bool) -> bool:
+    return cond
+
+
+async def test_stats_name_the_transaction_that_holds_back_vacuum(
+    admin: outboxd.AdminClient, database_url: str,
+) -> None:
+    """A session sitting idle in transaction with a snapshot holds back vacuum of outboxd's
+    tables: Stats.vacuum_horizon names it until it commits."""
+    topic = topic_for(unique("horizon"))
+    with psycopg.connect(database_url, application_name="py-report") as holder:
+        holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        holder.execute("SELECT count(*) FROM outbox.messages").fetchone()
+        pid = holder.info.backend_pid
+        for _ in range(3):  # transactions committed after its snapshot: it is that many behind
+            commit_enqueue(database_url, topic, 1)
+
+        async def named() -> outboxd.VacuumHorizon | None:
+            h = (await admin.get_stats()).vacuum_horizon
+            return h if h is not None and h.pid == pid else None
+
+        h = await eventually("the holder named", named)
+        assert isinstance(h, outboxd.VacuumHorizon)
+        assert (h.kind, h.application_name, h.state, h.name) == ("transaction", "py-report", "idle in transaction", "")
+        assert h.xmin_age >= 3 and h.age is not None and h.age >= dt.timedelta(0)
+        assert h.raw.pid == pid and "raw" not in repr(h)
+        holder.commit()
+        after = (await admin.get_stats()).vacuum_horizon
+        assert after is None or after.pid != pid, f"a committed transaction still named: {after!r}"
+
+
 async def _dead(admin: outboxd.AdminClient, name: str, n: int) -> bool:
     c = (await admin.get_stats(name)).consumers[0]
     return c.dead == n and c.in_flight == 0
@@ -155,6 +253,7 @@ def test_the_admin_client_works_from_synchronous_code(server: Outboxd) -> None:
         stats = admin.get_stats(name)
         assert stats.consumers[0].consumer == name and stats.consumers[0].paused
         assert list(admin.list_dead_letters(name).dead_letters) == []
+        assert admin.list_held_keys(name).keys == ()
         admin.delete_consumer(name)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             admin.get_consumer(name)

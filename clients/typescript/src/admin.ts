@@ -10,12 +10,15 @@ import { withToJSON } from "./json.js";
 import {
   ConsumerSchema,
   Consumer_StartFrom,
+  DeadKeyPolicy,
   OutboxAdmin,
   type Consumer,
   type DeadLetter,
   type GetMessageResponse,
   type GetStatsResponse,
+  type HeldKey,
   type ListDeadLettersResponse,
+  type ListHeldKeysResponse,
   type Message,
   type PruneResponse,
   type ReplayProgress,
@@ -33,7 +36,7 @@ export type TimestampInput = Date | Timestamp;
  */
 export type ConsumerInput = Omit<
   MessageInitShape<typeof ConsumerSchema>,
-  "backoffBase" | "backoffMax" | "ackDeadline" | "startFrom" | "createdAt" | "$typeName"
+  "backoffBase" | "backoffMax" | "ackDeadline" | "startFrom" | "deadKeyPolicy" | "createdAt" | "$typeName"
 > & {
   name: string;
   topics: string[];
@@ -44,6 +47,12 @@ export type ConsumerInput = Omit<
   ackDeadline?: DurationInput;
   /** `NEW` (the default): messages enqueued from now on; `EARLIEST`: all retained. */
   startFrom?: Consumer_StartFrom | "NEW" | "EARLIEST";
+  /**
+   * When a message with an ordering key dead-letters: `"skip"` (the default) delivers the key's
+   * next messages; `"hold"` holds the key, its later messages waiting until the dead one is
+   * replayed and acked or the key is released (`listHeldKeys`, `releaseKey`).
+   */
+  deadKeyPolicy?: DeadKeyPolicy | "skip" | "hold";
 };
 
 /** Which messages `replay` makes due again for a consumer (see ReplayRequest in admin.proto). */
@@ -59,6 +68,11 @@ export interface ReplayOptions {
   types?: string[];
   topics?: string[];
   maxPerSecond?: number;
+}
+
+/** What `releaseKey` takes: `skipDead` leaves the dead message dead and lets the waiting ones go. */
+export interface ReleaseKeyOptions {
+  skipDead?: boolean;
 }
 
 /** What `getStats` takes besides a consumer's name: `{ consumer }` (absent: every consumer). */
@@ -110,6 +124,22 @@ function startFrom(s: ConsumerInput["startFrom"]): Consumer_StartFrom | undefine
   }
 }
 
+function deadKeyPolicy(p: ConsumerInput["deadKeyPolicy"]): DeadKeyPolicy | undefined {
+  switch (p) {
+    case undefined:
+      return undefined;
+    case "skip":
+      return DeadKeyPolicy.SKIP;
+    case "hold":
+      return DeadKeyPolicy.HOLD;
+    default:
+      if (p !== DeadKeyPolicy.UNSPECIFIED && p !== DeadKeyPolicy.SKIP && p !== DeadKeyPolicy.HOLD) {
+        throw new TypeError(`deadKeyPolicy: ${JSON.stringify(p)} is not "skip" or "hold"`);
+      }
+      return p;
+  }
+}
+
 function consumerName(field: string, name: unknown): string {
   if (typeof name !== "string" || name === "") {
     throw new TypeError(`${field}: a consumer name is required`);
@@ -135,7 +165,7 @@ export class AdminClient {
     if (consumer === null || typeof consumer !== "object") {
       throw new TypeError("createConsumer: a consumer {name, topics, …} is required");
     }
-    const { backoffBase, backoffMax, ackDeadline, startFrom: from, ...rest } = consumer;
+    const { backoffBase, backoffMax, ackDeadline, startFrom: from, deadKeyPolicy: policy, ...rest } = consumer;
     const res = await this.rpc.createConsumer({
       consumer: {
         ...rest,
@@ -144,6 +174,7 @@ export class AdminClient {
         backoffMax: duration("backoffMax", backoffMax),
         ackDeadline: duration("ackDeadline", ackDeadline),
         startFrom: startFrom(from),
+        deadKeyPolicy: deadKeyPolicy(policy),
       },
     });
     return withToJSON(required(res.consumer, "CreateConsumer"));
@@ -211,6 +242,36 @@ export class AdminClient {
       yield* page.deadLetters.map(withToJSON);
       pageToken = page.nextPageToken;
     } while (pageToken !== "");
+  }
+
+  /**
+   * The ordering keys a consumer with `deadKeyPolicy: "hold"` holds because a message of the key
+   * dead-lettered: oldest first, at most 1000 (`truncated` when more are held).
+   */
+  async listHeldKeys(consumer: string): Promise<ListHeldKeysResponse> {
+    return withToJSON(await this.rpc.listHeldKeys({ consumer: consumerName("consumer", consumer) }));
+  }
+
+  /**
+   * Lets a held key flow again; resolves the key as it was held, NOT_FOUND if it is not held.
+   * The dead message is delivered again first (as a replay of it would), then the waiting ones
+   * once it is acked; with `skipDead` it stays a dead letter and the waiting ones go. Needs
+   * `replay:CONSUMER`.
+   */
+  async releaseKey(consumer: string, orderingKey: string, options: ReleaseKeyOptions = {}): Promise<HeldKey> {
+    if (typeof orderingKey !== "string" || orderingKey === "") {
+      throw new TypeError(`releaseKey: expected an ordering key (a non-empty string), got ${typeOf(orderingKey)}`);
+    }
+    const skipDead: unknown = options?.skipDead;
+    if (options === null || typeof options !== "object" || (skipDead !== undefined && typeof skipDead !== "boolean")) {
+      throw new TypeError(`releaseKey: options are { skipDead?: boolean }, got ${typeOf(options)}`);
+    }
+    const res = await this.rpc.releaseKey({
+      consumer: consumerName("consumer", consumer),
+      orderingKey,
+      skipDead: skipDead ?? false,
+    });
+    return withToJSON(required(res.key, "ReleaseKey", "a key"));
   }
 
   /** A message and its delivery state for each consumer; NOT_FOUND if unknown. */
@@ -282,9 +343,9 @@ function typeOf(value: unknown): string {
   return typeof value === "object" ? `an object ${JSON.stringify(Object.keys(value))}` : `${typeof value} ${String(value)}`;
 }
 
-function required<T>(value: T | undefined, rpc: string): T {
+function required<T>(value: T | undefined, rpc: string, what = "a consumer"): T {
   if (value === undefined) {
-    throw new Error(`${rpc} answered without a consumer`);
+    throw new Error(`${rpc} answered without ${what}`);
   }
   return value;
 }

@@ -14,6 +14,7 @@ export {
   AdminClient,
   type ConsumerInput,
   type DurationInput,
+  type ReleaseKeyOptions,
   type ReplayOptions,
   type StatsOptions,
   type StreamOptions,

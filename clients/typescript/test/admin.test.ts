@@ -108,6 +108,78 @@ test("stats, dead letters page by page, getMessage, replay, replayStream", async
   assert.equal(after?.backlog, 3n, "all three due again");
 });
 
+test("held keys: a hold consumer holds a key whose message dies; listHeldKeys, releaseKey with skipDead", async () => {
+  const ledger = { name: "ledger", topics: ["ledger.>"], maxDeliveries: 1, backoffBase: 10, backoffMax: 10 };
+  const created = await admin.createConsumer({ ...ledger, deadKeyPolicy: "hold" });
+  assert.equal(created.deadKeyPolicy, pb.DeadKeyPolicy.HOLD);
+  assert.equal(JSON.parse(JSON.stringify(created)).deadKeyPolicy, "DEAD_KEY_POLICY_HOLD");
+  // The same definition with the enum is the same consumer; "skip" is another definition.
+  assert.equal((await admin.createConsumer({ ...ledger, deadKeyPolicy: pb.DeadKeyPolicy.HOLD })).name, "ledger");
+  assert.equal((await failure(admin.createConsumer({ ...ledger, deadKeyPolicy: "skip" }))).code, Code.AlreadyExists);
+  await assert.rejects(admin.createConsumer({ ...ledger, deadKeyPolicy: "drop" as never }), /deadKeyPolicy: "drop" is not "skip" or "hold"/);
+  assert.deepEqual((await admin.listHeldKeys("ledger")).keys, []);
+
+  await sql.query("BEGIN");
+  const ids: string[] = [];
+  for (let i = 0; i < 3; i++) {
+    ids.push(await enqueue(sql, { topic: "ledger.posted", type: "Posted", payload: `${i}`, orderingKey: "k1" }));
+  }
+  await sql.query("COMMIT");
+  const [deadId, ...waiting] = ids;
+  const got: Record<string, string[]> = { k1: [], k2: [] };
+  const subscriber = new Subscriber({
+    server: outboxd.addr,
+    consumer: "ledger",
+    handler: (d) => {
+      if (d.messageId === deadId) {
+        throw new Error("balance would go negative");
+      }
+      got[d.orderingKey ?? ""]?.push(d.messageId);
+    },
+  });
+  const running = subscriber.run();
+  try {
+    const held = await eventually("k1 held, 2 waiting", 10_000, async () => {
+      const h = await admin.listHeldKeys("ledger");
+      return h.keys[0]?.waiting === 2n ? h : undefined;
+    });
+    assert.equal(held.truncated, false);
+    assert.equal(held.keys.length, 1);
+    const key = held.keys[0]!;
+    assert.deepEqual([key.orderingKey, key.messageId, key.lastError], ["k1", deadId, "balance would go negative"]);
+    assert.ok(key.heldAt !== undefined);
+    const json = JSON.parse(JSON.stringify(held));
+    assert.equal(json.keys[0].waiting, "2", "int64 as a string");
+    assert.match(json.keys[0].heldAt, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$/);
+    assert.equal((await admin.getStats("ledger")).consumers[0]?.heldKeys, 1n);
+
+    // Another key flows while k1 is held.
+    const other = await enqueue(sql, { topic: "ledger.posted", type: "Posted", payload: "k2", orderingKey: "k2" });
+    await eventually("k2 delivered", 10_000, () => got.k2?.includes(other));
+    assert.deepEqual(got.k1, [], "k1's messages wait behind the dead one");
+
+    const released = await admin.releaseKey("ledger", "k1", { skipDead: true });
+    assert.deepEqual([released.orderingKey, released.messageId], ["k1", deadId]);
+    assert.equal(JSON.parse(JSON.stringify(released)).waiting, "2");
+    await eventually("k1's waiting messages delivered in order", 10_000, () => got.k1?.length === 2);
+    assert.deepEqual(got.k1, waiting);
+    await eventually("all acked", 10_000, async () => {
+      const c = (await admin.getStats("ledger")).consumers[0];
+      return c?.acked === 3n && c.dead === 1n && c.heldKeys === 0n;
+    });
+  } finally {
+    await subscriber.stop();
+    await running;
+  }
+  assert.deepEqual((await admin.listHeldKeys("ledger")).keys, []);
+  const dead = await admin.listDeadLetters("ledger");
+  assert.deepEqual(dead.deadLetters.map((d) => d.message?.messageId), [deadId], "skipDead leaves the dead message dead");
+  assert.equal((await failure(admin.releaseKey("ledger", "k1"))).code, Code.NotFound);
+  await assert.rejects(admin.releaseKey("ledger", ""), /releaseKey: expected an ordering key/);
+  await assert.rejects(admin.releaseKey("ledger", "k1", { skipDead: "yes" } as never), /skipDead\?: boolean/);
+  await assert.rejects(admin.listHeldKeys(""), /consumer: a consumer name is required/);
+});
+
 test("tail shows messages as they commit; prune deletes acked ones older than the retention", async () => {
   await admin.createConsumer({ name: "audit", topics: ["audit.>"] });
   const abort = new AbortController();

@@ -5,8 +5,8 @@
 - `ack_in(conn, consumer, message_id)`: the transactional ack.
 - `Subscriber(server, consumer, handler, ...)`: an asyncio consumer; `await run()`, `stop()`.
 - `AdminClient(server, token=None, tls=None)`: the admin API; its answers are the frozen
-  dataclasses `Consumer`, `Stats`, `MessageInfo`, `DeadLetterPage`, ... (each keeps its
-  protobuf message in `.raw`).
+  dataclasses `Consumer`, `Stats`, `MessageInfo`, `DeadLetterPage`, `HeldKeys`, ... (each
+  keeps its protobuf message in `.raw`).
 - `pb`: the generated protobuf messages and stubs.
 """
 
@@ -19,10 +19,13 @@ from outboxd._subscriber import Delivery, Handler, Subscriber
 from outboxd._types import (
     Consumer,
     ConsumerStats,
+    DeadKeyPolicy,
     DeadLetter,
     DeadLetterPage,
     DeliveryState,
     DeliveryStatus,
+    HeldKey,
+    HeldKeys,
     Message,
     MessageInfo,
     PruneResult,
@@ -32,6 +35,7 @@ from outboxd._types import (
     StartFrom,
     Stats,
     TableStats,
+    VacuumHorizon,
 )
 
 __all__ = [
@@ -39,12 +43,15 @@ __all__ = [
     "ConfigError",
     "Consumer",
     "ConsumerStats",
+    "DeadKeyPolicy",
     "DeadLetter",
     "DeadLetterPage",
     "Delivery",
     "DeliveryState",
     "DeliveryStatus",
     "Handler",
+    "HeldKey",
+    "HeldKeys",
     "InvalidMessage",
     "Message",
     "MessageInfo",
@@ -58,6 +65,7 @@ __all__ = [
     "Subscriber",
     "TableStats",
     "TLSConfig",
+    "VacuumHorizon",
     "__version__",
     "ack_in",
     "enqueue",

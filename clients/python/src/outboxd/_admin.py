@@ -19,8 +19,11 @@ from outboxd._proto.outbox.v1 import admin_pb2 as pb
 from outboxd._proto.outbox.v1 import admin_pb2_grpc as pb_grpc
 from outboxd._types import (
     Consumer,
+    DeadKeyPolicy as DeadKeyPolicyEnum,
     DeadLetter,
     DeadLetterPage,
+    HeldKey,
+    HeldKeys,
     Message,
     MessageInfo,
     PruneResult,
@@ -32,6 +35,7 @@ from outboxd._types import (
 )
 
 StartFrom = Literal["new", "earliest"]
+DeadKeyPolicy = Literal["skip", "hold"]
 
 
 class ReplaySelection(TypedDict, total=False):
@@ -52,6 +56,7 @@ class ReplaySelection(TypedDict, total=False):
     max_per_second: int
 
 _START_FROM = {"new": pb.Consumer.NEW, "earliest": pb.Consumer.EARLIEST}
+_DEAD_KEY_POLICY = {"skip": pb.DEAD_KEY_POLICY_SKIP, "hold": pb.DEAD_KEY_POLICY_HOLD}
 
 _F = TypeVar("_F", bound=Callable[..., Coroutine[Any, Any, Any]])
 
@@ -77,7 +82,7 @@ else:
 
 
 class AdminClient:
-    """Consumers, stats, dead letters, messages, replay, prune and tail, over gRPC.
+    """Consumers, stats, dead letters, held keys, messages, replay, prune and tail, over gRPC.
 
     `server`, `tls`, `token` and `token_file` are as for `Subscriber`. In asyncio code every
     method is a coroutine (await it), and the streaming RPCs (`tail`, `replay_stream`,
@@ -174,19 +179,27 @@ class AdminClient:
         start_from: StartFrom | StartFromEnum = "new",
         paused: bool = False,
         sink: Sink | pb.Sink | None = None,
+        dead_key_policy: DeadKeyPolicy | DeadKeyPolicyEnum = "skip",
     ) -> Consumer:
         """Creates a durable consumer; creating it again with the same definition returns it,
         a different definition is ALREADY_EXISTS. Zero and None mean the server's defaults
         (10 deliveries, backoff 1 s to 5 min, ack deadline 30 s). `sink` makes outboxd deliver
-        the consumer itself (an `outboxd.Sink`, or a `pb.admin.Sink`; see the proto)."""
+        the consumer itself (an `outboxd.Sink`, or a `pb.admin.Sink`; see the proto).
+        `dead_key_policy="hold"` holds an ordering key when a message of it dead-letters: the
+        key's later messages wait until the dead one is replayed and acked, or the key is
+        released (`list_held_keys`, `release_key`); "skip", the default, delivers them."""
         if isinstance(start_from, StartFromEnum):
             start_from = "earliest" if start_from == StartFromEnum.EARLIEST else "new"
         if start_from not in _START_FROM:
             raise ValueError(f"start_from must be 'new' or 'earliest', got {start_from!r}")
+        if isinstance(dead_key_policy, DeadKeyPolicyEnum):
+            dead_key_policy = "hold" if dead_key_policy == DeadKeyPolicyEnum.HOLD else "skip"
+        if dead_key_policy not in _DEAD_KEY_POLICY:
+            raise ValueError(f"dead_key_policy must be 'skip' or 'hold', got {dead_key_policy!r}")
         if isinstance(topics, str):
             raise TypeError("topics must be a list of topics or patterns, not one string")
         c = pb.Consumer(name=name, topics=list(topics), max_deliveries=max_deliveries, paused=paused,
-                        start_from=_START_FROM[start_from])
+                        start_from=_START_FROM[start_from], dead_key_policy=_DEAD_KEY_POLICY[dead_key_policy])
         if backoff_base is not None:
             c.backoff_base.CopyFrom(duration(backoff_base, "backoff_base"))
         if backoff_max is not None:
@@ -282,6 +295,31 @@ class AdminClient:
                 yield Message.from_pb(m)
         finally:
             call.cancel()
+
+    # Held keys
+
+    @_either
+    async def list_held_keys(self, consumer: str) -> HeldKeys:
+        """The ordering keys `consumer` (DeadKeyPolicy.HOLD) holds because a message of the key
+        dead-lettered, oldest first, at most 1000 (`truncated` when more are held): the dead
+        message, its last error and how many of the key's messages wait behind it."""
+        stub, md = self._rpc()
+        resp = await stub.ListHeldKeys(pb.ListHeldKeysRequest(consumer=_name(consumer)), metadata=md,
+                                       timeout=self._timeout)
+        return HeldKeys.from_pb(resp)
+
+    @_either
+    async def release_key(self, consumer: str, ordering_key: str, *, skip_dead: bool = False) -> HeldKey:
+        """Lets a held key flow again and returns it as it was held; NOT_FOUND when `consumer`
+        does not hold it. The dead message is delivered again first (as a replay of it would)
+        and the waiting ones in order once it is acked; with `skip_dead` it stays a dead letter
+        and the waiting ones go. Needs replay:CONSUMER."""
+        if not isinstance(ordering_key, str):
+            raise TypeError(f"ordering_key: expected a str, got {type(ordering_key).__name__}")
+        stub, md = self._rpc()
+        req = pb.ReleaseKeyRequest(consumer=_name(consumer), ordering_key=ordering_key, skip_dead=skip_dead)
+        resp = await stub.ReleaseKey(req, metadata=md, timeout=self._timeout)
+        return HeldKey.from_pb(resp.key)
 
     # Replay and prune
 

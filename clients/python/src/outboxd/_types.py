@@ -31,6 +31,20 @@ class StartFrom(enum.IntEnum):
         return f"StartFrom.{self.name}"
 
 
+class DeadKeyPolicy(enum.IntEnum):
+    """What a consumer does with an ordering key when one of its messages dead-letters: SKIP
+    (UNSPECIFIED, the default, means the same) delivers the key's next message and leaves the
+    dead one behind; HOLD holds the key, its later messages waiting until the dead one is
+    replayed and acked or the key is released (`release_key`)."""
+
+    UNSPECIFIED = 0
+    SKIP = 1
+    HOLD = 2
+
+    def __repr__(self) -> str:
+        return f"DeadKeyPolicy.{self.name}"
+
+
 class DeliveryStatus(enum.IntEnum):
     """The state of a message's delivery to one consumer."""
 
@@ -106,7 +120,8 @@ class Sink:
 
 @dataclass(frozen=True)
 class Consumer:
-    """A durable consumer: its topics (names or patterns), retry policy and ack deadline."""
+    """A durable consumer: its topics (names or patterns), retry policy and ack deadline, and
+    what happens to an ordering key when one of its messages dead-letters (`dead_key_policy`)."""
 
     name: str
     topics: tuple[str, ...]
@@ -118,6 +133,7 @@ class Consumer:
     start_from: StartFrom | int
     created_at: dt.datetime | None
     sink: Sink | None
+    dead_key_policy: DeadKeyPolicy | int
     raw: pb.Consumer = field(repr=False, compare=False)
 
     @classmethod
@@ -129,7 +145,8 @@ class Consumer:
             ack_deadline=_duration(c.ack_deadline, c.HasField("ack_deadline")),
             paused=c.paused, start_from=_enum(StartFrom, c.start_from),
             created_at=from_timestamp(c.created_at, c.HasField("created_at")),
-            sink=Sink.from_pb(c.sink) if c.HasField("sink") else None, raw=c,
+            sink=Sink.from_pb(c.sink) if c.HasField("sink") else None,
+            dead_key_policy=_enum(DeadKeyPolicy, c.dead_key_policy), raw=c,
         )
 
 
@@ -137,7 +154,8 @@ class Consumer:
 class ConsumerStats:
     """One consumer's counts: `backlog` (due, not yet delivered), `in_flight` (leased),
     `retrying` (nacked, waiting for their backoff), `dead`, `acked`; the age of its oldest
-    unacked message, whether it is paused, its open streams, and its sink's kind ("" if none)."""
+    unacked message, whether it is paused, its open streams, its sink's kind ("" if none), and
+    the ordering keys it holds after a dead letter (`held_keys`, DeadKeyPolicy.HOLD)."""
 
     consumer: str
     backlog: int
@@ -149,6 +167,7 @@ class ConsumerStats:
     paused: bool
     streams: int
     sink: str
+    held_keys: int
     raw: pb.ConsumerStats = field(repr=False, compare=False)
 
     @classmethod
@@ -156,7 +175,7 @@ class ConsumerStats:
         return cls(
             consumer=c.consumer, backlog=c.backlog, in_flight=c.in_flight, retrying=c.retrying, dead=c.dead,
             oldest_unacked_age=_duration(c.oldest_unacked_age, c.HasField("oldest_unacked_age")),
-            acked=c.acked, paused=c.paused, streams=c.streams, sink=c.sink, raw=c,
+            acked=c.acked, paused=c.paused, streams=c.streams, sink=c.sink, held_keys=c.held_keys, raw=c,
         )
 
 
@@ -178,14 +197,39 @@ class TableStats:
 
 
 @dataclass(frozen=True)
+class VacuumHorizon:
+    """What holds back PostgreSQL's vacuum of outboxd's tables: `kind` is "transaction" (a
+    session's snapshot), "replication_slot" or "prepared_transaction"; `age` how long it has
+    held the horizon (None for a slot), `xmin_age` the transactions committed since its
+    snapshot; the session's `pid`, `application_name` and `state`, or the slot's or prepared
+    transaction's `name`."""
+
+    kind: str
+    age: dt.timedelta | None
+    xmin_age: int
+    pid: int
+    application_name: str
+    state: str
+    name: str
+    raw: pb.VacuumHorizon = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, v: pb.VacuumHorizon) -> VacuumHorizon:
+        return cls(kind=v.kind, age=_duration(v.age, v.HasField("age")), xmin_age=v.xmin_age, pid=v.pid,
+                   application_name=v.application_name, state=v.state, name=v.name, raw=v)
+
+
+@dataclass(frozen=True)
 class Stats:
     """`get_stats`: messages not yet relayed and the age of the oldest, each consumer's counts
-    (one consumer's when asked for one), and outboxd's tables."""
+    (one consumer's when asked for one), outboxd's tables, and what holds back their vacuum
+    (`vacuum_horizon`; None when nothing does, and on SQLite)."""
 
     unrelayed: int
     oldest_unrelayed_age: dt.timedelta | None
     consumers: tuple[ConsumerStats, ...]
     tables: tuple[TableStats, ...]
+    vacuum_horizon: VacuumHorizon | None
     raw: pb.GetStatsResponse = field(repr=False, compare=False)
 
     @classmethod
@@ -194,7 +238,9 @@ class Stats:
             unrelayed=s.unrelayed,
             oldest_unrelayed_age=_duration(s.oldest_unrelayed_age, s.HasField("oldest_unrelayed_age")),
             consumers=tuple(ConsumerStats.from_pb(c) for c in s.consumers),
-            tables=tuple(TableStats.from_pb(t) for t in s.tables), raw=s,
+            tables=tuple(TableStats.from_pb(t) for t in s.tables),
+            vacuum_horizon=VacuumHorizon.from_pb(s.vacuum_horizon) if s.HasField("vacuum_horizon") else None,
+            raw=s,
         )
 
 
@@ -266,6 +312,39 @@ class DeadLetterPage:
     def from_pb(cls, p: pb.ListDeadLettersResponse) -> DeadLetterPage:
         return cls(dead_letters=tuple(DeadLetter.from_pb(d) for d in p.dead_letters),
                    next_page_token=p.next_page_token, raw=p)
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """An ordering key a consumer with DeadKeyPolicy.HOLD holds: the dead message that holds it
+    (`message_id`) and its last error, the key's messages `waiting` behind it (counted up to
+    100,000), and when it was held."""
+
+    ordering_key: str
+    message_id: str
+    last_error: str
+    waiting: int
+    held_at: dt.datetime | None
+    raw: pb.HeldKey = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, k: pb.HeldKey) -> HeldKey:
+        return cls(ordering_key=k.ordering_key, message_id=k.message_id, last_error=k.last_error,
+                   waiting=k.waiting, held_at=from_timestamp(k.held_at, k.HasField("held_at")), raw=k)
+
+
+@dataclass(frozen=True)
+class HeldKeys:
+    """`list_held_keys`: the held keys, oldest first, at most 1000; `truncated` when more are
+    held."""
+
+    keys: tuple[HeldKey, ...]
+    truncated: bool
+    raw: pb.ListHeldKeysResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, r: pb.ListHeldKeysResponse) -> HeldKeys:
+        return cls(keys=tuple(HeldKey.from_pb(k) for k in r.keys), truncated=r.truncated, raw=r)
 
 
 @dataclass(frozen=True)
