@@ -57,6 +57,8 @@ pub enum AppError {
     Auth(String),
     #[error(transparent)]
     SinkKey(#[from] crate::sinks::sealed::SealError),
+    #[error("console: {0}")]
+    Console(String),
 }
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -192,8 +194,17 @@ impl App {
         });
         // Admin answers are bounded in bytes where they carry payloads (dead-letter pages); this
         // limit is the backstop for any other: an answer over it is refused, not sent.
-        let admin = OutboxAdminServer::new(AdminService { ctx, pruner: pruner.clone(), replayer, streams, sink_key })
-            .max_encoding_message_size(ADMIN_MAX_ENCODE);
+        let admin_service = AdminService { ctx, pruner: pruner.clone(), replayer, streams, sink_key };
+        let console = match config.console_listen {
+            Some(addr) => {
+                let console = crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some())
+                    .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
+                let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
+                Some((console, listener))
+            }
+            None => None,
+        };
+        let admin = OutboxAdminServer::new(admin_service).max_encoding_message_size(ADMIN_MAX_ENCODE);
 
         let stop_accepting = shutdown.clone();
         let router = tonic::transport::Server::builder()
@@ -253,6 +264,13 @@ impl App {
                 }
             });
             tracing::info!(addr = %bound, "gRPC health (plaintext) served");
+        }
+        if let Some((console, listener)) = console {
+            let bound = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
+            let limit = ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
+            tasks.spawn(console.clone().sample(loops.clone()));
+            tasks.spawn(console.serve(listener, tls.clone(), limit, shutdown.clone()));
+            tracing::info!(addr = %bound, "console served");
         }
         if let Some(addr) = config.metrics_listen {
             crate::metrics::install(addr).map_err(|source| AppError::Metrics { addr, source })?;

@@ -126,6 +126,11 @@ pub struct ServeArgs {
     /// cannot speak TLS, such as the kubelet's native gRPC probe (off when not given).
     #[arg(long, env = "OUTBOXD_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+    /// Serve the web console on ADDR (over TLS with --tls-cert, like the gRPC API): principals
+    /// sign in with their tokens, or their client certificates. Off when not given; without
+    /// authentication only on a loopback address, as the gRPC API.
+    #[arg(long, env = "OUTBOXD_CONSOLE_LISTEN")]
+    pub console_listen: Option<SocketAddr>,
     /// How often the per-consumer gauges are refreshed from the database.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -195,6 +200,7 @@ pub struct ServeConfig {
     pub sink_key_file: Option<PathBuf>,
     pub metrics_listen: Option<SocketAddr>,
     pub health_listen: Option<SocketAddr>,
+    pub console_listen: Option<SocketAddr>,
     pub metrics_interval: Duration,
     pub limits: crate::limits::Limits,
     pub security: Security,
@@ -254,6 +260,7 @@ impl ServeConfig {
             sink_destinations: Default::default(),
             sink_key_file: None,
             metrics_listen: None,
+            console_listen: None,
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
             limits: crate::limits::Limits::DEFAULT,
@@ -306,6 +313,16 @@ impl ServeConfig {
     /// (ADR 0020). The metrics address is not held to it: it serves counts, no payloads.
     pub fn check_protected_mode(&self) -> Result<(), ConfigError> {
         let s = &self.security;
+        if let Some(console) = self.console_listen
+            && !(s.authenticates() || s.allow_unauthenticated || is_loopback(console.ip()))
+        {
+            return Err(ConfigError(format!(
+                "refusing to serve the console without authentication on {console}, which is not a loopback \
+                 address: anyone who can reach it could read and replay every consumer's messages. Give \
+                 --auth-file PATH or --tls-client-ca PATH, serve it on 127.0.0.1, or pass \
+                 --allow-unauthenticated if something in front of outboxd authenticates"
+            )));
+        }
         if s.authenticates() || s.allow_unauthenticated || is_loopback(self.listen.ip()) {
             return Ok(());
         }
@@ -360,6 +377,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         };
         c.metrics_listen = a.metrics_listen;
         c.health_listen = a.health_listen;
+        c.console_listen = a.console_listen;
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
         c.limits = a.limits;

@@ -12,6 +12,8 @@
 //!
 //! - [`config`]: command line and environment, validated before anything binds.
 //! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
+//! - [`console`]: the web console (`--console-listen`), an edge beside [`grpc`]: pages that read
+//!   and act through the admin service as the signed-in principal.
 //! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
 //!   status, [`grpc::stream`], which turns each `SubscribeRequest` into a validated command and
 //!   each delivery into its wire form, and authentication and permissions ([`grpc::auth`]).
@@ -47,6 +49,7 @@
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod delivery;
 pub mod domain;
 pub mod grpc;

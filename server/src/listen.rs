@@ -70,6 +70,13 @@ pub struct Guarded<S> {
     _place: OwnedSemaphorePermit,
 }
 
+impl<S> Guarded<S> {
+    /// The connection inside (its peer, its TLS session).
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();

@@ -124,12 +124,40 @@ pub fn acked(consumer: &str, now: DateTime<Utc>, enqueued_at: impl Iterator<Item
         n += 1;
     }
     counter!(ACKS, "consumer" => consumer.to_owned()).increment(n);
+    tally(consumer, |t| t.acked += n);
+}
+
+/// What this process counted per consumer since it started, for the console's rates (the
+/// Prometheus counters above cannot be read back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Acks received over this process's streams and sinks.
+    pub acked: u64,
+    /// Deliveries this process made dead (nacks, expired leases).
+    pub dead_lettered: u64,
+}
+
+static TALLIES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Tally>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn tally(consumer: &str, add: impl FnOnce(&mut Tally)) {
+    let mut t = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    match t.get_mut(consumer) {
+        Some(x) => add(x),
+        None => add(t.entry(consumer.to_owned()).or_default()),
+    }
+}
+
+/// Every consumer's [`Tally`] so far.
+pub fn tallies() -> std::collections::HashMap<String, Tally> {
+    TALLIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 pub fn nacked(consumer: &str, dead: bool) {
     counter!(NACKS, "consumer" => consumer.to_owned()).increment(1);
     if dead {
         counter!(DEAD_LETTERED, "consumer" => consumer.to_owned()).increment(1);
+        tally(consumer, |t| t.dead_lettered += 1);
     }
 }
 
@@ -137,6 +165,7 @@ pub fn expired(consumer: &str, dead: bool) {
     counter!(EXPIRED, "consumer" => consumer.to_owned()).increment(1);
     if dead {
         counter!(DEAD_LETTERED, "consumer" => consumer.to_owned()).increment(1);
+        tally(consumer, |t| t.dead_lettered += 1);
     }
 }
 

@@ -403,6 +403,10 @@ struct ReplayArgs {
     /// Only messages whose topic matches this name or pattern (repeatable).
     #[arg(long = "topic", value_name = "PATTERN")]
     topics: Vec<String>,
+    /// Only dead letters whose last error is exactly this (with --dead-letters): one group, as
+    /// the console shows them.
+    #[arg(long, value_name = "ERROR", requires = "dead_letters")]
+    last_error: Option<String>,
     /// Deliveries made due per second (default: the server's --replay-rate).
     #[arg(long, value_name = "PER_SECOND")]
     rate: Option<u32>,
@@ -1220,6 +1224,9 @@ async fn replay(admin: &mut AdminClient, out: Output, a: ReplayArgs) -> Result<(
     if !a.topics.is_empty() {
         what += &format!(" on {}", a.topics.join(" or "));
     }
+    if let Some(e) = &a.last_error {
+        what += &format!(" whose last error is {e:?}");
+    }
     let req = pb::ReplayRequest {
         consumer: a.consumer.clone(),
         message_ids: a.ids,
@@ -1231,6 +1238,7 @@ async fn replay(admin: &mut AdminClient, out: Output, a: ReplayArgs) -> Result<(
         types: a.types,
         topics: a.topics,
         max_per_second: a.rate.unwrap_or(0),
+        last_error: a.last_error.clone().unwrap_or_default(),
     };
     // Always count first: the dry run also surfaces a refusal (beyond retention) before anything changes.
     let counted = admin.replay(req.clone()).await.map_err(|s| status_failure(&s))?.into_inner();

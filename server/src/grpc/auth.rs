@@ -596,30 +596,39 @@ impl Authenticator {
     /// Who sent this request: a bearer token if there is an `authorization` header, else the
     /// client certificate's identities (its SAN URIs, then `CN=…`), the first the file names.
     pub fn authenticate(&self, headers: &http::HeaderMap, extensions: &http::Extensions) -> Result<Caller, Status> {
-        let identities = || {
-            extensions
-                .get::<TlsConnectInfo<TcpConnectInfo>>()
-                .and_then(|i| i.peer_certs())
-                .and_then(|certs| certs.first().map(|c| cert_identities(c.as_ref())))
-                .unwrap_or_default()
+        let cert = extensions
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|i| i.peer_certs())
+            .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
+        let token = match headers.get(http::header::AUTHORIZATION) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.split_once(' '))
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                    .map(|(_, t)| t.trim())
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| {
+                        count("unknown", "unauthenticated");
+                        Status::unauthenticated("malformed authorization header: expected \"Bearer <token>\"")
+                    })?,
+            ),
         };
+        self.authenticate_credential(token, cert.as_deref())
+    }
+
+    /// [`Authenticator::authenticate`] from the credential itself: a bearer token, else the
+    /// client certificate (DER) of the connection. The console signs in with these.
+    pub fn authenticate_credential(&self, token: Option<&str>, cert: Option<&[u8]>) -> Result<Caller, Status> {
+        let identities = || cert.map(cert_identities).unwrap_or_default();
         if !self.enabled() {
             let name = identities().first().map_or_else(|| "anonymous".into(), |k| shown_identity(k));
             return Ok(Caller::unrestricted(&name));
         }
         let table = self.table();
-        if let Some(value) = headers.get(http::header::AUTHORIZATION) {
-            let token = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.split_once(' '))
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, t)| t.trim())
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| {
-                    count("unknown", "unauthenticated");
-                    Status::unauthenticated("malformed authorization header: expected \"Bearer <token>\"")
-                })?;
+        if let Some(token) = token {
             let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
             return match table.by_token.get(&hash) {
                 Some(p) => Ok(Caller {

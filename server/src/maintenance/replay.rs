@@ -55,6 +55,124 @@ pub struct Replayer {
     default_rate: u32,
     /// Cancelled at server shutdown: a running replay stops after its current batch.
     shutdown: CancellationToken,
+    jobs: ReplayJobs,
+}
+
+/// How many finished replays [`ReplayJobs`] keeps.
+const KEPT_JOBS: usize = 100;
+
+/// The replays (not the dry runs) this process ran or runs, newest first: who started each,
+/// what it selected and where it stands. The audit log keeps them all; this is for watching.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayJobs {
+    inner: std::sync::Arc<std::sync::Mutex<(u64, std::collections::VecDeque<ReplayJob>)>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayJob {
+    pub id: u64,
+    pub consumer: String,
+    pub principal: String,
+    /// What it selected, in words.
+    pub selection: String,
+    pub rate: u32,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub progress: ReplayProgress,
+    pub outcome: JobOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    Running,
+    Done,
+    /// Stopped before its end (the caller went away, the server stopped).
+    Stopped,
+    Failed(String),
+}
+
+impl JobOutcome {
+    pub fn as_str(&self) -> &str {
+        match self {
+            JobOutcome::Running => "running",
+            JobOutcome::Done => "done",
+            JobOutcome::Stopped => "stopped",
+            JobOutcome::Failed(_) => "failed",
+        }
+    }
+}
+
+impl ReplayJobs {
+    fn start(&self, plan: &ReplayPlan, origin: &Origin, rate: u32, now: DateTime<Utc>) -> u64 {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.0 += 1;
+        let id = inner.0;
+        inner.1.push_front(ReplayJob {
+            id,
+            consumer: plan.consumer.to_string(),
+            principal: origin.principal.clone(),
+            selection: describe(plan),
+            rate,
+            started_at: now,
+            finished_at: None,
+            progress: ReplayProgress::default(),
+            outcome: JobOutcome::Running,
+        });
+        // Finished ones go first when the list is full; running ones stay.
+        while inner.1.len() > KEPT_JOBS {
+            match inner.1.iter().rposition(|j| j.outcome != JobOutcome::Running) {
+                Some(i) => {
+                    inner.1.remove(i);
+                }
+                None => break,
+            }
+        }
+        id
+    }
+
+    fn update(&self, id: u64, f: impl FnOnce(&mut ReplayJob)) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(j) = inner.1.iter_mut().find(|j| j.id == id) {
+            f(j);
+        }
+    }
+
+    /// Newest first.
+    pub fn list(&self) -> Vec<ReplayJob> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1.iter().cloned().collect()
+    }
+
+    pub fn get(&self, id: u64) -> Option<ReplayJob> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).1.iter().find(|j| j.id == id).cloned()
+    }
+}
+
+/// A replay's selection in words, for people.
+fn describe(plan: &ReplayPlan) -> String {
+    let f = &plan.filter;
+    let mut parts = Vec::new();
+    if !f.message_ids.is_empty() {
+        parts.push(format!("{} message ids", f.message_ids.len()));
+    }
+    if f.dead_only {
+        parts.push("dead letters".to_owned());
+    }
+    if let Some(e) = &f.last_error {
+        parts.push(format!("last error {e:?}"));
+    }
+    if let Some(t) = f.enqueued_after {
+        parts.push(format!("enqueued from {}", t.to_rfc3339()));
+    }
+    if let Some(t) = f.enqueued_before {
+        parts.push(format!("enqueued before {}", t.to_rfc3339()));
+    }
+    if !f.types.is_empty() {
+        parts.push(format!("types {}", f.types.join(", ")));
+    }
+    if !plan.topics.is_empty() {
+        parts.push(format!("topics {}", plan.topics.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")));
+    }
+    parts.join("; ")
 }
 
 /// Who asked for a replay, for its audit line.
@@ -66,7 +184,32 @@ pub struct Origin {
 
 impl Replayer {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, retention: Duration, default_rate: u32) -> Self {
-        Self { store, clock, hub, retention, default_rate: default_rate.max(1), shutdown: CancellationToken::new() }
+        Self {
+            store,
+            clock,
+            hub,
+            retention,
+            default_rate: default_rate.max(1),
+            shutdown: CancellationToken::new(),
+            jobs: ReplayJobs::default(),
+        }
+    }
+
+    /// The replays of this process.
+    pub fn jobs(&self) -> &ReplayJobs {
+        &self.jobs
+    }
+
+    /// Runs `plan` in its own task on `tasks`, and returns its job's id at once: for callers
+    /// that watch [`Replayer::jobs`] instead of holding a stream (the console).
+    pub fn start(&self, plan: ReplayPlan, origin: Origin, tasks: &tokio_util::task::TaskTracker) -> u64 {
+        let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
+        let id = self.jobs.start(&plan, &origin, rate, self.clock.now());
+        let this = self.clone();
+        tasks.spawn(async move {
+            let _ = this.run_as(&plan, &origin, None, Some(id)).await;
+        });
+        id
     }
 
     /// Stops running replays after their current batch once `shutdown` is cancelled (what is
@@ -84,9 +227,36 @@ impl Replayer {
         origin: &Origin,
         progress: Option<mpsc::Sender<ReplayProgress>>,
     ) -> Result<ReplayProgress, StoreError> {
+        let job = (!plan.dry_run).then(|| {
+            let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
+            self.jobs.start(plan, origin, rate, self.clock.now())
+        });
+        self.run_as(plan, origin, progress, job).await
+    }
+
+    async fn run_as(
+        &self,
+        plan: &ReplayPlan,
+        origin: &Origin,
+        progress: Option<mpsc::Sender<ReplayProgress>>,
+        job: Option<u64>,
+    ) -> Result<ReplayProgress, StoreError> {
         let (principal, peer) = (origin.principal.as_str(), origin.peer);
         let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
-        let result = self.execute(plan, rate, progress).await;
+        let result = self.execute(plan, rate, progress, job).await;
+        if let Some(id) = job {
+            let now = self.clock.now();
+            self.jobs.update(id, |j| {
+                j.finished_at = Some(now);
+                match &result {
+                    Ok(p) => {
+                        j.progress = *p;
+                        j.outcome = if p.done { JobOutcome::Done } else { JobOutcome::Stopped };
+                    }
+                    Err(e) => j.outcome = JobOutcome::Failed(e.to_string()),
+                }
+            });
+        }
         let (consumer, filter, topics) = (plan.consumer.as_str(), &plan.filter, &plan.topics);
         match &result {
             Ok(p) => tracing::info!(
@@ -108,7 +278,14 @@ impl Replayer {
         plan: &ReplayPlan,
         rate: u32,
         progress: Option<mpsc::Sender<ReplayProgress>>,
+        job: Option<u64>,
     ) -> Result<ReplayProgress, StoreError> {
+        let report = async |p: ReplayProgress| {
+            if let Some(id) = job {
+                self.jobs.update(id, |j| j.progress = p);
+            }
+            report(&progress, p).await
+        };
         let cutoff = self.retention_cutoff();
         let spec = self.store.consumer_get(&plan.consumer).await?.spec;
         let mut state = ReplayProgress::default();
@@ -128,10 +305,10 @@ impl Replayer {
         }
         if plan.dry_run || state.selected == 0 {
             state.done = true;
-            report(&progress, state).await;
+            report(state).await;
             return Ok(state);
         }
-        if !report(&progress, state).await {
+        if !report(state).await {
             return Ok(state);
         }
         let batch = rate.min(MAX_BATCH);
@@ -147,12 +324,12 @@ impl Replayer {
             }
             let Some(next) = page.next else { break };
             after = next;
-            if self.shutdown.is_cancelled() || !report(&progress, state).await {
+            if self.shutdown.is_cancelled() || !report(state).await {
                 return Ok(state);
             }
         }
         state.done = true;
-        report(&progress, state).await;
+        report(state).await;
         Ok(state)
     }
 

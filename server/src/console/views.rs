@@ -1,0 +1,600 @@
+//! The console's HTML, written with maud (compile-time templates that escape every value).
+//! Element ids and classes are a contract with the browser test (`tests/console/`).
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use maud::{DOCTYPE, Markup, html};
+use outbox_proto::v1 as pb;
+use tonic::{Code, Status};
+
+use super::history::{Sample, rates};
+use super::session::Viewer;
+use crate::maintenance::replay::ReplayJob;
+use crate::store::{ConsumerStats, DeadGroup, DeadLetter, MessageSummary};
+
+pub fn layout(viewer: Option<&Viewer>, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(v) = viewer { meta name="csrf-token" content=(v.csrf); }
+                title { (title) " · outboxd" }
+                link rel="stylesheet" href="/assets/console.css";
+                link rel="stylesheet" href="/assets/uplot-1.6.32.min.css";
+                script src="/assets/uplot-1.6.32.iife.min.js" defer {}
+                script src="/assets/console.js" defer {}
+            }
+            body {
+                header {
+                    span.brand { "outboxd" }
+                    @if let Some(v) = viewer {
+                        nav {
+                            a #nav-overview href="/" { "Overview" }
+                            a #nav-search href="/search" { "Search" }
+                            a #nav-replays href="/replays" { "Replays" }
+                        }
+                        span.who {
+                            span #principal { (v.caller.name) }
+                            @if v.signed_in {
+                                form #sign-out .inline method="post" action="/logout" {
+                                    input type="hidden" name="csrf" value=(v.csrf);
+                                    button type="submit" { "Sign out" }
+                                }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+pub fn status_page(s: &Status) -> (StatusCode, Markup) {
+    let code = match s.code() {
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::AlreadyExists => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let body = html! {
+        h1 { (code.canonical_reason().unwrap_or("Error")) }
+        p #error .bad { (s.message()) }
+        p { a href="/" { "Back to the overview" } }
+    };
+    (code, layout(None, "Error", body))
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        None,
+        "Sign in",
+        html! {
+            div.login {
+                h1 { "Sign in to outboxd" }
+                p.muted { "With a token of the auth file (" code { "outboxctl auth new-token" } " makes one). It is kept in a cookie this browser sends only to this console." }
+                @if let Some(e) = error { p #login-error .bad { (e) } }
+                form method="post" action="/login" {
+                    label for="token" { "Token" }
+                    input #token type="password" name="token" autocomplete="current-password" required autofocus;
+                    button #sign-in .primary type="submit" { "Sign in" }
+                }
+            }
+        },
+    )
+}
+
+pub fn time(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "—".to_owned(), |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+}
+
+pub fn pb_time(t: Option<&prost_types::Timestamp>) -> String {
+    time(t.and_then(|t| DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).unwrap_or(0))))
+}
+
+/// "4m 10s", "2h 5m", "—" for none.
+pub fn age(seconds: Option<f64>) -> String {
+    match seconds {
+        None => "—".to_owned(),
+        Some(s) if s < 1.0 => "<1s".to_owned(),
+        Some(s) => {
+            let s = s as u64;
+            match s {
+                0..60 => format!("{s}s"),
+                60..3600 => format!("{}m {}s", s / 60, s % 60),
+                3600..86400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+                _ => format!("{}d {}h", s / 86400, s % 86400 / 3600),
+            }
+        }
+    }
+}
+
+/// A sparkline of per-minute counts, drawn on the server (no script needed).
+fn spark(values: &[u64], class: &str) -> Markup {
+    let (w, h) = (90.0, 18.0);
+    let max = values.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let n = values.len().max(2) as f64 - 1.0;
+    let points: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("{:.1},{:.1}", i as f64 * w / n, h - 1.0 - (*v as f64 / max) * (h - 2.0)))
+        .collect();
+    let total: u64 = values.iter().sum();
+    html! {
+        svg.spark width="90" height="18" viewBox="0 0 90 18" role="img" aria-label=(format!("{total} in the last hour")) {
+            title { (total) " in the last hour" }
+            @if values.len() >= 2 { polyline class=(class) points=(points.join(" ")) {} }
+        }
+    }
+}
+
+/// One consumer of the overview.
+pub struct ConsumerRow<'a> {
+    pub stats: &'a ConsumerStats,
+    pub oldest_s: Option<f64>,
+    pub streams: u32,
+    pub sink: &'a str,
+    pub samples: Vec<Sample>,
+}
+
+pub struct Relay {
+    pub unrelayed: i64,
+    pub oldest_unrelayed_s: Option<f64>,
+    pub last_seq: i64,
+}
+
+pub fn overview(viewer: &Viewer, live: Markup) -> Markup {
+    layout(
+        Some(viewer),
+        "Overview",
+        html! {
+            h1 { "Overview" }
+            div #overview-live data-refresh="/fragments/overview" data-every="5" { (live) }
+        },
+    )
+}
+
+pub fn overview_live(rows: &[ConsumerRow<'_>], relay: &Relay, alerts: &[String], at: DateTime<Utc>) -> Markup {
+    html! {
+        section #alerts {
+            h2 { "Alert conditions now" }
+            ul.alerts {
+                @for a in alerts { li.alert { (a) } }
+                @if alerts.is_empty() { li.no-alert.ok { "None." } }
+            }
+        }
+        section #relay {
+            h2 { "Relay" }
+            div.cards {
+                div.card { div.label { "Unrelayed messages" } div.value.unrelayed { (relay.unrelayed) } }
+                div.card { div.label { "Oldest unrelayed" } div.value.oldest-unrelayed { (age(relay.oldest_unrelayed_s)) } }
+                div.card { div.label { "Last committed seq" } div.value.last-seq { (relay.last_seq) } }
+            }
+        }
+        section #consumers-section {
+            h2 { "Consumers" }
+            table #consumers {
+                thead { tr {
+                    th { "Consumer" } th.num { "Backlog" } th.num { "Oldest unacked" } th.num { "In flight" }
+                    th.num { "Dead" } th { "Acked / min (1 h)" } th { "Dead / min (1 h)" } th { "Paused" }
+                    th.num { "Streams here" } th.num { "Held keys" } th { "Sink" }
+                } }
+                tbody {
+                    @for r in rows {
+                        tr data-consumer=(r.stats.consumer) {
+                            td { a.consumer-link href=(format!("/consumers/{}", r.stats.consumer)) { (r.stats.consumer) } }
+                            td.num.backlog { (r.stats.backlog) }
+                            td.num.oldest { (age(r.oldest_s)) }
+                            td.num.in-flight { (r.stats.in_flight) }
+                            td.num.dead { (r.stats.dead) }
+                            td.acked-rate { (spark(&rates(&r.samples, |s| s.acked_total), "acked")) }
+                            td.dead-rate { (spark(&rates(&r.samples, |s| s.dead_lettered_total), "dead")) }
+                            td.paused { @if r.stats.paused { "yes" } @else { "no" } }
+                            td.num.streams { (r.streams) }
+                            td.num.held { (r.stats.held_keys) }
+                            td.sink { (r.sink) }
+                        }
+                    }
+                }
+            }
+            @if rows.is_empty() { p.muted { "No consumers yet." } }
+            p.muted { "As of " (time(Some(at))) "; refreshed every 5 s while this tab is visible. Rates are this process's streams and sinks." }
+        }
+    }
+}
+
+pub struct ConsumerPage<'a> {
+    pub consumer: &'a pb::Consumer,
+    pub stats: Option<&'a ConsumerStats>,
+    pub oldest_s: Option<f64>,
+    pub streams: u32,
+    pub samples: Vec<Sample>,
+    pub groups: Vec<DeadGroup>,
+    pub held: Vec<pb::HeldKey>,
+}
+
+pub fn consumer(viewer: &Viewer, p: &ConsumerPage<'_>, may_write: bool, may_replay: bool) -> Markup {
+    let name = &p.consumer.name;
+    let chart = serde_json::json!({
+        "series": ["backlog", "oldest unacked (s)"],
+        "data": [
+            p.samples.iter().map(|s| s.at.timestamp()).collect::<Vec<_>>(),
+            p.samples.iter().map(|s| s.backlog).collect::<Vec<_>>(),
+            p.samples.iter().map(|s| s.oldest_unacked.round()).collect::<Vec<_>>(),
+        ],
+    });
+    layout(
+        Some(viewer),
+        name,
+        html! {
+            h1 { "Consumer " code { (name) } }
+            p.muted { "Topics " code { (p.consumer.topics.join(", ")) } " · max deliveries " (p.consumer.max_deliveries)
+                " · dead key policy " (if p.consumer.dead_key_policy == pb::DeadKeyPolicy::Hold as i32 { "hold" } else { "skip" })
+                @if p.consumer.sink.is_some() { " · sink" } }
+            div #consumer-live data-refresh=(format!("/fragments/consumers/{name}")) data-every="5" {
+                (consumer_stats(p.stats, p.oldest_s, p.streams))
+            }
+            @if may_write {
+                div.actions {
+                    @if p.consumer.paused {
+                        form #resume .inline method="post" action=(format!("/consumers/{name}/resume")) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            button #resume-button type="submit" { "Resume" }
+                        }
+                    } @else {
+                        form #pause .inline method="post" action=(format!("/consumers/{name}/pause")) {
+                            input type="hidden" name="csrf" value=(viewer.csrf);
+                            button #pause-button type="submit" { "Pause" }
+                        }
+                    }
+                }
+            }
+            h2 { "Lag, last hour" }
+            @if p.samples.len() >= 2 {
+                div.chart #lag-chart data-chart=(chart.to_string()) {}
+            } @else {
+                p.muted { "One sample a minute: the chart appears after two." }
+            }
+            h2 { "Dead letters by last error" }
+            table #dead-groups {
+                thead { tr { th { "Last error" } th.num { "Count" } th { "First" } th { "Last" } th { "Topics" } th { "Types" } th {} } }
+                tbody {
+                    @for g in &p.groups {
+                        @let error = g.last_error.clone().unwrap_or_default();
+                        tr.dead-group {
+                            td.error.mono { (error) }
+                            td.num.count { (g.count) }
+                            td.first { (time(g.first_dead_at)) }
+                            td.last { (time(g.last_dead_at)) }
+                            td.topics { (g.topics.join(", ")) }
+                            td.types { (g.types.join(", ")) }
+                            td {
+                                a.show-messages href=(format!("/consumers/{name}/dead?error={}", urlencode(&error))) { "Show messages" }
+                                @if may_replay && g.last_error.is_some() {
+                                    " "
+                                    form.dry-run.inline method="post" action=(format!("/consumers/{name}/replay")) {
+                                        input type="hidden" name="csrf" value=(viewer.csrf);
+                                        input type="hidden" name="last_error" value=(error);
+                                        input type="hidden" name="dry_run" value="true";
+                                        button.dry-run-button type="submit" { "Replay…" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if p.groups.is_empty() { p.muted #no-dead { "No dead letters." } }
+            h2 { "Held ordering keys" }
+            table #held-keys {
+                thead { tr { th { "Key" } th { "Dead message" } th.num { "Waiting" } th { "Held since" } th { "Last error" } th {} } }
+                tbody {
+                    @for k in &p.held {
+                        tr.held-key data-key=(k.ordering_key) {
+                            td.mono { (k.ordering_key) }
+                            td { a href=(format!("/messages/{}", k.message_id)) { code { (k.message_id) } } }
+                            td.num { (k.waiting) }
+                            td { (pb_time(k.held_at.as_ref())) }
+                            td.mono { (k.last_error) }
+                            td {
+                                @if may_replay {
+                                    form.release.inline method="post" action=(format!("/consumers/{name}/keys/release")) {
+                                        input type="hidden" name="csrf" value=(viewer.csrf);
+                                        input type="hidden" name="ordering_key" value=(k.ordering_key);
+                                        input type="hidden" name="skip_dead" value="false";
+                                        button type="submit" { "Deliver it again" }
+                                    }
+                                    " "
+                                    form.release-skip.inline method="post" action=(format!("/consumers/{name}/keys/release")) {
+                                        input type="hidden" name="csrf" value=(viewer.csrf);
+                                        input type="hidden" name="ordering_key" value=(k.ordering_key);
+                                        input type="hidden" name="skip_dead" value="true";
+                                        button.danger type="submit" { "Skip it" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if p.held.is_empty() { p.muted { "No held keys." } }
+        },
+    )
+}
+
+pub fn consumer_stats(stats: Option<&ConsumerStats>, oldest_s: Option<f64>, streams: u32) -> Markup {
+    html! {
+        div #stats .cards {
+            @if let Some(s) = stats {
+                div.card { div.label { "Backlog" } div.value.backlog { (s.backlog) } }
+                div.card { div.label { "Oldest unacked" } div.value.oldest { (age(oldest_s)) } }
+                div.card { div.label { "In flight" } div.value.in-flight { (s.in_flight) } }
+                div.card { div.label { "Retrying" } div.value.retrying { (s.retrying) } }
+                div.card { div.label { "Dead" } div.value.dead { (s.dead) } }
+                div.card { div.label { "Held keys" } div.value.held { (s.held_keys) } }
+                div.card { div.label { "Paused" } div.value.paused { @if s.paused { "yes" } @else { "no" } } }
+                div.card { div.label { "Streams here" } div.value.streams { (streams) } }
+            }
+        }
+    }
+}
+
+pub fn urlencode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+pub fn dry_run(viewer: &Viewer, consumer: &str, last_error: &str, r: &pb::ReplayResponse) -> Markup {
+    layout(
+        Some(viewer),
+        "Replay: dry run",
+        html! {
+            h1 { "Replay dead letters of " code { (consumer) } }
+            div #dry-run-result {
+                p { "Dead letters whose last error is " code.mono { (last_error) } ": " strong.selected { (r.selected) } " would be delivered again, with a fresh delivery count, bypassing the inbox." }
+                @if r.beyond_retention > 0 {
+                    p.warn.beyond { (r.beyond_retention) " of them are older than the retention: the consumer's inbox may no longer remember them, so they may take effect twice." }
+                }
+            }
+            @if r.selected > 0 {
+                form #replay-confirm method="post" action=(format!("/consumers/{consumer}/replay")) {
+                    input type="hidden" name="csrf" value=(viewer.csrf);
+                    input type="hidden" name="last_error" value=(last_error);
+                    input type="hidden" name="dry_run" value="false";
+                    label { "At most " input type="number" name="max_per_second" value="100" min="1" max="100000"; " per second " }
+                    @if r.beyond_retention > 0 {
+                        label { input type="checkbox" name="allow_beyond_retention" value="true"; " also those beyond the retention " }
+                    }
+                    button #replay-button .primary type="submit" { "Replay " (r.selected) }
+                }
+            }
+            p { a href=(format!("/consumers/{consumer}")) { "Back to " (consumer) } }
+        },
+    )
+}
+
+pub fn job(viewer: &Viewer, j: &ReplayJob) -> Markup {
+    layout(
+        Some(viewer),
+        "Replay",
+        html! {
+            h1 { "Replay " (j.id) " of " a href=(format!("/consumers/{}", j.consumer)) { code { (j.consumer) } } }
+            div #job-live data-refresh=(format!("/fragments/replays/{}", j.id)) data-every="2" { (job_progress(j)) }
+        },
+    )
+}
+
+pub fn job_progress(j: &ReplayJob) -> Markup {
+    html! {
+        div #progress .progress {
+            p { "Selected " strong.selected { (j.progress.selected) } ", replayed " strong.replayed { (j.progress.replayed) }
+                " — " strong.state { (j.outcome.as_str()) } }
+            @if let crate::maintenance::replay::JobOutcome::Failed(e) = &j.outcome { p.bad.error { (e) } }
+            p.muted { (j.selection) " · at most " (j.rate) "/s · started by " span.principal { (j.principal) } " at " (time(Some(j.started_at)))
+                @if let Some(t) = j.finished_at { " · finished " (time(Some(t))) } }
+        }
+    }
+}
+
+pub fn replays(viewer: &Viewer, jobs: &[ReplayJob]) -> Markup {
+    layout(
+        Some(viewer),
+        "Replays",
+        html! {
+            h1 { "Replays" }
+            p.muted { "The replays this process ran since it started, newest first (dry runs are not listed). The audit log (" code { "outboxd::audit" } ") has every one." }
+            table #replays {
+                thead { tr { th { "#" } th { "Consumer" } th { "Selection" } th { "Started by" } th { "Started" } th.num { "Selected" } th.num { "Replayed" } th { "State" } } }
+                tbody {
+                    @for j in jobs {
+                        tr data-replay=(j.id) {
+                            td { a href=(format!("/replays/{}", j.id)) { (j.id) } }
+                            td.consumer { (j.consumer) }
+                            td.selection { (j.selection) }
+                            td.principal { (j.principal) }
+                            td { (time(Some(j.started_at))) }
+                            td.num.selected { (j.progress.selected) }
+                            td.num.replayed { (j.progress.replayed) }
+                            td.state { (j.outcome.as_str()) }
+                        }
+                    }
+                }
+            }
+            @if jobs.is_empty() { p.muted { "None yet." } }
+        },
+    )
+}
+
+/// A payload as people read it: indented JSON when it is JSON, else text when it is UTF-8
+/// without control characters, else hex.
+pub fn shown_payload(p: &[u8]) -> (String, &'static str) {
+    const MAX: usize = 256 * 1024;
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(p)
+        && let Ok(s) = serde_json::to_string_pretty(&v)
+    {
+        return (s, "json");
+    }
+    if let Ok(s) = std::str::from_utf8(p)
+        && !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
+    {
+        return (s.chars().take(MAX).collect(), "text");
+    }
+    let mut out = String::new();
+    for (i, chunk) in p[..p.len().min(MAX / 4)].chunks(16).enumerate() {
+        out.push_str(&format!("{:08x}  ", i * 16));
+        for b in chunk {
+            out.push_str(&format!("{b:02x} "));
+        }
+        out.push('\n');
+    }
+    (out, "hex")
+}
+
+pub fn message(viewer: &Viewer, m: &pb::Message, deliveries: &[pb::DeliveryState], may_read: bool) -> Markup {
+    let traceparent = m.headers.get("traceparent");
+    layout(
+        Some(viewer),
+        "Message",
+        html! {
+            h1 { "Message " code { (m.message_id) } }
+            table #meta {
+                tr { th { "Topic" } td.topic { (m.topic) } }
+                tr { th { "Type" } td.type { (m.r#type) } }
+                tr { th { "Seq" } td { (m.seq) } }
+                tr { th { "Ordering key" } td.mono { (m.ordering_key) } }
+                tr { th { "Enqueued" } td { (pb_time(m.enqueued_at.as_ref())) } }
+                tr { th { "Available" } td { (pb_time(m.available_at.as_ref())) } }
+                tr { th { "Relayed" } td { (pb_time(m.relayed_at.as_ref())) } }
+                @if let Some(tp) = traceparent {
+                    tr { th { "Trace" } td.mono #trace { (tp.split('-').nth(1).unwrap_or(tp)) } }
+                }
+            }
+            h2 { "Payload" }
+            @if may_read {
+                @let (text, kind) = shown_payload(&m.payload);
+                p.muted { (m.payload.len()) " bytes, shown as " (kind) }
+                pre #payload { (text) }
+            } @else {
+                p #payload-hidden .muted { "Hidden: your principal may not read topic " code { (m.topic) } " (it needs a " code { "tail:" } " permission that covers it)." }
+            }
+            h2 { "Headers" }
+            table #headers {
+                @for (k, v) in &m.headers { tr { th.mono { (k) } td.mono { (v) } } }
+            }
+            @if m.headers.is_empty() { p.muted { "None." } }
+            h2 { "Deliveries" }
+            table #timeline {
+                thead { tr { th { "Consumer" } th { "State" } th.num { "Deliveries" } th { "Created" } th { "Last change" } th { "Acked" } th { "Dead" } th { "Due / lease until" } th { "Last error" } } }
+                tbody {
+                    @for d in deliveries {
+                        tr data-consumer=(d.consumer) {
+                            td { a href=(format!("/consumers/{}", d.consumer)) { (d.consumer) } }
+                            td.state { (pb::delivery_state::State::try_from(d.state).map_or("UNKNOWN", |s| s.as_str_name())) }
+                            td.num.count { (d.delivery_count) }
+                            td { (pb_time(d.created_at.as_ref())) }
+                            td { (pb_time(d.updated_at.as_ref())) }
+                            td { (pb_time(d.acked_at.as_ref())) }
+                            td { (pb_time(d.dead_at.as_ref())) }
+                            td { @if d.lease_expires_at.is_some() { (pb_time(d.lease_expires_at.as_ref())) } @else { (pb_time(d.available_at.as_ref())) } }
+                            td.error.mono { (d.last_error) }
+                        }
+                    }
+                }
+            }
+            @if deliveries.is_empty() { p.muted { "No consumer has a delivery of it (yet)." } }
+        },
+    )
+}
+
+/// The search form's values, as given (shown back in the form, and in the next page's link).
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+pub struct SearchForm {
+    #[serde(default)]
+    pub message_id: String,
+    #[serde(default)]
+    pub topic: String,
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub ordering_key: String,
+    #[serde(default)]
+    pub after: String,
+    #[serde(default)]
+    pub before: String,
+    #[serde(default)]
+    pub cursor: String,
+}
+
+pub fn search(
+    viewer: &Viewer,
+    form: &SearchForm,
+    results: Option<(&[MessageSummary], i64, Option<String>)>,
+    error: Option<&str>,
+) -> Markup {
+    layout(
+        Some(viewer),
+        "Search",
+        html! {
+            h1 { "Search messages" }
+            form #search .search method="get" action="/search" {
+                label { "Message id" input name="message_id" value=(form.message_id) size="38"; }
+                label { "Topic" input name="topic" value=(form.topic); }
+                label { "Type" input name="type" value=(form.type_); }
+                label { "Ordering key" input name="ordering_key" value=(form.ordering_key); }
+                label { "Enqueued from (UTC)" input name="after" value=(form.after) placeholder="2026-12-05T10:00"; }
+                label { "Enqueued before (UTC)" input name="before" value=(form.before) placeholder="2026-12-05T11:00"; }
+                button.primary type="submit" { "Search" }
+            }
+            @if let Some(e) = error { p #search-error .bad { (e) } }
+            @if let Some((rows, scanned, next)) = results {
+                table #results {
+                    thead { tr { th { "Message" } th { "Seq" } th { "Topic" } th { "Type" } th { "Ordering key" } th { "Enqueued" } } }
+                    tbody {
+                        @for m in rows {
+                            tr data-message-id=(m.message_id) {
+                                td { a href=(format!("/messages/{}", m.message_id)) { code { (m.message_id) } } }
+                                td.num { (m.seq) }
+                                td { (m.topic) }
+                                td { (m.type_) }
+                                td.mono { (m.ordering_key.as_deref().unwrap_or("")) }
+                                td { (time(Some(m.enqueued_at))) }
+                            }
+                        }
+                    }
+                }
+                p.muted.pager { (rows.len()) " found among the " (scanned) " newest messages below the cursor. "
+                    @if let Some(n) = next { a #next href=(n) { "Older →" } } @else { "No older messages." } }
+            }
+        },
+    )
+}
+
+pub fn dead_list(viewer: &Viewer, consumer: &str, error: &str, rows: &[DeadLetter], next: Option<String>) -> Markup {
+    layout(
+        Some(viewer),
+        "Dead letters",
+        html! {
+            h1 { "Dead letters of " a href=(format!("/consumers/{consumer}")) { code { (consumer) } } }
+            p { "Last error " code.mono { (error) } }
+            table #dead-letters {
+                thead { tr { th { "Message" } th { "Topic" } th { "Type" } th.num { "Deliveries" } th { "Dead since" } } }
+                tbody {
+                    @for d in rows {
+                        tr data-message-id=(d.message.message_id) {
+                            td { a href=(format!("/messages/{}", d.message.message_id)) { code { (d.message.message_id) } } }
+                            td { (d.message.topic) }
+                            td { (d.message.type_) }
+                            td.num { (d.delivery_count) }
+                            td { (time(d.dead_at)) }
+                        }
+                    }
+                }
+            }
+            @if let Some(n) = next { p.pager { a #next href=(n) { "More →" } } }
+        },
+    )
+}
