@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, mpsc, watch};
 
-use crate::store::{LeasedDelivery, PushOffer};
+use crate::domain::{LeasedDelivery, PushOffer};
 
 #[derive(Debug, Clone, Default)]
 pub struct Hub(Arc<Inner>);
@@ -532,7 +532,7 @@ mod tests {
     fn leased(id: u128) -> LeasedDelivery {
         let now = Utc::now();
         LeasedDelivery {
-            message: crate::store::StoredMessage {
+            message: crate::domain::StoredMessage {
                 message_id: crate::domain::MessageId(uuid::Uuid::from_u128(id)),
                 seq: 1,
                 topic: "t".into(),

@@ -6,8 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::clock;
-use crate::domain::{ConsumerSpec, DeliveryState, MessageId};
-use crate::store::Release;
+use crate::domain::{ConsumerSpec, DeliveryState, MessageId, Release};
 
 pub mod session;
 pub mod window;

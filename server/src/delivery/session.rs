@@ -26,10 +26,10 @@ use tonic::Status;
 
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
+use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::grpc::stream::Command;
 use crate::hub::{Hub, InFlightBytes, LeaseTurn, PushGuard, PushSlot, TurnGuard};
-use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
+use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
 /// How long a busy stream may wait for a batch of free slots before it leases anyway.

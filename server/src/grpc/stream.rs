@@ -9,8 +9,7 @@ use tonic::Status;
 use super::convert::{duration, timestamp};
 use super::invalid;
 use crate::delivery::session::Rejected;
-use crate::domain::{InvalidField, MessageId};
-use crate::store::LeasedDelivery;
+use crate::domain::{InvalidField, LeasedDelivery, MessageId};
 
 /// The most message ids one `ack` or `extend` may carry.
 pub const MAX_IDS_PER_REQUEST: usize = 10_000;

@@ -23,10 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Outcome, Publish, Target};
 use crate::delivery::session::{Incoming, Session, SessionContext, SessionStart};
-use crate::domain::Consumer;
+use crate::domain::{Consumer, LeasedDelivery};
 use crate::grpc::stream::Command;
 use crate::metrics::SinkMetrics;
-use crate::store::LeasedDelivery;
 
 /// Reconnect backoff: doubles from the first to the last.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);

@@ -720,7 +720,7 @@ async fn sql_topic_matching_agrees_with_the_servers() {
 /// A relay pass leases what streams offer room for (due, unkeyed, not paused) straight to them,
 /// in seq order and never beyond an offer's room, and leaves the rest pending.
 async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending(store: SharedStore) {
-    use crate::store::PushOffer;
+    use crate::domain::PushOffer;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
@@ -759,7 +759,7 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
 /// A message whose producer's clock read a little after the relay's (it committed just in time
 /// for the pass) is due all the same: pushed, with no row of its own. A delayed one is not.
 async fn a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not(store: SharedStore) {
-    use crate::store::PushOffer;
+    use crate::domain::PushOffer;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
