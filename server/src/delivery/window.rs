@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_principals_streams_share_its_bytes_and_get_them_back_as_deliveries_leave() {
-        let budget = crate::hub::ByteBudget::new(100);
+        let budget = crate::limits::ByteBudget::new(100);
         let bytes = Some(InFlightBytes { budget: budget.clone(), unit: 40 });
         let mut a = Window::bounded(10, bytes.clone());
         let b = Window::bounded(10, bytes.clone());
