@@ -28,11 +28,9 @@ pub const MAX_HEADER_KEY_BYTES: usize = 256;
 pub const MAX_TYPE_BYTES: usize = 255;
 /// A message's `ordering_key`, in bytes.
 pub const MAX_ORDERING_KEY_BYTES: usize = 255;
-/// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
-pub const REFUSALS: &str = "outboxd_limit_refusals_total";
-
+/// Counts a request refused by the limit `limit` (the flag's name without dashes).
 pub fn refused(limit: &'static str) {
-    metrics::counter!(REFUSALS, "limit" => limit).increment(1);
+    metrics::counter!(crate::metrics::LIMIT_REFUSALS, "limit" => limit).increment(1);
 }
 
 /// The largest a delivery can be, as a stream's byte budget counts it: the payload limit, the

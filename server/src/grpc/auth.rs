@@ -27,12 +27,7 @@ use tonic::body::Body;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::domain::TopicPattern;
-
-/// `outboxd_auth_decisions_total{principal, outcome}`: `allowed`, `denied` or
-/// `unauthenticated` (whose principal is `unknown`).
-pub const DECISIONS: &str = "outboxd_auth_decisions_total";
-/// `outboxd_config_reloads_total{file, outcome}`: re-reads of the auth file and the TLS files.
-pub const RELOADS: &str = "outboxd_config_reloads_total";
+use crate::metrics::{DECISIONS, RELOADS};
 
 /// A consumer-name pattern of a permission: `*` matches any run of characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
