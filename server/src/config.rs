@@ -3,7 +3,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
 
 /// The embedded store, used when no database URL is given.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
@@ -16,12 +18,6 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "OUTBOXD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 // Parsed once at start-up: the size of the serve arguments costs nothing.
