@@ -22,9 +22,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{Outcome, Publish, Target};
+use crate::delivery::Command;
 use crate::delivery::session::{Incoming, Session, SessionContext, SessionStart};
 use crate::domain::{Consumer, LeasedDelivery};
-use crate::grpc::stream::Command;
 use crate::metrics::SinkMetrics;
 
 /// Reconnect backoff: doubles from the first to the last.
@@ -139,9 +139,9 @@ impl SinkRunner {
                     }
                     // Closing: the session releases it when it ends.
                     Some(Ok(_)) => {}
-                    Some(Err(status)) => {
+                    Some(Err(e)) => {
                         // The consumer was deleted, or the server is shutting down.
-                        tracing::info!(consumer = %self.consumer.spec.name, status = %status.message(), "sink session ended");
+                        tracing::info!(consumer = %self.consumer.spec.name, status = %e, "sink session ended");
                         stopping = true;
                     }
                     // The session is over: everything it held is acked or released.
