@@ -4,5 +4,7 @@
 pub mod gauges;
 pub mod pruner;
 pub mod replay;
+#[cfg(test)]
+mod store_tests;
 pub mod sweeper;
 pub mod vacuum;

@@ -10,6 +10,9 @@ use crate::domain::{ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, R
 use crate::hub::{Hub, PushSlots};
 use crate::store::{SharedStore, StoreError};
 
+#[cfg(test)]
+mod store_tests;
+
 /// How the relay waits for work. It polls: again at once after a pass that found work; every
 /// `poll_min` for `hot_for` after the last work it found (traffic is likely to go on, and each
 /// empty poll is one cheap indexed probe); then doubling up to `poll_max` while nothing comes.

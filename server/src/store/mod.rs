@@ -26,7 +26,7 @@ mod race_tests;
 pub mod records;
 pub mod sqlite;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 
