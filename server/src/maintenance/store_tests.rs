@@ -12,7 +12,7 @@ use super::pruner::Pruner;
 use super::sweeper::LeaseSweeper;
 use super::vacuum::Vacuumer;
 use crate::clock::{Clock, ManualClock, SharedClock};
-use crate::domain::{DeliveryState, MessageId};
+use crate::domain::{ConsumerSpec, DeadKeyPolicy, DeliveryState, MessageId};
 use crate::hub::Hub;
 use crate::relay::{Relay, RelayConfig};
 use crate::store::tests::{msg, on_every_store, spec};
@@ -22,6 +22,7 @@ on_every_store!(
     expired_leases_back_off_then_die_at_max_deliveries,
     the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
     table_health_shows_the_size_and_dead_rows_of_outboxds_tables,
+    an_expired_lease_that_dies_holds_its_key_too,
 );
 
 async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) {
@@ -139,4 +140,40 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
         assert!(std::time::Instant::now() < deadline, "the vacuum never showed: {t:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The lease sweeper's path to dead holds the key as a nack does (ADR 0057; the other ways a
+/// key is held and released are in `store::quarantine_tests`).
+async fn an_expired_lease_that_dies_holds_its_key_too(store: SharedStore) {
+    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
+    let shared: SharedClock = Arc::new(clock.clone());
+    let c = ConsumerSpec { dead_key_policy: DeadKeyPolicy::Hold, ..spec("c", &["t"], 1) };
+    store.consumer_create(&c, clock.now()).await.unwrap();
+    // Keys a (a1, a2, a3) and b (b1, b2) and one unkeyed message (u), relayed.
+    let mut ids = Vec::new();
+    for key in [Some("a"), Some("b"), None, Some("a"), Some("b"), Some("a")] {
+        let m = NewMessage { ordering_key: key.map(str::to_owned), ..msg("t") };
+        ids.push(store.message_insert(&m, clock.now()).await.unwrap().message_id);
+    }
+    let (a1, b1, u, b2) = (ids[0], ids[1], ids[2], ids[4]);
+    store.relay_batch(100, 0, clock.now(), false, &[]).await.unwrap();
+    let lease = |now| {
+        let (store, c) = (store.clone(), c.clone());
+        async move {
+            let until = crate::clock::add(now, c.ack_deadline);
+            let mut leased = store.delivery_lease_batch(&c.name, "s", 10, "", until, now).await.unwrap();
+            leased.sort_by_key(|d| d.message.seq);
+            leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(lease(clock.now()).await, vec![a1, b1, u]);
+    store.delivery_ack_many(&c.name, &[b1, u], clock.now()).await.unwrap();
+    clock.advance(c.ack_deadline + Duration::from_millis(1));
+    let sweeper = LeaseSweeper::new(store.clone(), shared, Hub::default(), Duration::from_secs(5));
+    assert_eq!(sweeper.run_once().await.unwrap(), 1);
+    let (_, rows) = store.message_get(a1).await.unwrap();
+    assert_eq!((rows[0].state, rows[0].delivery_count), (DeliveryState::Dead, 1));
+    let held = store.held_key_list(&c.name, 10).await.unwrap();
+    assert_eq!((held.len(), held[0].last_error.as_deref()), (1, Some("ack deadline expired")));
+    assert_eq!(lease(clock.now()).await, vec![b2]);
 }
