@@ -274,7 +274,7 @@ impl App {
         }
         if let Some(addr) = config.metrics_listen {
             crate::metrics::install(addr).map_err(|source| AppError::Metrics { addr, source })?;
-            let collector = crate::metrics::GaugeCollector {
+            let collector = crate::maintenance::gauges::GaugeCollector {
                 store: store.clone(),
                 clock: clock.clone(),
                 hub: hub.clone(),

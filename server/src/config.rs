@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::telemetry::LogFormat;
+
 /// The embedded store, used when no database URL is given.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
 
@@ -16,12 +18,6 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "OUTBOXD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 // Parsed once at start-up: the size of the serve arguments costs nothing.
@@ -36,7 +32,7 @@ pub enum Command {
     /// deliveries, print what moved, and exit: for running the relay from a scheduler. Exit
     /// codes: 0 something moved, 3 nothing to do, 4 the database is unreachable, 1 any other
     /// error.
-    Relay(crate::once::RelayArgs),
+    Relay(RelayArgs),
     /// Ask a running outboxd whether it is serving (gRPC health); exit 0 only if it is.
     Healthcheck(crate::healthcheck::HealthcheckArgs),
 }
@@ -50,6 +46,48 @@ pub struct DatabaseArgs {
     /// Largest number of database connections this process opens.
     #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS", default_value_t = 16)]
     pub max_connections: u32,
+}
+
+// The arguments of `outboxd relay --once`, which `once::run` carries out.
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// Run one pass and exit (the only mode: `outboxd serve` relays continuously).
+    #[arg(long, required = true)]
+    pub once: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// What to print: a line of text, or one JSON object.
+    #[arg(long, value_enum, default_value_t = RelayOutput::Text)]
+    pub output: RelayOutput,
+    /// Messages per relay batch.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub batch: i64,
+    /// Fan out only; deliver no sinks.
+    #[arg(long)]
+    pub no_sinks: bool,
+    /// Let sinks reach loopback, private and link-local addresses (as `serve`'s flag).
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
+    pub sink_allow_private: bool,
+    /// An internal network that sinks may reach all the same (as `serve`'s flag).
+    #[arg(long, env = "OUTBOXD_SINK_ALLOW", value_delimiter = ',', value_name = "NETWORK", value_parser = parse_net)]
+    pub sink_allow: Vec<ipnet::IpNet>,
+    /// Do not apply migrations first.
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// The auth file `serve` runs with: a sink then runs only while its creator may still
+    /// create it and read its topics, as under `serve`. Without it every sink runs.
+    #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
+    pub auth_file: Option<std::path::PathBuf>,
+    /// The key `serve` seals sinks' secrets with (`--sink-key-file`), to open them.
+    #[arg(long, env = "OUTBOXD_SINK_KEY_FILE", value_name = "PATH")]
+    pub sink_key_file: Option<std::path::PathBuf>,
+}
+
+/// What `outboxd relay --once` prints (`--output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RelayOutput {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,7 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, mpsc, watch};
 
-use crate::store::{LeasedDelivery, PushOffer};
+use crate::domain::{LeasedDelivery, PushOffer};
+use crate::limits::ByteBudget;
 
 #[derive(Debug, Clone, Default)]
 pub struct Hub(Arc<Inner>);
@@ -83,52 +84,6 @@ impl LeaseTurn {
 
     pub fn next_due(&self) -> Option<DateTime<Utc>> {
         *self.next_due.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The bytes of deliveries one principal's streams may hold at once: leased to them and not
-/// yet acked, nacked or expired (`--max-in-flight-bytes-per-principal`). Shared by all of the
-/// principal's streams, so that a tenant's slow readers cannot make outboxd hold more of its
-/// payloads than this, whatever their `max_in_flight`.
-///
-/// Room is taken before the deliveries are read, so each slot taken reserves a delivery's
-/// largest size (the unit); a delivery that arrives gives back what it did not need, and its
-/// ack (nack, expiry, the stream's end) gives back the rest.
-#[derive(Debug)]
-pub struct ByteBudget {
-    free: AtomicUsize,
-    limit: usize,
-}
-
-impl ByteBudget {
-    pub fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Self { free: AtomicUsize::new(limit), limit })
-    }
-
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Bytes free now.
-    pub fn available(&self) -> usize {
-        self.free.load(Ordering::Acquire)
-    }
-
-    /// Takes `unit` bytes up to `want` times, as many times as there are bytes for.
-    fn take_units(&self, want: usize, unit: usize) -> usize {
-        let unit = unit.max(1);
-        let mut taken = 0;
-        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
-            taken = (free / unit).min(want);
-            Some(free - taken * unit)
-        });
-        taken
-    }
-
-    fn give(&self, bytes: usize) {
-        if bytes > 0 {
-            self.free.fetch_add(bytes, Ordering::AcqRel);
-        }
     }
 }
 
@@ -532,7 +487,7 @@ mod tests {
     fn leased(id: u128) -> LeasedDelivery {
         let now = Utc::now();
         LeasedDelivery {
-            message: crate::store::StoredMessage {
+            message: crate::domain::StoredMessage {
                 message_id: crate::domain::MessageId(uuid::Uuid::from_u128(id)),
                 seq: 1,
                 topic: "t".into(),

@@ -10,40 +10,56 @@
 //! Data flows edge → domain → store: the gRPC edge turns requests into domain values, the
 //! delivery core and the background loops work on those, and only the store writes SQL.
 //!
-//! - [`config`]: command line and environment, validated before anything binds.
-//! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
-//! - [`console`]: the web console (`--console-listen`), an edge beside [`grpc`]: pages that read
-//!   and act through the admin service as the signed-in principal.
-//! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
-//!   status, [`grpc::stream`], which turns each `SubscribeRequest` into a validated command and
-//!   each delivery into its wire form, and authentication and permissions ([`grpc::auth`]).
-//! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states.
-//! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop and its in-flight
-//!   [`delivery::window`] (held leases, room, expiry, late acks).
-//! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
-//! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a
-//!   scheduler.
-//! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
-//!   managed replay, and the vacuum of outboxd's own tables.
-//! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
-//!   per target (RabbitMQ, NATS JetStream, webhooks).
-//! - [`hub`]: in-process wake-ups and push slots between the relay, the sweeper and the sessions.
+//! The modules are layers, listed from the lowest: each may use the modules listed before it and
+//! none listed after it (ADR 0058). This list is the one statement of that order, and
+//! `server/tests/architecture.rs` reads it and fails on any `crate::` path, tests included,
+//! that reaches from a module to one listed after it.
+//!
+//! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
+//! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states, and
+//!   the vocabulary of deliveries that the layers above share: a message as stored, a leased
+//!   delivery, a release and which leases it may touch, a stream's push offer, a relay pass's
+//!   outcome.
+//! - `testing`: fresh PostgreSQL databases and SQLite files for tests (built for this crate's
+//!   tests and with the `testing` feature).
+//! - [`telemetry`]: logs and their format, OTLP trace export, the `traceparent` that messages
+//!   carry.
+//! - [`metrics`]: the name and description of every metric, the Prometheus exporter, and the
+//!   helpers that record counters and histograms; any layer above may record.
+//! - [`limits`]: bounds on message and consumer shapes, stream counts (per process, connection
+//!   and principal), the byte budget of a principal's deliveries in flight, unary load shedding
+//!   and per-principal quotas, request-body deadlines.
 //! - [`store`]: every SQL statement. The [`store::Store`] seam the rest of the server calls;
 //!   [`store::driver::Driver`], the narrow entity-first statements each backend implements
 //!   (`store::postgres`, with its LISTEN for other replicas' work, and the embedded
 //!   `store::sqlite`, each with its migrations); [`store::composite::DriverStore`], `Store`
 //!   written once over any driver; [`store::records`], rows decoded into the domain. The store
 //!   returns data and [`store::WorkHint`]s; it wakes nobody itself.
-//! - [`metrics`]: Prometheus counters, histograms and per-consumer gauges.
-//! - [`limits`]: bounds on message and consumer shapes, stream counts (per process, connection
-//!   and principal), unary load shedding and per-principal quotas, request-body deadlines.
+//! - [`hub`]: in-process wake-ups, push slots and stream credits between the relay, the sweeper
+//!   and the sessions.
+//! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop, its in-flight
+//!   [`delivery::window`] (held leases, room, expiry, late acks), and the
+//!   [`delivery::Command`]s a client gives it.
+//! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
+//! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
+//!   managed replay, the vacuum of outboxd's own tables, and the gauges read from the store.
+//! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
+//!   per target (RabbitMQ, NATS JetStream, webhooks).
+//! - [`reload`]: re-reading the TLS and auth files on a timer and on SIGHUP.
 //! - [`listen`]: accepting connections: a bounded number per listener, each closed unless it
 //!   sends HTTP/2's preface in time.
 //! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
-//! - [`reload`]: re-reading the TLS and auth files on a timer and on SIGHUP.
-//! - [`telemetry`]: logs, OTLP trace export, the `traceparent` that messages carry.
-//! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
+//! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
+//!   status, [`grpc::stream`], which turns each `SubscribeRequest` into a validated command,
+//!   each delivery into its wire form and each end of a stream into its status, and
+//!   authentication and permissions ([`grpc::auth`]).
+//! - [`console`]: the web console (`--console-listen`), an edge beside [`grpc`]: pages that read
+//!   and act through the admin service as the signed-in principal, on a listener of their own.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
+//! - [`config`]: command line and environment, validated before anything binds.
+//! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a
+//!   scheduler.
+//! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
 #![forbid(unsafe_code)]
 
 pub mod app;

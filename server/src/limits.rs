@@ -6,13 +6,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-
-use crate::hub::ByteBudget;
 use tonic::Status;
 use tonic::codegen::http;
 use tower::limit::ConcurrencyLimit;
@@ -29,17 +28,62 @@ pub const MAX_HEADER_KEY_BYTES: usize = 256;
 pub const MAX_TYPE_BYTES: usize = 255;
 /// A message's `ordering_key`, in bytes.
 pub const MAX_ORDERING_KEY_BYTES: usize = 255;
-/// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
-pub const REFUSALS: &str = "outboxd_limit_refusals_total";
-
+/// Counts a request refused by the limit `limit` (the flag's name without dashes).
 pub fn refused(limit: &'static str) {
-    metrics::counter!(REFUSALS, "limit" => limit).increment(1);
+    metrics::counter!(crate::metrics::LIMIT_REFUSALS, "limit" => limit).increment(1);
 }
 
 /// The largest a delivery can be, as a stream's byte budget counts it: the payload limit, the
 /// headers' limit, and room for topic, type and ordering key.
 pub fn delivery_unit(max_payload_bytes: usize) -> usize {
     max_payload_bytes + MAX_HEADERS_BYTES + 1024
+}
+
+/// The bytes of deliveries one principal's streams may hold at once: leased to them and not
+/// yet acked, nacked or expired (`--max-in-flight-bytes-per-principal`). Shared by all of the
+/// principal's streams, so that a tenant's slow readers cannot make outboxd hold more of its
+/// payloads than this, whatever their `max_in_flight`.
+///
+/// Room is taken before the deliveries are read, so each slot taken reserves a delivery's
+/// largest size (the unit); a delivery that arrives gives back what it did not need, and its
+/// ack (nack, expiry, the stream's end) gives back the rest.
+#[derive(Debug)]
+pub struct ByteBudget {
+    free: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { free: AtomicUsize::new(limit), limit })
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes free now.
+    pub fn available(&self) -> usize {
+        self.free.load(Ordering::Acquire)
+    }
+
+    /// Takes `unit` bytes up to `want` times, as many times as there are bytes for.
+    pub fn take_units(&self, want: usize, unit: usize) -> usize {
+        let unit = unit.max(1);
+        let mut taken = 0;
+        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+            taken = (free / unit).min(want);
+            Some(free - taken * unit)
+        });
+        taken
+    }
+
+    /// Gives back `bytes` taken.
+    pub fn give(&self, bytes: usize) {
+        if bytes > 0 {
+            self.free.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Topics and patterns per consumer.

@@ -16,11 +16,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::transport::server::Connected;
 
+use crate::metrics::CONNECTIONS_CLOSED;
+
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what an HTTP/2 client sends first.
 const PREFACE_LEN: usize = 24;
-
-/// Connections closed at accept, by `reason` (`max_client_connections`, `preface_timeout`).
-pub const CLOSED: &str = "outboxd_connections_closed_total";
 
 /// The connections of one listener: a place for each, up to the limit.
 #[derive(Debug, Clone)]
@@ -40,7 +39,7 @@ impl ConnectionLimit {
     pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         let place = self.places.clone().try_acquire_owned().ok();
         if place.is_none() {
-            metrics::counter!(CLOSED, "reason" => "max_client_connections").increment(1);
+            metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
             tracing::debug!(max = self.max, "connection refused: --max-client-connections reached");
         }
         place
@@ -100,7 +99,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
                 if !expired {
                     return Poll::Pending;
                 }
-                metrics::counter!(CLOSED, "reason" => "preface_timeout").increment(1);
+                metrics::counter!(CONNECTIONS_CLOSED, "reason" => "preface_timeout").increment(1);
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "no HTTP/2 preface within --http2-preface-timeout",

@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use outbox_server::app::App;
 use outbox_server::clock::SystemClock;
-use outbox_server::config::{Cli, Command, ServeConfig};
+use outbox_server::config::{Cli, Command, RelayArgs, RelayOutput, ServeConfig};
 use outbox_server::{once, store, telemetry};
 
 #[tokio::main]
@@ -60,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// `outboxd relay --once`: prints what moved (stdout) or what failed (stderr), returns the exit code.
-async fn relay_once(args: &once::RelayArgs) -> i32 {
+async fn relay_once(args: &RelayArgs) -> i32 {
     let clock: outbox_server::clock::SharedClock = Arc::new(SystemClock);
     let auth = match args.auth_file.as_deref().map(outbox_server::grpc::auth::Authenticator::from_file).transpose() {
         Ok(auth) => auth,
@@ -93,15 +93,15 @@ async fn relay_once(args: &once::RelayArgs) -> i32 {
     .await;
     let code = once::exit_code(&result);
     match (&result, args.output) {
-        (Ok(report), once::Output::Json) => {
+        (Ok(report), RelayOutput::Json) => {
             println!("{}", serde_json::to_string(report).unwrap_or_else(|_| "{}".to_owned()))
         }
-        (Ok(report), once::Output::Text) => println!("{}", report.text()),
-        (Err(e), once::Output::Json) => {
+        (Ok(report), RelayOutput::Text) => println!("{}", report.text()),
+        (Err(e), RelayOutput::Json) => {
             let kind = if e.is_unreachable() { "database_unreachable" } else { "error" };
             println!("{}", serde_json::json!({ "error": e.to_string(), "kind": kind }));
         }
-        (Err(e), once::Output::Text) => eprintln!("outboxd relay --once: {e}"),
+        (Err(e), RelayOutput::Text) => eprintln!("outboxd relay --once: {e}"),
     }
     code
 }

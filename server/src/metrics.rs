@@ -1,19 +1,16 @@
-//! Prometheus metrics on their own listen address (`--metrics-listen`).
+//! Prometheus metrics on their own listen address (`--metrics-listen`): every metric's name,
+//! its description, and the helpers that record them.
 //!
-//! Counters and histograms are recorded where things happen (sessions, sweeper, relay); the
-//! per-consumer gauges come from one stats query every `--metrics-interval`, run by
-//! [`GaugeCollector`], so scraping never touches the database.
+//! Counters and histograms are recorded where things happen (sessions, sweeper, relay, the
+//! edge); the per-consumer gauges come from one stats query every `--metrics-interval`, run by
+//! `maintenance::gauges`, so scraping never touches the database. This module knows no other
+//! part of the server: any of them may record.
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
-use tokio_util::sync::CancellationToken;
-
-use crate::clock::SharedClock;
-use crate::hub::Hub;
-use crate::store::SharedStore;
 
 pub const DELIVERIES: &str = "outboxd_deliveries_total";
 pub const ACKS: &str = "outboxd_acks_total";
@@ -31,6 +28,34 @@ pub const SINK_FAILED: &str = "outboxd_sink_failed_total";
 pub const SINK_UNAVAILABLE: &str = "outboxd_sink_unavailable_total";
 pub const SINK_CONFIRM: &str = "outboxd_sink_confirm_seconds";
 pub const SINK_CONNECTED: &str = "outboxd_sink_connected";
+/// `outboxd_auth_decisions_total{principal, outcome}`: `allowed`, `denied` or
+/// `unauthenticated` (whose principal is `unknown`).
+pub const DECISIONS: &str = "outboxd_auth_decisions_total";
+/// `outboxd_config_reloads_total{file, outcome}`: re-reads of the auth file and the TLS files.
+pub const RELOADS: &str = "outboxd_config_reloads_total";
+/// TLS handshakes that failed or timed out.
+pub const TLS_HANDSHAKE_FAILURES: &str = "outboxd_tls_handshake_failures_total";
+/// Connections closed at accept, by `reason` (`max_client_connections`, `preface_timeout`).
+pub const CONNECTIONS_CLOSED: &str = "outboxd_connections_closed_total";
+/// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
+pub const LIMIT_REFUSALS: &str = "outboxd_limit_refusals_total";
+
+/// The gauges refreshed from the store (`maintenance::gauges`).
+pub const UNRELAYED_MESSAGES: &str = "outboxd_unrelayed_messages";
+pub const OLDEST_UNRELAYED_AGE: &str = "outboxd_oldest_unrelayed_age_seconds";
+pub const CONSUMER_BACKLOG: &str = "outboxd_consumer_backlog";
+pub const CONSUMER_IN_FLIGHT: &str = "outboxd_consumer_in_flight";
+pub const CONSUMER_RETRYING: &str = "outboxd_consumer_retrying";
+pub const CONSUMER_DEAD: &str = "outboxd_consumer_dead";
+pub const CONSUMER_HELD_KEYS: &str = "outboxd_consumer_held_keys";
+pub const CONSUMER_OLDEST_UNACKED_AGE: &str = "outboxd_consumer_oldest_unacked_age_seconds";
+pub const CONSUMER_PAUSED: &str = "outboxd_consumer_paused";
+pub const CONSUMER_STREAMS: &str = "outboxd_consumer_streams";
+pub const TABLE_DEAD_ROWS: &str = "outboxd_table_dead_rows";
+pub const TABLE_LIVE_ROWS: &str = "outboxd_table_live_rows";
+pub const TABLE_BYTES: &str = "outboxd_table_bytes";
+pub const DB_POOL_CONNECTIONS: &str = "outboxd_db_pool_connections";
+pub const DB_POOL_IDLE_CONNECTIONS: &str = "outboxd_db_pool_idle_connections";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
@@ -55,14 +80,11 @@ fn describe() {
     describe_counter!(DEAD_LETTERED, "Deliveries that became dead letters.");
     describe_counter!(RELAYED, "Messages fanned out to inboxes by this process's relay.");
     describe_counter!(
-        crate::grpc::auth::DECISIONS,
+        DECISIONS,
         "Authentication and permission decisions by principal and outcome (allowed, denied, unauthenticated)."
     );
-    describe_counter!(
-        crate::grpc::auth::RELOADS,
-        "Re-reads of the auth file and the TLS files that changed, by outcome."
-    );
-    describe_counter!("outboxd_tls_handshake_failures_total", "TLS handshakes that failed or timed out.");
+    describe_counter!(RELOADS, "Re-reads of the auth file and the TLS files that changed, by outcome.");
+    describe_counter!(TLS_HANDSHAKE_FAILURES, "TLS handshakes that failed or timed out.");
     describe_histogram!(COMMIT_TO_DELIVERY, Unit::Seconds, "From enqueue to being sent on a stream.");
     describe_histogram!(COMMIT_TO_ACK, Unit::Seconds, "From enqueue to the ack arriving.");
     describe_counter!(SINK_PUBLISHED, "Deliveries a sink published to its target (each redelivery counts).");
@@ -80,19 +102,19 @@ fn describe() {
     );
     describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
     describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
-    describe_gauge!("outboxd_unrelayed_messages", "Committed messages not yet fanned out.");
-    describe_gauge!("outboxd_oldest_unrelayed_age_seconds", Unit::Seconds, "Age of the oldest unrelayed message.");
-    describe_gauge!("outboxd_consumer_backlog", "Deliveries waiting (pending, including retries).");
-    describe_gauge!("outboxd_consumer_in_flight", "Deliveries sent and not yet acked.");
-    describe_gauge!("outboxd_consumer_retrying", "Pending deliveries after at least one failure.");
-    describe_gauge!("outboxd_consumer_dead", "Dead letters.");
-    describe_gauge!("outboxd_consumer_held_keys", "Ordering keys held after a dead letter (dead_key_policy hold).");
-    describe_gauge!("outboxd_consumer_oldest_unacked_age_seconds", Unit::Seconds, "Age of the oldest unacked message.");
-    describe_gauge!("outboxd_consumer_paused", "1 while the consumer is paused.");
-    describe_gauge!("outboxd_consumer_streams", "Streams attached to this process.");
-    describe_gauge!("outboxd_table_dead_rows", "Dead rows of an outboxd table not yet vacuumed (SQLite: free pages).");
-    describe_gauge!("outboxd_table_live_rows", "Estimated live rows of an outboxd table.");
-    describe_gauge!("outboxd_table_bytes", Unit::Bytes, "On-disk size of an outboxd table with its indexes.");
+    describe_gauge!(UNRELAYED_MESSAGES, "Committed messages not yet fanned out.");
+    describe_gauge!(OLDEST_UNRELAYED_AGE, Unit::Seconds, "Age of the oldest unrelayed message.");
+    describe_gauge!(CONSUMER_BACKLOG, "Deliveries waiting (pending, including retries).");
+    describe_gauge!(CONSUMER_IN_FLIGHT, "Deliveries sent and not yet acked.");
+    describe_gauge!(CONSUMER_RETRYING, "Pending deliveries after at least one failure.");
+    describe_gauge!(CONSUMER_DEAD, "Dead letters.");
+    describe_gauge!(CONSUMER_HELD_KEYS, "Ordering keys held after a dead letter (dead_key_policy hold).");
+    describe_gauge!(CONSUMER_OLDEST_UNACKED_AGE, Unit::Seconds, "Age of the oldest unacked message.");
+    describe_gauge!(CONSUMER_PAUSED, "1 while the consumer is paused.");
+    describe_gauge!(CONSUMER_STREAMS, "Streams attached to this process.");
+    describe_gauge!(TABLE_DEAD_ROWS, "Dead rows of an outboxd table not yet vacuumed (SQLite: free pages).");
+    describe_gauge!(TABLE_LIVE_ROWS, "Estimated live rows of an outboxd table.");
+    describe_gauge!(TABLE_BYTES, Unit::Bytes, "On-disk size of an outboxd table with its indexes.");
     describe_gauge!(
         VACUUM_HORIZON_AGE,
         Unit::Seconds,
@@ -102,8 +124,8 @@ fn describe() {
         VACUUM_HORIZON_XMIN_AGE,
         "Transactions since the snapshot of the oldest transaction, replication slot or prepared transaction holding back vacuum of outboxd's tables (0: none)."
     );
-    describe_gauge!("outboxd_db_pool_connections", "Open database connections.");
-    describe_gauge!("outboxd_db_pool_idle_connections", "Idle database connections.");
+    describe_gauge!(DB_POOL_CONNECTIONS, "Open database connections.");
+    describe_gauge!(DB_POOL_IDLE_CONNECTIONS, "Idle database connections.");
 }
 
 /// Seconds from `since` to `now`, never negative.
@@ -181,60 +203,6 @@ pub const SINK_SUSPENDED: &str = "outboxd_sink_suspended";
 /// The vacuum horizon's holder (PostgreSQL): how long it has held it, and how many transactions.
 pub const VACUUM_HORIZON_AGE: &str = "outboxd_vacuum_horizon_age_seconds";
 pub const VACUUM_HORIZON_XMIN_AGE: &str = "outboxd_vacuum_horizon_xmin_age";
-
-/// Refreshes the per-consumer gauges from the store every `interval`.
-#[derive(Debug, Clone)]
-pub struct GaugeCollector {
-    pub store: SharedStore,
-    pub clock: SharedClock,
-    pub hub: Hub,
-    pub interval: Duration,
-}
-
-impl GaugeCollector {
-    pub async fn run_once(&self) -> Result<(), crate::store::StoreError> {
-        let stats = self.store.stats(None, false).await?;
-        let now = self.clock.now();
-        gauge!("outboxd_unrelayed_messages").set(stats.unrelayed as f64);
-        gauge!("outboxd_oldest_unrelayed_age_seconds").set(stats.oldest_unrelayed_at.map_or(0.0, |t| age(now, t)));
-        for c in stats.consumers {
-            let label = c.consumer;
-            gauge!("outboxd_consumer_backlog", "consumer" => label.clone()).set(c.backlog as f64);
-            gauge!("outboxd_consumer_in_flight", "consumer" => label.clone()).set(c.in_flight as f64);
-            gauge!("outboxd_consumer_retrying", "consumer" => label.clone()).set(c.retrying as f64);
-            gauge!("outboxd_consumer_dead", "consumer" => label.clone()).set(c.dead as f64);
-            gauge!("outboxd_consumer_held_keys", "consumer" => label.clone()).set(c.held_keys as f64);
-            gauge!("outboxd_consumer_oldest_unacked_age_seconds", "consumer" => label.clone())
-                .set(c.oldest_unacked_at.map_or(0.0, |t| age(now, t)));
-            gauge!("outboxd_consumer_paused", "consumer" => label.clone()).set(if c.paused { 1.0 } else { 0.0 });
-            gauge!("outboxd_consumer_streams", "consumer" => label.clone()).set(f64::from(self.hub.streams(&label)));
-        }
-        let (size, idle) = self.store.pool_status();
-        for t in self.store.table_health().await? {
-            gauge!("outboxd_table_dead_rows", "table" => t.table.clone()).set(t.dead_rows as f64);
-            gauge!("outboxd_table_live_rows", "table" => t.table.clone()).set(t.live_rows as f64);
-            gauge!("outboxd_table_bytes", "table" => t.table).set(t.bytes as f64);
-        }
-        let horizon = self.store.vacuum_horizon().await?;
-        gauge!(VACUUM_HORIZON_AGE).set(horizon.as_ref().and_then(|h| h.longest).map_or(0.0, |t| age(now, t)));
-        gauge!(VACUUM_HORIZON_XMIN_AGE).set(horizon.map_or(0.0, |h| h.xmin_age as f64));
-        gauge!("outboxd_db_pool_connections").set(f64::from(size));
-        gauge!("outboxd_db_pool_idle_connections").set(idle as f64);
-        Ok(())
-    }
-
-    pub async fn run(self, cancel: CancellationToken) {
-        loop {
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "could not refresh metrics gauges");
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => {}
-            }
-        }
-    }
-}
 
 /// One sink's metrics, labelled with its consumer and target kind.
 #[derive(Debug, Clone)]

@@ -4,11 +4,9 @@
 //! takes its turn on the cursor like theirs, and sink leases are skipped by their sessions.
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::clock::SharedClock;
-use crate::config::DatabaseArgs;
 use crate::hub::Hub;
 use crate::relay::{Relay, RelayConfig};
 use crate::sinks::round::{self, RoundReport};
@@ -21,46 +19,6 @@ pub const EXIT_DATABASE_UNREACHABLE: i32 = 4;
 
 /// Passes of one run at most: a backlog larger than this many batches is left for the next run.
 const MAX_PASSES: u32 = 1000;
-
-#[derive(Debug, Clone, Args)]
-pub struct RelayArgs {
-    /// Run one pass and exit (the only mode: `outboxd serve` relays continuously).
-    #[arg(long, required = true)]
-    pub once: bool,
-    #[command(flatten)]
-    pub database: DatabaseArgs,
-    /// What to print: a line of text, or one JSON object.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
-    pub output: Output,
-    /// Messages per relay batch.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
-    pub batch: i64,
-    /// Fan out only; deliver no sinks.
-    #[arg(long)]
-    pub no_sinks: bool,
-    /// Let sinks reach loopback, private and link-local addresses (as `serve`'s flag).
-    #[arg(long, env = "OUTBOXD_SINK_ALLOW_PRIVATE")]
-    pub sink_allow_private: bool,
-    /// An internal network that sinks may reach all the same (as `serve`'s flag).
-    #[arg(long, env = "OUTBOXD_SINK_ALLOW", value_delimiter = ',', value_name = "NETWORK", value_parser = crate::config::parse_net)]
-    pub sink_allow: Vec<ipnet::IpNet>,
-    /// Do not apply migrations first.
-    #[arg(long)]
-    pub no_migrate: bool,
-    /// The auth file `serve` runs with: a sink then runs only while its creator may still
-    /// create it and read its topics, as under `serve`. Without it every sink runs.
-    #[arg(long, env = "OUTBOXD_AUTH_FILE", value_name = "PATH")]
-    pub auth_file: Option<std::path::PathBuf>,
-    /// The key `serve` seals sinks' secrets with (`--sink-key-file`), to open them.
-    #[arg(long, env = "OUTBOXD_SINK_KEY_FILE", value_name = "PATH")]
-    pub sink_key_file: Option<std::path::PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
-}
 
 /// What one run moved (the `--output json` object).
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]

@@ -16,10 +16,15 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
-use crate::config::LogFormat;
-
 /// Log targets held at `info` whatever the filter asks: they print secrets at debug level.
 const QUIET_SECRETS: [&str; 2] = ["async_nats=info", "lapin=info"];
+
+/// How logs are written (`--log-format`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// The header that carries the W3C trace context.
 pub const TRACEPARENT: &str = "traceparent";

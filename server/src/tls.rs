@@ -22,8 +22,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::grpc::auth::RELOADS;
 use crate::listen::{ConnectionLimit, Guarded};
+use crate::metrics::{RELOADS, TLS_HANDSHAKE_FAILURES};
 
 /// A client has this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -194,5 +194,5 @@ impl TlsState {
 
 fn handshake_failed(peer: SocketAddr, e: &dyn std::fmt::Display) {
     tracing::debug!(%peer, error = %e, "TLS handshake failed");
-    metrics::counter!("outboxd_tls_handshake_failures_total").increment(1);
+    metrics::counter!(TLS_HANDSHAKE_FAILURES).increment(1);
 }

@@ -1,16 +1,30 @@
 //! Delivery of leased messages: the [`session`] loop that serves one `Subscribe` stream (or
 //! one sink), its in-flight [`window`] (held leases, room, expiry), a plain struct that tests
-//! drive with a manual clock, and the [`failed`] rule every failed attempt follows.
+//! drive with a manual clock, the [`Command`]s a client gives its stream, and the [`failed`]
+//! rule every failed attempt follows.
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::clock;
-use crate::domain::{ConsumerSpec, DeliveryState, MessageId};
-use crate::store::Release;
+use crate::domain::{ConsumerSpec, DeliveryState, MessageId, Release};
 
 pub mod session;
 pub mod window;
+
+/// What a client asks of its stream once it has started. The edge parses each request of a
+/// `Subscribe` stream into one; a sink's runner makes them from its target's answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// The handler finished these: never deliver them to this consumer again.
+    Ack(Vec<MessageId>),
+    /// The handler failed: retry after `retry_after`, or the consumer's backoff when `None`.
+    Nack { id: MessageId, error: String, retry_after: Option<Duration> },
+    /// Still working on these: hold the leases for `deadline` from now.
+    Extend { ids: Vec<MessageId>, deadline: Duration },
+    /// Nothing to do (a request whose ids were all malformed, for example).
+    Nothing,
+}
 
 /// What a failed attempt (a nack, a refused publish) makes of a delivery: due again after
 /// `retry_after` or the consumer's backoff, or dead once it has had `max_deliveries`.

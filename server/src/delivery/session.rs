@@ -1,7 +1,7 @@
 //! A delivery session: one `Subscribe` stream of one consumer.
 //!
 //! The session leases due deliveries up to its `max_in_flight`, sends them, and applies the
-//! stream's commands (acks, nacks, extends; parsed at the edge by [`crate::grpc::stream`]).
+//! stream's [`Command`]s (acks, nacks, extends; parsed at the edge, or made by a sink's runner).
 //! What it holds and how much room it has is its [`Window`]. It sleeps until something can
 //! change: a command from the stream, a wake-up for its consumer (the relay fanned out, a lease
 //! was released), deliveries the relay pushed to it, the next retry falling due, or a slow
@@ -13,7 +13,7 @@
 //! against nothing. A late ack of a lease that expired while this stream held it is still
 //! applied; an ack for an id the stream never held is ignored. When the server shuts down, the
 //! session stops leasing, waits up to the drain timeout for outstanding acks, releases the rest
-//! as pending, and ends the stream with `UNAVAILABLE`.
+//! as pending, and ends the stream with [`StreamError::ShuttingDown`] (`UNAVAILABLE` at the edge).
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,14 +22,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::Status;
 
+use super::Command;
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, ConsumerName, DeliveryState, MessageId};
-use crate::grpc::stream::Command;
+use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Hub, InFlightBytes, LeaseTurn, PushGuard, PushSlot, TurnGuard};
-use crate::store::{LeasedDelivery, Release, ReleaseGuard, SharedStore, StoreError, next_key_cursor};
+use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
 /// How long a busy stream may wait for a batch of free slots before it leases anyway.
@@ -63,21 +62,30 @@ pub struct SessionStart {
     pub bytes: Option<InFlightBytes>,
 }
 
-/// What the client sent: a command, or why the stream cannot go on.
-pub type Incoming = Result<Command, Rejected>;
+/// What the client sent: a command, or word that its transport failed.
+pub type Incoming = Result<Command, Broken>;
 
-/// Why a client's stream stopped making sense.
-#[derive(Debug)]
-pub enum Rejected {
-    /// A request that means nothing (a second start, a bad deadline): the stream ends with it.
-    Invalid(Status),
-    /// The transport failed (reset, the client vanished).
-    Broken(Status),
+/// The client's transport failed (reset, the client vanished), as the edge describes it: what
+/// the stream held counts against it, as it would for a consumer that crashed on it. A stream
+/// the edge refuses (a request that means nothing, a revoked permission) is not broken: its
+/// commands end as if the client had closed it, and the edge gives the client its reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken(pub String);
+
+/// Why the session ends its stream with an error; the edge turns each into its status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// The server is shutting down: the client should reconnect.
+    #[error("outboxd is shutting down; reconnect")]
+    ShuttingDown,
+    /// The consumer was deleted while the stream served it.
+    #[error("consumer {0:?} was deleted")]
+    ConsumerDeleted(String),
 }
 
 /// Where a session sends what it leased: a `Subscribe` stream (the edge turns each delivery
-/// into its wire form) or a sink's publisher. An `Err` ends the stream with that status.
-pub type Outbound = mpsc::Sender<Result<LeasedDelivery, Status>>;
+/// into its wire form) or a sink's publisher. An `Err` ends the stream with that error.
+pub type Outbound = mpsc::Sender<Result<LeasedDelivery, StreamError>>;
 
 #[derive(Debug)]
 pub struct Session {
@@ -123,8 +131,8 @@ enum End {
     Broken,
     /// The server is shutting down.
     Shutdown,
-    /// The session cannot go on; the stream ends with this status.
-    Failed(Status),
+    /// The session cannot go on; the stream ends with this error.
+    Failed(StreamError),
 }
 
 /// What a lease attempt leaves the loop to do.
@@ -235,10 +243,10 @@ impl Session {
         match end {
             End::Closed | End::Broken => {}
             End::Shutdown => {
-                let _ = out.send(Err(Status::unavailable("outboxd is shutting down; reconnect"))).await;
+                let _ = out.send(Err(StreamError::ShuttingDown)).await;
             }
-            End::Failed(status) => {
-                let _ = out.send(Err(status)).await;
+            End::Failed(e) => {
+                let _ = out.send(Err(e)).await;
             }
         }
         tracing::info!(consumer = %self.consumer(), session = %self.id, "stream detached");
@@ -423,7 +431,7 @@ impl Session {
                     }
                     Ok(_) => Leased::Wait(Duration::MAX),
                     Err(StoreError::ConsumerNotFound(name)) => {
-                        Leased::End(End::Failed(Status::not_found(format!("consumer {name:?} was deleted"))))
+                        Leased::End(End::Failed(StreamError::ConsumerDeleted(name)))
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "could not read next due time");
@@ -609,12 +617,9 @@ fn take_ready<S>(first: Option<Incoming>, inbound: &mut S) -> Event
 where
     S: Stream<Item = Incoming> + Unpin,
 {
-    let ended = |r: Rejected| match r {
-        Rejected::Invalid(status) => End::Failed(status),
-        Rejected::Broken(status) => {
-            tracing::debug!(%status, "stream error from client");
-            End::Broken
-        }
+    let ended = |Broken(why): Broken| {
+        tracing::debug!(status = %why, "stream error from client");
+        End::Broken
     };
     let first = match first {
         None => return Event::Ended(End::Closed),

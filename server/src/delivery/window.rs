@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::MessageId;
+use crate::domain::{LeasedDelivery, MessageId};
 use crate::hub::{Credits, InFlightBytes};
-use crate::store::LeasedDelivery;
 
 /// Expired leases a window remembers for late acks; past this it forgets them all (the
 /// deliveries are the sweeper's then, and an ack of one is only an ack too late).
@@ -203,7 +202,7 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, ManualClock, add};
-    use crate::store::StoredMessage;
+    use crate::domain::StoredMessage;
 
     fn start() -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000, 0).unwrap()
@@ -346,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_principals_streams_share_its_bytes_and_get_them_back_as_deliveries_leave() {
-        let budget = crate::hub::ByteBudget::new(100);
+        let budget = crate::limits::ByteBudget::new(100);
         let bytes = Some(InFlightBytes { budget: budget.clone(), unit: 40 });
         let mut a = Window::bounded(10, bytes.clone());
         let b = Window::bounded(10, bytes.clone());

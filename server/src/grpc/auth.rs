@@ -27,12 +27,7 @@ use tonic::body::Body;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use crate::domain::TopicPattern;
-
-/// `outboxd_auth_decisions_total{principal, outcome}`: `allowed`, `denied` or
-/// `unauthenticated` (whose principal is `unknown`).
-pub const DECISIONS: &str = "outboxd_auth_decisions_total";
-/// `outboxd_config_reloads_total{file, outcome}`: re-reads of the auth file and the TLS files.
-pub const RELOADS: &str = "outboxd_config_reloads_total";
+use crate::metrics::{DECISIONS, RELOADS};
 
 /// A consumer-name pattern of a permission: `*` matches any run of characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1105,7 +1100,7 @@ permissions = ["consume:inventory-*"]
                 }
             }
         }
-        assert_eq!(n, 16, "methods of outbox.v1");
+        assert_eq!(n, 18, "methods of outbox.v1");
         assert_eq!(route("/outbox.v1.OutboxAdmin/Unknown"), Route::Checked(Need::Everything));
         assert_eq!(route("/grpc.health.v1.Health/Check"), Route::Open);
     }

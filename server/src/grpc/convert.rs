@@ -7,12 +7,13 @@ use chrono::{DateTime, Utc};
 use outbox_proto::v1 as pb;
 
 use super::stream::MAX_ACK_DEADLINE;
+use crate::domain::StoredMessage;
 use crate::domain::{
     Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, InvalidField, MessageId, Sink, SinkTarget, StartFrom,
     Topic, TopicPattern,
 };
 use crate::limits;
-use crate::store::{DeliveryRow, NewMessage, StoredMessage};
+use crate::store::{DeliveryRow, NewMessage};
 
 /// Limits applied to producer input.
 #[derive(Debug, Clone, Copy)]

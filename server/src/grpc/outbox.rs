@@ -9,7 +9,7 @@ use super::auth::{self, Need};
 use super::convert::{self, Limits};
 use super::stream;
 use super::{invalid, store_status};
-use crate::delivery::session::{Rejected, Session, SessionContext, SessionStart};
+use crate::delivery::session::{Session, SessionContext, SessionStart};
 use crate::domain::InvalidField;
 use crate::limits::QuotaKey;
 
@@ -137,21 +137,16 @@ impl pb::outbox_server::Outbox for OutboxService {
             unit: crate::limits::delivery_unit(self.limits.max_payload_bytes),
         });
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline, bytes });
-        // The session sees commands, never the wire; a reloaded auth file that takes the
-        // caller's permission away ends the stream.
+        // The session sees commands, never the wire; a request that means nothing, or a
+        // reloaded auth file that takes the caller's permission away, ends the stream.
         let name = revoked_name;
         let revoked = async move { caller.revoked(move |p| p.allows(&Need::Consume(&name))).await };
-        let commands = stream::until_revoked(
-            inbound.map(|r| match r {
-                Ok(req) => stream::parse(req).map_err(Rejected::Invalid),
-                Err(status) => Err(Rejected::Broken(status)),
-            }),
-            revoked,
-        );
+        let (commands, refusal) = stream::commands(inbound, revoked);
         self.ctx.tasks.spawn(async move {
             let _permits = (permit, mine);
             session.run(commands, tx).await
         });
-        Ok(Response::new(ReceiverStream::new(rx).map(|d| d.map(stream::delivery)).boxed()))
+        let sent = ReceiverStream::new(rx).map(|d| d.map(stream::delivery).map_err(stream::status));
+        Ok(Response::new(sent.chain(refusal.ending()).boxed()))
     }
 }

@@ -1,16 +1,22 @@
 //! The `Subscribe` stream at the edge: each `SubscribeRequest` after `start` becomes a
-//! validated [`Command`], and each leased delivery becomes its wire form. The session loop
-//! ([`crate::delivery::session`]) sees only commands, never `pb`.
+//! validated [`Command`], each leased delivery its wire form, and each way the session ends a
+//! stream its status. The session loop ([`crate::delivery::session`]) sees only commands, never
+//! `pb` or a status; a stream the edge refuses is ended here ([`commands`]).
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use futures::{Stream, StreamExt as _};
 use outbox_proto::v1 as pb;
 use tonic::Status;
 
 use super::convert::{duration, timestamp};
 use super::invalid;
-use crate::delivery::session::Rejected;
-use crate::domain::{InvalidField, MessageId};
-use crate::store::LeasedDelivery;
+use crate::delivery::Command;
+use crate::delivery::session::{Broken, Incoming, StreamError};
+use crate::domain::{InvalidField, LeasedDelivery, MessageId};
 
 /// The most message ids one `ack` or `extend` may carry.
 pub const MAX_IDS_PER_REQUEST: usize = 10_000;
@@ -20,19 +26,6 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 /// Stored `last_error` texts are cut to this many bytes.
 pub const MAX_ERROR_BYTES: usize = 4096;
-
-/// What a client asks of its stream once it has started.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// The handler finished these: never deliver them to this consumer again.
-    Ack(Vec<MessageId>),
-    /// The handler failed: retry after `retry_after`, or the consumer's backoff when `None`.
-    Nack { id: MessageId, error: String, retry_after: Option<Duration> },
-    /// Still working on these: hold the leases for `deadline` from now.
-    Extend { ids: Vec<MessageId>, deadline: Duration },
-    /// Nothing to do (a request whose ids were all malformed, for example).
-    Nothing,
-}
 
 /// Turns one request into a command. A malformed id in an ack, nack or extend is logged and
 /// skipped (the rest of the request still counts: an ack must not be lost for a neighbour's
@@ -128,39 +121,85 @@ pub fn delivery(d: LeasedDelivery) -> pb::SubscribeResponse {
     pb::SubscribeResponse { response: Some(pb::subscribe_response::Response::Delivery(delivery)) }
 }
 
-/// A stream's commands, ended by `revoked`: once it resolves (its caller's credential or
-/// permission was revoked), the session gets `Rejected::Invalid` with that status, which ends
-/// the stream with it and releases what it held, and then no more commands. Until then the
-/// commands pass through as they come, their end included.
-pub fn until_revoked<S>(
-    commands: S,
-    revoked: impl std::future::Future<Output = Status> + Send + 'static,
-) -> UntilRevoked<S> {
-    UntilRevoked { commands, revoked: Some(Box::pin(revoked)) }
+/// How the session's end of a stream reaches the client.
+pub fn status(e: StreamError) -> Status {
+    match e {
+        StreamError::ShuttingDown => Status::unavailable(e.to_string()),
+        StreamError::ConsumerDeleted(_) => Status::not_found(e.to_string()),
+    }
 }
 
-pub struct UntilRevoked<S> {
-    commands: S,
-    /// `None` once it has resolved: the stream has ended.
-    revoked: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Status> + Send>>>,
-}
-
-impl<S> futures::Stream for UntilRevoked<S>
+/// A stream's requests as its session's commands: each one parsed ([`parse`]), a transport
+/// error passed on as [`Broken`]. The first request that means nothing, or `revoked` resolving
+/// (its caller's credential or permission was revoked), ends the commands there: the session
+/// ends as for a clean close (it releases what it holds, counting it against nothing), and the
+/// [`Refusal`] then ends the client's stream with that status, after what the session sent.
+pub fn commands<S>(requests: S, revoked: impl Future<Output = Status> + Send + 'static) -> (Commands<S>, Refusal)
 where
-    S: futures::Stream<Item = Result<Command, Rejected>> + Unpin,
+    S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
 {
-    type Item = Result<Command, Rejected>;
+    let refusal = Refusal::default();
+    (Commands { requests, revoked: Some(Box::pin(revoked)), refusal: refusal.clone() }, refusal)
+}
 
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        let Some(revoked) = self.revoked.as_mut() else { return std::task::Poll::Ready(None) };
-        if let std::task::Poll::Ready(status) = revoked.as_mut().poll(cx) {
-            self.revoked = None;
-            return std::task::Poll::Ready(Some(Err(Rejected::Invalid(status))));
+/// See [`commands`].
+pub struct Commands<S> {
+    requests: S,
+    /// `None` once the commands have ended.
+    revoked: Option<Pin<Box<dyn Future<Output = Status> + Send>>>,
+    refusal: Refusal,
+}
+
+impl<S> Commands<S> {
+    /// Ends the commands; the client's stream ends with `status`.
+    fn refuse(&mut self, status: Status) -> Option<Incoming> {
+        self.revoked = None;
+        *self.refusal.slot() = Some(status);
+        None
+    }
+}
+
+impl<S> Stream for Commands<S>
+where
+    S: Stream<Item = Result<pb::SubscribeRequest, Status>> + Unpin,
+{
+    type Item = Incoming;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        let this = self.get_mut();
+        let Some(revoked) = this.revoked.as_mut() else { return Poll::Ready(None) };
+        if let Poll::Ready(status) = revoked.as_mut().poll(cx) {
+            return Poll::Ready(this.refuse(status));
         }
-        std::pin::Pin::new(&mut self.commands).poll_next(cx)
+        Poll::Ready(match ready!(Pin::new(&mut this.requests).poll_next(cx)) {
+            Some(Ok(req)) => match parse(req) {
+                Ok(command) => Some(Ok(command)),
+                Err(status) => this.refuse(status),
+            },
+            Some(Err(status)) => Some(Err(Broken(status.to_string()))),
+            None => {
+                this.revoked = None;
+                None
+            }
+        })
+    }
+}
+
+/// The status that ends a client's stream whose commands were refused (see [`commands`]).
+#[derive(Debug, Clone, Default)]
+pub struct Refusal(Arc<Mutex<Option<Status>>>);
+
+impl Refusal {
+    fn slot(&self) -> MutexGuard<'_, Option<Status>> {
+        // One value, written whole: a panic elsewhere cannot leave it half-written.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What follows the session's last response: the refusal's status, if there was one. Read
+    /// once the session has ended, which is after it saw its commands end.
+    pub fn ending(self) -> impl Stream<Item = Result<pb::SubscribeResponse, Status>> {
+        futures::stream::once(async move { self.slot().take() })
+            .filter_map(|refused| std::future::ready(refused.map(Err)))
     }
 }
 
@@ -250,6 +289,57 @@ mod tests {
         for bad in [0, -5, 24 * 3600 + 1] {
             let s = ext(bad).unwrap_err();
             assert!(message(&s).starts_with("extend.deadline:"), "{bad}: {}", message(&s));
+        }
+    }
+
+    mod refusals {
+        use super::*;
+
+        fn ack(id: MessageId) -> Result<pb::SubscribeRequest, Status> {
+            Ok(req(Request::Ack(pb::Ack { message_ids: vec![id.to_string()] })))
+        }
+
+        #[tokio::test]
+        async fn a_request_that_means_nothing_ends_the_commands_then_the_clients_stream_with_its_status() {
+            let id = MessageId(uuid::Uuid::new_v4());
+            let requests = futures::stream::iter(vec![ack(id), Ok(req(Request::Start(pb::Start::default()))), ack(id)]);
+            let (cmds, refusal) = commands(requests, std::future::pending::<Status>());
+            let got: Vec<Incoming> = cmds.collect().await;
+            assert_eq!(got, vec![Ok(Command::Ack(vec![id]))], "the commands before it apply, none after it");
+            let ending: Vec<_> = refusal.ending().collect().await;
+            match &ending[..] {
+                [Err(s)] => {
+                    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+                    assert!(message(s).starts_with("start:"), "{}", message(s));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+
+        #[tokio::test]
+        async fn a_revoked_permission_ends_the_commands_and_the_clients_stream_with_its_status() {
+            let requests = futures::stream::pending::<Result<pb::SubscribeRequest, Status>>();
+            let (cmds, refusal) = commands(requests, std::future::ready(Status::permission_denied("revoked")));
+            assert!(cmds.collect::<Vec<_>>().await.is_empty());
+            let ending: Vec<_> = refusal.ending().collect().await;
+            assert!(matches!(&ending[..], [Err(s)] if s.code() == tonic::Code::PermissionDenied), "{ending:?}");
+        }
+
+        #[tokio::test]
+        async fn a_transport_error_is_a_broken_stream_not_a_refusal() {
+            let requests = futures::stream::iter(vec![Err(Status::unknown("connection reset"))]);
+            let (cmds, refusal) = commands(requests, std::future::pending::<Status>());
+            let got: Vec<Incoming> = cmds.collect().await;
+            assert!(matches!(&got[..], [Err(Broken(why))] if why.contains("connection reset")), "{got:?}");
+            assert!(refusal.ending().collect::<Vec<_>>().await.is_empty(), "the session ends it, not the edge");
+        }
+
+        #[test]
+        fn the_sessions_errors_reach_the_client_as_before() {
+            let s = status(StreamError::ShuttingDown);
+            assert_eq!((s.code(), s.message()), (tonic::Code::Unavailable, "outboxd is shutting down; reconnect"));
+            let s = status(StreamError::ConsumerDeleted("c".into()));
+            assert_eq!((s.code(), s.message()), (tonic::Code::NotFound, "consumer \"c\" was deleted"));
         }
     }
 

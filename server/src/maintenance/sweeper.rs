@@ -6,10 +6,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, SharedClock};
-use crate::domain::{Backoff, DeliveryState};
+use crate::domain::{Backoff, DeliveryState, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::metrics;
-use crate::store::{Release, ReleaseGuard, SharedStore, StoreError};
+use crate::store::{SharedStore, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct LeaseSweeper {

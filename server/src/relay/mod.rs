@@ -6,9 +6,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::domain::{ConsumerName, DeliveryState};
+use crate::domain::{ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
 use crate::hub::{Hub, PushSlots};
-use crate::store::{LeasedDelivery, RelayOutcome, Release, ReleaseGuard, SharedStore, StoreError};
+use crate::store::{SharedStore, StoreError};
+
+#[cfg(test)]
+mod store_tests;
 
 /// How the relay waits for work. It polls: again at once after a pass that found work; every
 /// `poll_min` for `hot_for` after the last work it found (traffic is likely to go on, and each

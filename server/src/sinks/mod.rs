@@ -56,8 +56,8 @@ pub struct Publish {
     pub delivery_count: u32,
 }
 
-impl From<crate::store::LeasedDelivery> for Publish {
-    fn from(d: crate::store::LeasedDelivery) -> Self {
+impl From<crate::domain::LeasedDelivery> for Publish {
+    fn from(d: crate::domain::LeasedDelivery) -> Self {
         let m = d.message;
         Publish {
             message_id: m.message_id,

@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use super::{Outcome, Publish, Target};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, DeliveryState, MessageId};
-use crate::store::{Release, ReleaseGuard, SharedStore, StoreError};
+use crate::domain::{Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
+use crate::store::{SharedStore, StoreError};
 
 /// How long a round waits for its target to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -22,11 +22,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{Outcome, Publish, Target};
+use crate::delivery::Command;
 use crate::delivery::session::{Incoming, Session, SessionContext, SessionStart};
-use crate::domain::Consumer;
-use crate::grpc::stream::Command;
+use crate::domain::{Consumer, LeasedDelivery};
 use crate::metrics::SinkMetrics;
-use crate::store::LeasedDelivery;
 
 /// Reconnect backoff: doubles from the first to the last.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
@@ -140,9 +139,9 @@ impl SinkRunner {
                     }
                     // Closing: the session releases it when it ends.
                     Some(Ok(_)) => {}
-                    Some(Err(status)) => {
+                    Some(Err(e)) => {
                         // The consumer was deleted, or the server is shutting down.
-                        tracing::info!(consumer = %self.consumer.spec.name, status = %status.message(), "sink session ended");
+                        tracing::info!(consumer = %self.consumer.spec.name, status = %e, "sink session ended");
                         stopping = true;
                     }
                     // The session is over: everything it held is acked or released.

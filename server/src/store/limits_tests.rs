@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -14,10 +13,7 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::{Connection as _, PgConnection};
 
 use super::*;
-use crate::clock::ManualClock;
 use crate::domain::{Backoff, ConsumerName, ConsumerSpec, StartFrom, Topic, TopicPattern};
-use crate::hub::Hub;
-use crate::relay::{Relay, RelayConfig};
 use crate::testing::{TestDb, TestSqlite};
 
 /// SQLSTATE insufficient_privilege.
@@ -225,7 +221,6 @@ async fn a_producer_role_enqueues_in_its_own_transaction_and_can_read_or_change_
 #[tokio::test]
 async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
     let (db, store, owner) = migrated_pg().await;
-    let clock: crate::clock::SharedClock = Arc::new(ManualClock::new(Utc::now()));
     let spec = ConsumerSpec {
         name: ConsumerName::parse("name", "billing").unwrap(),
         topics: vec![TopicPattern::parse("topics", "orders.>").unwrap()],
@@ -241,7 +236,7 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
         .fetch_one(&owner)
         .await
         .unwrap();
-    Relay::new(store.clone(), clock, Hub::default(), RelayConfig::default()).run_once().await.unwrap();
+    store.relay_batch(500, 0, Utc::now(), false, &[]).await.unwrap();
     let app = AppRole::create(&owner, "outbox_test_billing_app", "outbox_consumer").await;
     let pool = app.pool(&db).await;
 

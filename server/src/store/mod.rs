@@ -26,13 +26,15 @@ mod race_tests;
 pub mod records;
 pub mod sqlite;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{Consumer, ConsumerSpec};
+use crate::domain::{
+    Consumer, ConsumerSpec, LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage,
+};
 
 pub use composite::DriverStore;
 pub use driver::Driver;
@@ -344,29 +346,6 @@ pub struct Enqueued {
     pub duplicate: bool,
 }
 
-/// A message as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredMessage {
-    pub message_id: MessageId,
-    pub seq: i64,
-    pub topic: String,
-    pub type_: String,
-    pub payload: Vec<u8>,
-    pub headers: BTreeMap<String, String>,
-    pub ordering_key: Option<String>,
-    pub enqueued_at: DateTime<Utc>,
-    pub available_at: DateTime<Utc>,
-    pub relayed_at: Option<DateTime<Utc>>,
-}
-
-/// A delivery just leased to a stream.
-#[derive(Debug, Clone)]
-pub struct LeasedDelivery {
-    pub message: StoredMessage,
-    pub delivery_count: u32,
-    pub lease_expires_at: DateTime<Utc>,
-}
-
 /// One consumer's inbox row for a message.
 #[derive(Debug, Clone)]
 pub struct DeliveryRow {
@@ -382,26 +361,6 @@ pub struct DeliveryRow {
     pub dead_at: Option<DateTime<Utc>>,
 }
 
-/// Where a leased delivery goes when it is not acked.
-#[derive(Debug, Clone)]
-pub struct Release {
-    pub consumer: ConsumerName,
-    pub message_id: MessageId,
-    /// `Pending` (retry at `available_at`) or `Dead`.
-    pub state: DeliveryState,
-    pub available_at: DateTime<Utc>,
-    pub error: Option<String>,
-}
-
-/// Which leases a release may touch.
-#[derive(Debug, Clone, Copy)]
-pub enum ReleaseGuard<'a> {
-    /// Only leases held by this delivery session (nack, closed stream).
-    Session(&'a str),
-    /// Only leases whose deadline is at or before this instant (the lease sweeper).
-    ExpiredAt(DateTime<Utc>),
-}
-
 /// A lease past its deadline, with the policy needed to decide its next state.
 #[derive(Debug, Clone)]
 pub struct ExpiredLease {
@@ -411,31 +370,6 @@ pub struct ExpiredLease {
     pub max_deliveries: u32,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
-}
-
-/// What one relay pass did.
-#[derive(Debug, Clone, Default)]
-pub struct RelayOutcome {
-    pub messages: u64,
-    /// The highest `seq` claimed.
-    pub last_seq: Option<i64>,
-    pub deliveries: u64,
-    /// Consumers that got new pending deliveries, to wake their streams.
-    pub consumers: Vec<String>,
-    /// `(message_id, traceparent)` of the relayed messages that carry a trace context.
-    pub traced: Vec<(String, String)>,
-    /// Deliveries leased at fan-out to a stream of this process: `(consumer, session, delivery)`
-    /// (the relay takes them out to hand them over).
-    pub pushed: Vec<(String, String, LeasedDelivery)>,
-}
-
-/// Room on one stream for deliveries leased to it at fan-out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PushOffer {
-    pub consumer: String,
-    pub session: String,
-    pub room: usize,
-    pub lease_until: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Default)]

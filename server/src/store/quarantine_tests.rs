@@ -2,19 +2,16 @@
 //! fresh SQLite file: each transition of a held key (held by a dead letter, by a nack or by an
 //! expired lease; released by a replay, by `ReleaseKey` with and without `skip_dead`; gone with
 //! its consumer) and what it must never do (deliver a later message of the key, count an
-//! attempt on it, or hold a key for a consumer that skips).
+//! attempt on it, or hold a key for a consumer that skips). The sweeper's path to a held key is
+//! tested with the sweeper (`maintenance::store_tests`).
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, Utc};
 
 use super::*;
-use crate::clock::{Clock, ManualClock, SharedClock};
 use crate::domain::{Backoff, ConsumerSpec, DeadKeyPolicy, DeliveryState, StartFrom, Topic, TopicPattern};
-use crate::hub::Hub;
-use crate::maintenance::sweeper::LeaseSweeper;
 use crate::testing::{TestDb, TestSqlite};
 
 #[allow(dead_code)]
@@ -52,7 +49,6 @@ on_every_store!(
     replaying_the_dead_message_resumes_its_key_in_order,
     releasing_with_skip_dead_lets_the_waiting_go_and_leaves_the_dead_one_dead,
     releasing_without_skip_dead_delivers_the_dead_message_first,
-    an_expired_lease_that_dies_holds_its_key_too,
 );
 
 fn spec(name: &str, policy: DeadKeyPolicy) -> ConsumerSpec {
@@ -102,8 +98,14 @@ async fn lease(store: &SharedStore, c: &ConsumerSpec, now: DateTime<Utc>) -> Vec
 
 /// A nack of a delivery that has had its `max_deliveries` (1): it dies, as a stream's nack does.
 async fn nack(store: &SharedStore, c: &ConsumerSpec, id: MessageId, now: DateTime<Utc>) {
-    let release = crate::delivery::failed(c, id, 1, "cannot apply".into(), None, now);
-    assert_eq!(release.state, DeliveryState::Dead);
+    // What `delivery::failed` makes of a failed last attempt.
+    let release = Release {
+        consumer: c.name.clone(),
+        message_id: id,
+        state: DeliveryState::Dead,
+        available_at: now,
+        error: Some("cannot apply".into()),
+    };
     assert_eq!(store.delivery_release_many(&[release], ReleaseGuard::Session("s"), now).await.unwrap(), 1);
 }
 
@@ -224,22 +226,4 @@ async fn releasing_without_skip_dead_delivers_the_dead_message_first(store: Shar
     let held = store.held_key_list(&c.name, 10).await.unwrap();
     assert_eq!((held.len(), held[0].message_id), (1, m["a1"]));
     assert!(!lease(&store, &c, now).await.contains(&m["a2"]));
-}
-
-/// The lease sweeper's path to dead holds the key as a nack does.
-async fn an_expired_lease_that_dies_holds_its_key_too(store: SharedStore, _db: Guard) {
-    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
-    let shared: SharedClock = Arc::new(clock.clone());
-    let c = spec("c", DeadKeyPolicy::Hold);
-    store.consumer_create(&c, clock.now()).await.unwrap();
-    let m = backlog(&store, clock.now()).await;
-    assert_eq!(lease(&store, &c, clock.now()).await.len(), 3);
-    store.delivery_ack_many(&c.name, &[m["b1"], m["u"]], clock.now()).await.unwrap();
-    clock.advance(c.ack_deadline + Duration::from_millis(1));
-    let sweeper = LeaseSweeper::new(store.clone(), shared, Hub::default(), Duration::from_secs(5));
-    assert_eq!(sweeper.run_once().await.unwrap(), 1);
-    assert_eq!(state(&store, &c, m["a1"]).await, (DeliveryState::Dead, 1));
-    let held = store.held_key_list(&c.name, 10).await.unwrap();
-    assert_eq!((held.len(), held[0].last_error.as_deref()), (1, Some("ack deadline expired")));
-    assert_eq!(lease(&store, &c, clock.now()).await, vec![m["b2"]]);
 }

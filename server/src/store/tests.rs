@@ -1,6 +1,8 @@
-//! Store and background-loop tests, driven with `run_once()` and a manual clock (no sleeping),
-//! each run on a fresh PostgreSQL database and on a fresh SQLite file: the store half of the
-//! conformance suite (the end-to-end half is in `tests/`).
+//! Store tests, driven with a manual clock (no sleeping), each run on a fresh PostgreSQL
+//! database and on a fresh SQLite file: the store half of the conformance suite (the end-to-end
+//! half is in `tests/`). The background loops' tests on every store live with the loops, above
+//! the store (`relay::store_tests`, `maintenance::store_tests`), on this module's harness:
+//! [`on_every_store!`], [`postgres`], [`sqlite`], [`spec`] and [`msg`].
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -10,71 +12,67 @@ use chrono::{SubsecRound, Utc};
 use sqlx::Connection as _;
 
 use super::*;
-use crate::clock::{Clock, ManualClock, SharedClock};
 use crate::domain::DeliveryState;
 use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
-use crate::hub::Hub;
-use crate::maintenance::pruner::Pruner;
-use crate::maintenance::sweeper::LeaseSweeper;
-use crate::relay::{Relay, RelayConfig};
 use crate::testing::{TestDb, TestSqlite};
 
 /// Keeps a test database alive.
 #[allow(dead_code)]
-enum Guard {
+pub(crate) enum Guard {
     Pg(TestDb),
     Sqlite(TestSqlite),
 }
 
-async fn postgres() -> (Guard, SharedStore) {
+/// A migrated store on a fresh PostgreSQL database.
+pub(crate) async fn postgres() -> (Guard, SharedStore) {
     let db = TestDb::create().await.unwrap();
     let store = connect(&db.url, 8).await.unwrap();
     store.migrate().await.unwrap();
     (Guard::Pg(db), store)
 }
 
-async fn sqlite() -> (Guard, SharedStore) {
+/// A migrated store on a fresh SQLite file.
+pub(crate) async fn sqlite() -> (Guard, SharedStore) {
     let db = TestSqlite::create().unwrap();
     let store = connect(&db.url, 8).await.unwrap();
     store.migrate().await.unwrap();
     (Guard::Sqlite(db), store)
 }
 
-/// Runs each named case once per store, as `postgres::NAME` and `sqlite::NAME`.
+/// Runs each named case (an `async fn(SharedStore)` of the calling module) once per store, as
+/// `on_postgres::NAME` and `on_sqlite::NAME`.
 macro_rules! on_every_store {
     ($($case:ident),* $(,)?) => {
         mod on_postgres {
             $(#[tokio::test]
             async fn $case() {
-                let (_db, store) = super::postgres().await;
+                let (_db, store) = $crate::store::tests::postgres().await;
                 super::$case(store).await;
             })*
         }
         mod on_sqlite {
             $(#[tokio::test]
             async fn $case() {
-                let (_db, store) = super::sqlite().await;
+                let (_db, store) = $crate::store::tests::sqlite().await;
                 super::$case(store).await;
             })*
         }
     };
 }
+pub(crate) use on_every_store;
 
 on_every_store!(
     migrations_apply_to_an_empty_database_and_again_as_a_no_op,
-    a_second_relay_pass_and_concurrent_relays_add_no_delivery,
-    expired_leases_back_off_then_die_at_max_deliveries,
     a_release_never_undoes_an_ack_or_another_sessions_lease,
-    the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention,
     leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
     a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
     a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not,
-    table_health_shows_the_size_and_dead_rows_of_outboxds_tables,
     dead_letters_group_by_last_error_and_a_group_replays_alone,
     a_search_pages_newest_first_through_bounded_windows,
 );
 
-fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
+/// A consumer of `topics` with a 1 s to 10 s backoff and a 30 s ack deadline.
+pub(crate) fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
     ConsumerSpec {
         name: ConsumerName::parse("name", name).unwrap(),
         topics: topics.iter().map(|t| TopicPattern::parse("topics", t).unwrap()).collect(),
@@ -87,7 +85,8 @@ fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
     }
 }
 
-fn msg(topic: &str) -> NewMessage {
+/// An empty message of `topic`.
+pub(crate) fn msg(topic: &str) -> NewMessage {
     NewMessage {
         message_id: None,
         topic: Topic::parse("topic", topic).unwrap(),
@@ -103,78 +102,6 @@ async fn migrations_apply_to_an_empty_database_and_again_as_a_no_op(store: Share
     store.migrate().await.unwrap();
     let e = store.message_insert(&msg("a.b"), Utc::now()).await.unwrap();
     assert!(!e.duplicate);
-}
-
-async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: SharedStore) {
-    let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
-    store.consumer_create(&spec("a", &["t.*"], 5), clock.now()).await.unwrap();
-    store.consumer_create(&spec("b", &["t.>"], 5), clock.now()).await.unwrap();
-    let batch: Vec<NewMessage> = (0..1200).map(|_| msg("t.x")).collect();
-    store.message_insert_batch(&batch, clock.now()).await.unwrap();
-
-    let relay = |size| {
-        Relay::new(store.clone(), clock.clone(), Hub::default(), RelayConfig { batch_size: size, ..Default::default() })
-    };
-    let (r1, r2) = (relay(100), relay(100));
-    let mut relayed = 0;
-    loop {
-        let (a, b) = tokio::join!(r1.run_once(), r2.run_once());
-        let (a, b) = (a.unwrap(), b.unwrap());
-        if a.messages + b.messages == 0 {
-            break;
-        }
-        relayed += a.messages + b.messages;
-    }
-    assert_eq!(relayed, 1200, "each message claimed by exactly one pass");
-    let stats = store.stats(None, true).await.unwrap();
-    assert_eq!(stats.unrelayed, 0);
-    assert!(stats.consumers.iter().all(|c| c.backlog == 1200), "{stats:?}");
-    assert_eq!(relay(500).run_once().await.unwrap().messages, 0);
-}
-
-async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) {
-    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
-    let shared: SharedClock = Arc::new(clock.clone());
-    let hub = Hub::default();
-    let c = spec("c", &["t"], 3);
-    store.consumer_create(&c, clock.now()).await.unwrap();
-    let id = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    Relay::new(store.clone(), shared.clone(), hub.clone(), RelayConfig::default()).run_once().await.unwrap();
-    let sweeper = LeaseSweeper::new(store.clone(), shared.clone(), hub, Duration::from_secs(5));
-    assert_eq!(sweeper.next_wait().await, Duration::from_secs(5), "no lease: the longest sleep");
-
-    for attempt in 1..=3u32 {
-        let now = clock.now();
-        let leased = store
-            .delivery_lease_batch(&c.name, "s", 10, "", crate::clock::add(now, c.ack_deadline), now)
-            .await
-            .unwrap();
-        assert_eq!(leased.len(), 1, "attempt {attempt} leases the message");
-        assert_eq!(leased[0].delivery_count, attempt);
-        assert_eq!(sweeper.run_once().await.unwrap(), 0, "not expired yet");
-        assert_eq!(sweeper.next_wait().await, Duration::from_secs(5), "the deadline is further off than that");
-        clock.advance(c.ack_deadline - Duration::from_secs(2));
-        assert_eq!(sweeper.next_wait().await, Duration::from_secs(2), "sleeps until the deadline");
-        clock.advance(Duration::from_secs(2) + Duration::from_millis(1));
-        assert_eq!(sweeper.next_wait().await, Duration::ZERO, "due now");
-        assert_eq!(sweeper.run_once().await.unwrap(), 1);
-        let (_, rows) = store.message_get(id).await.unwrap();
-        if attempt < 3 {
-            assert_eq!(rows[0].state, DeliveryState::Pending);
-            let wait = rows[0].available_at - clock.now();
-            assert_eq!(wait.to_std().unwrap(), c.backoff.delay(attempt), "backoff after attempt {attempt}");
-            assert!(
-                store.delivery_lease_batch(&c.name, "s", 10, "", clock.now(), clock.now()).await.unwrap().is_empty(),
-                "not due during backoff"
-            );
-            clock.advance(c.backoff.delay(attempt));
-        } else {
-            assert_eq!(rows[0].state, DeliveryState::Dead);
-            assert_eq!(rows[0].last_error.as_deref(), Some("ack deadline expired"));
-        }
-    }
-    let stats = store.stats(Some(&c.name), true).await.unwrap();
-    assert_eq!(stats.consumers[0].dead, 1);
 }
 
 async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedStore) {
@@ -207,23 +134,6 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
         "b is not expired"
     );
     assert_eq!(store.delivery_release_many(&[release(b)], ReleaseGuard::Session("s2"), now).await.unwrap(), 1);
-}
-
-async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retention(store: SharedStore) {
-    let clock = ManualClock::new(Utc::now().trunc_subsecs(6));
-    let shared: SharedClock = Arc::new(clock.clone());
-    let c = spec("c", &["t"], 5);
-    store.consumer_create(&c, clock.now()).await.unwrap();
-    let done = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    let open = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    store.relay_batch(10, 0, clock.now(), false, &[]).await.unwrap();
-    store.delivery_ack_many(&c.name, &[done], clock.now()).await.unwrap();
-    let pruner = Pruner::new(store.clone(), shared, Duration::from_secs(7 * 86400), Duration::from_secs(600));
-    assert_eq!(pruner.run_once().await.unwrap(), Pruned::default(), "within retention");
-    clock.advance(Duration::from_secs(8 * 86400));
-    assert_eq!(pruner.run_once().await.unwrap(), Pruned { messages: 1, deliveries: 1 });
-    assert!(matches!(store.message_get(done).await, Err(StoreError::MessageNotFound(_))));
-    assert!(store.message_get(open).await.is_ok(), "a pending delivery keeps its message");
 }
 
 /// SQLite only: several replicas on one database is what PostgreSQL is for.
@@ -391,127 +301,6 @@ async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("transaction of its own"), "{err}");
-}
-
-/// A relay that backed off is woken by a producer's commit instead of its next poll (ADR 0051):
-/// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued` while a
-/// relay's request holds, and none while none does or after it lapsed (a notification on every
-/// commit would serialise producers' commits). The relay polls every 60 s here, so only the
-/// notification can relay the message within the bound.
-#[tokio::test]
-async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_notified() {
-    use sqlx::postgres::PgListener;
-    let db = TestDb::create().await.unwrap();
-    let pg = PgStore::connect(&db.url, 4).await.unwrap();
-    pg.migrate().await.unwrap();
-    let store: SharedStore = Arc::new(pg.clone());
-    store.consumer_create(&spec("c", &["t"], 5), Utc::now()).await.unwrap();
-    let writer = format!("outboxd_test_writer_{}", uuid::Uuid::new_v4().simple());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {writer} NOLOGIN; GRANT USAGE ON SCHEMA outbox TO {writer};
-         GRANT INSERT ON outbox.messages TO {writer}; GRANT USAGE ON SEQUENCE outbox.messages_seq TO {writer};"
-    )))
-    .execute(pg.pool())
-    .await
-    .unwrap();
-    let insert = |type_: &'static str| {
-        let (pool, writer) = (pg.pool().clone(), writer.clone());
-        async move {
-            let mut tx = pool.begin().await.unwrap();
-            sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE {writer}"))).execute(&mut *tx).await.unwrap();
-            sqlx::query("INSERT INTO outbox.messages (message_id, topic, type, payload) VALUES ($1, 't', $2, '')")
-                .bind(uuid::Uuid::new_v4())
-                .bind(type_)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            tx.commit().await.unwrap();
-        }
-    };
-    let wanted = || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT coalesce(pg_sequence_last_value('outbox.relay_wakeup') > extract(epoch FROM now()), false)",
-        )
-        .fetch_one(pg.pool())
-        .await
-        .unwrap()
-    };
-    let mut heard = PgListener::connect_with(pg.pool()).await.unwrap();
-    heard.listen(super::postgres::ENQUEUED_CHANNEL).await.unwrap();
-    // Notifications of different transactions arrive in commit order: a marker sent after an
-    // insert is heard first exactly when the insert sent nothing.
-    async fn next_heard(heard: &mut PgListener) -> String {
-        tokio::time::timeout(Duration::from_secs(10), heard.recv()).await.unwrap().unwrap().payload().to_owned()
-    }
-    let marker = || async {
-        sqlx::query("SELECT pg_notify('outbox_enqueued', 'marker')").execute(pg.pool()).await.unwrap();
-    };
-
-    // No relay has asked: an insert notifies nobody.
-    assert!(!wanted().await);
-    insert("quiet").await;
-    marker().await;
-    assert_eq!(next_heard(&mut heard).await, "marker", "an insert while no relay asked sent a notification");
-    store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
-
-    // A relay that polls every 60 s, woken as outboxd wires it: watch → hint → the relay.
-    let hub = Hub::default();
-    let config =
-        RelayConfig { poll_min: Duration::from_secs(60), poll_max: Duration::from_secs(60), ..RelayConfig::default() };
-    let relay = Relay::new(store.clone(), Arc::new(crate::clock::SystemClock), hub.clone(), config);
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let (hints, mut hinted) = tokio::sync::mpsc::unbounded_channel();
-    let watch = tokio::spawn({
-        let (store, cancel) = (store.clone(), cancel.clone());
-        async move { store.watch(hints, cancel).await }
-    });
-    let wake = tokio::spawn({
-        let hub = hub.clone();
-        async move {
-            while let Some(hint) = hinted.recv().await {
-                if hint == WorkHint::Enqueued {
-                    hub.enqueued().notify();
-                }
-            }
-        }
-    });
-    let relaying = tokio::spawn(relay.run(cancel.clone()));
-    // Nothing to do since it started: its probe asks to be woken, and it sleeps.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !wanted().await {
-        assert!(std::time::Instant::now() < deadline, "the relay did not ask to be woken");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    insert("wakes").await;
-    assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.message_unrelayed_exists(0).await.unwrap() {
-        assert!(std::time::Instant::now() < deadline, "the relay slept through the insert's notification");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The pass that found it cleared the request: while the relay is busy, inserts notify nobody.
-    assert!(!wanted().await, "the relay pass that found work cleared the request");
-    insert("busy").await;
-    marker().await;
-    assert_eq!(next_heard(&mut heard).await, "marker", "an insert after the relay woke sent a notification");
-
-    // A request that lapsed (its relay died before renewing it) wakes nobody either.
-    sqlx::query("SELECT setval('outbox.relay_wakeup', extract(epoch FROM now())::bigint - 1)")
-        .execute(pg.pool())
-        .await
-        .unwrap();
-    insert("lapsed").await;
-    marker().await;
-    assert_eq!(next_heard(&mut heard).await, "marker", "an insert under a lapsed request sent a notification");
-
-    cancel.cancel();
-    relaying.await.unwrap();
-    watch.await.unwrap();
-    wake.abort();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {writer}; DROP ROLE {writer};")))
-        .execute(pg.pool())
-        .await
-        .unwrap();
 }
 
 /// `outboxd migrate` takes a PostgreSQL database written before the relay cursor, with relayed
@@ -722,7 +511,7 @@ async fn sql_topic_matching_agrees_with_the_servers() {
 /// A relay pass leases what streams offer room for (due, unkeyed, not paused) straight to them,
 /// in seq order and never beyond an offer's room, and leaves the rest pending.
 async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending(store: SharedStore) {
-    use crate::store::PushOffer;
+    use crate::domain::PushOffer;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
@@ -761,7 +550,7 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
 /// A message whose producer's clock read a little after the relay's (it committed just in time
 /// for the pass) is due all the same: pushed, with no row of its own. A delayed one is not.
 async fn a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not(store: SharedStore) {
-    use crate::store::PushOffer;
+    use crate::domain::PushOffer;
     let now = Utc::now().trunc_subsecs(6);
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
@@ -1288,10 +1077,7 @@ with conn:
 
     // And they are delivered.
     let c = ConsumerName::parse("c", "c").unwrap();
-    Relay::new(store.clone(), Arc::new(ManualClock::new(now)), Hub::default(), RelayConfig::default())
-        .run_once()
-        .await
-        .unwrap();
+    store.relay_batch(500, 0, now, false, &[]).await.unwrap();
     let leased = store
         .delivery_lease_batch(&c, "s", 10, "", crate::clock::add(now, Duration::from_secs(30)), now)
         .await
@@ -1336,62 +1122,6 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     assert_eq!(relayed.messages, 1, "the producer's row");
     holder.await.unwrap();
 }
-
-/// Stats show what vacuum has still to reclaim: PostgreSQL's dead rows per outboxd table (each
-/// lease and ack leaves one), SQLite's file size and free pages.
-async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: SharedStore) {
-    let now = Utc::now();
-    let c = spec("c", &["t"], 5);
-    store.consumer_create(&c, now).await.unwrap();
-    // Keyed, so that every delivery is a row on PostgreSQL too (unkeyed ones wait in batches).
-    let keyed = |i: usize| NewMessage { ordering_key: Some(format!("k{i}")), ..msg("t") };
-    store.message_insert_batch(&(0..20).map(keyed).collect::<Vec<_>>(), now).await.unwrap();
-    store.relay_batch(100, 0, now, false, &[]).await.unwrap();
-    let later = crate::clock::add(now, Duration::from_secs(30));
-    let leased = store.delivery_lease_batch(&c.name, "s", 100, "", later, now).await.unwrap();
-    let ids: Vec<MessageId> = leased.iter().map(|d| d.message.message_id).collect();
-    assert_eq!(store.delivery_ack_many(&c.name, &ids, now).await.unwrap(), 20);
-    if store.backend() == "sqlite" {
-        let t = store.table_health().await.unwrap();
-        assert_eq!(t.len(), 1);
-        assert_eq!(t[0].table, "(file)");
-        assert!(t[0].bytes >= 4096, "{t:?}");
-        return;
-    }
-    // PostgreSQL's statistics arrive asynchronously (within about a second): poll, bounded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let t = store.table_health().await.unwrap();
-        let names: Vec<&str> = t.iter().map(|t| t.table.as_str()).collect();
-        assert!(["consumers", "deliveries", "messages"].iter().all(|n| names.contains(n)), "{names:?}");
-        assert!(t.iter().all(|t| t.bytes > 0), "{t:?}");
-        let deliveries = t.iter().find(|t| t.table == "deliveries").unwrap();
-        // 20 leased and 20 acked: two dead versions per delivery row.
-        if deliveries.dead_rows >= 20 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "dead rows never showed: {t:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Below the thresholds nothing is vacuumed; above them the table is, and says so.
-    let vacuumer = crate::maintenance::vacuum::Vacuumer::new(store.clone(), Duration::from_secs(10));
-    assert!(vacuumer.run_once().await.unwrap().is_empty(), "20 dead rows are below the default threshold");
-    let mut eager = vacuumer.clone();
-    (eager.min_dead_rows, eager.dead_ratio) = (10, 0.0);
-    let done = eager.run_once().await.unwrap();
-    assert!(done.contains(&"deliveries".to_owned()), "{done:?}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let t = store.table_health().await.unwrap();
-        let deliveries = t.iter().find(|t| t.table == "deliveries").unwrap();
-        if deliveries.last_vacuum.is_some() && deliveries.dead_rows < 20 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the vacuum never showed: {t:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Dead letters grouped by last error (largest group first, with first and last time, topics
 /// and types); a group listed alone; a replay of one group (`last_error`) selects only it.
 async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: SharedStore) {
@@ -1407,8 +1137,17 @@ async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: Share
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().len(), 4);
     let errors = ["card declined", "card declined", "card declined", "timeout"];
-    let releases: Vec<Release> =
-        ids.iter().zip(errors).map(|(id, e)| crate::delivery::failed(&c, *id, 1, e.into(), None, now)).collect();
+    let releases: Vec<Release> = ids
+        .iter()
+        .zip(errors)
+        .map(|(id, e)| Release {
+            consumer: c.name.clone(),
+            message_id: *id,
+            state: DeliveryState::Dead,
+            available_at: now,
+            error: Some(e.into()),
+        })
+        .collect();
     assert_eq!(store.delivery_release_many(&releases, ReleaseGuard::Session("s"), now).await.unwrap(), 4);
 
     let groups = store.dead_letter_groups(&c.name, 10).await.unwrap();
