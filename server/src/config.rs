@@ -465,4 +465,16 @@ mod tests {
         c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: Some("ca".into()) });
         assert!(c.check_protected_mode().is_ok());
     }
+
+    #[test]
+    fn the_console_is_held_to_the_protected_mode_on_its_own_address() {
+        let mut c = on("127.0.0.1:50051");
+        c.console_listen = Some("127.0.0.1:8080".parse().unwrap());
+        assert!(c.check_protected_mode().is_ok());
+        c.console_listen = Some("0.0.0.0:8080".parse().unwrap());
+        let err = c.check_protected_mode().unwrap_err().to_string();
+        assert!(err.contains("console") && err.contains("0.0.0.0:8080") && err.contains("--auth-file"), "{err}");
+        c.security.auth_file = Some("auth.toml".into());
+        assert!(c.check_protected_mode().is_ok());
+    }
 }

@@ -26,6 +26,10 @@ pub struct Snapshot {
     pub horizon: Option<VacuumHorizon>,
     /// Streams attached to this process, per consumer.
     pub streams: HashMap<String, u32>,
+    /// The kind of each sink consumer ("rabbitmq", "nats", "webhook").
+    pub sinks: HashMap<String, &'static str>,
+    /// The highest seq committed.
+    pub last_seq: i64,
 }
 
 /// One consumer at one minute.
@@ -64,12 +68,30 @@ impl History {
         {
             return Ok(s.clone());
         }
-        let stats = self.store.stats(None, false).await?;
-        let horizon = self.store.vacuum_horizon().await?;
-        let streams = stats.consumers.iter().map(|c| (c.consumer.clone(), self.hub.streams(&c.consumer))).collect();
-        let s = Arc::new(Snapshot { at: self.clock.now(), stats, horizon, streams });
+        let s = Arc::new(self.read().await?);
         *last = Some((Instant::now(), s.clone()));
         Ok(s)
+    }
+
+    /// Forgets the shared snapshot: after a change made from the console, its next page shows
+    /// the change.
+    pub async fn invalidate(&self) {
+        *self.last.lock().await = None;
+    }
+
+    async fn read(&self) -> Result<Snapshot, StoreError> {
+        let stats = self.store.stats(None, false).await?;
+        let horizon = self.store.vacuum_horizon().await?;
+        let sinks = self
+            .store
+            .consumer_list()
+            .await?
+            .into_iter()
+            .filter_map(|c| c.spec.sink.map(|s| (c.spec.name.to_string(), s.kind().as_str())))
+            .collect();
+        let last_seq = self.store.message_last_seq().await?;
+        let streams = stats.consumers.iter().map(|c| (c.consumer.clone(), self.hub.streams(&c.consumer))).collect();
+        Ok(Snapshot { at: self.clock.now(), stats, horizon, streams, sinks, last_seq })
     }
 
     /// A consumer's samples, oldest first.
@@ -108,7 +130,8 @@ impl History {
                 _ = cancel.cancelled() => return,
                 _ = every.tick() => {}
             }
-            match self.snapshot().await {
+            // Its own read: a sample taken at start-up must not serve pages as if fresh.
+            match self.read().await {
                 Ok(s) => self.record(&s),
                 Err(e) => tracing::debug!(error = %e, "console sample failed"),
             }

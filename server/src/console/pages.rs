@@ -91,17 +91,6 @@ fn consumer_name(s: &str) -> Result<ConsumerName, Refusal> {
 async fn overview_live(state: &State, viewer: &Viewer) -> Result<maud::Markup, Refusal> {
     viewer.caller.check(Need::AdminRead)?;
     let snap = state.history.snapshot().await.map_err(store_refusal)?;
-    let sinks: std::collections::HashMap<String, &'static str> = state
-        .admin
-        .ctx
-        .store
-        .consumer_list()
-        .await
-        .map_err(store_refusal)?
-        .into_iter()
-        .filter_map(|c| c.spec.sink.map(|s| (c.spec.name.to_string(), s.kind().as_str())))
-        .collect();
-    let last_seq = state.admin.ctx.store.message_last_seq().await.map_err(store_refusal)?;
     let age = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| crate::metrics::age(snap.at, t));
     let rows: Vec<views::ConsumerRow<'_>> = snap
         .stats
@@ -111,14 +100,14 @@ async fn overview_live(state: &State, viewer: &Viewer) -> Result<maud::Markup, R
             stats: c,
             oldest_s: age(c.oldest_unacked_at),
             streams: snap.streams.get(&c.consumer).copied().unwrap_or(0),
-            sink: sinks.get(&c.consumer).copied().unwrap_or(""),
+            sink: snap.sinks.get(&c.consumer).copied().unwrap_or(""),
             samples: state.history.samples(&c.consumer),
         })
         .collect();
     let relay = views::Relay {
         unrelayed: snap.stats.unrelayed,
         oldest_unrelayed_s: age(snap.stats.oldest_unrelayed_at),
-        last_seq,
+        last_seq: snap.last_seq,
     };
     let alerts = alerts(&snap, &rows, relay.oldest_unrelayed_s);
     Ok(views::overview_live(&rows, &relay, &alerts, snap.at))
@@ -253,6 +242,7 @@ async fn pause(
             viewer.request(&format!("{ADMIN}PauseConsumer"), pb::PauseConsumerRequest { consumer: name.clone() })?,
         )
         .await?;
+    state.history.invalidate().await;
     Ok(Redirect::to(&format!("/consumers/{}", views::urlencode(&name))).into_response())
 }
 
@@ -270,6 +260,7 @@ async fn resume(
             viewer.request(&format!("{ADMIN}ResumeConsumer"), pb::ResumeConsumerRequest { consumer: name.clone() })?,
         )
         .await?;
+    state.history.invalidate().await;
     Ok(Redirect::to(&format!("/consumers/{}", views::urlencode(&name))).into_response())
 }
 
@@ -352,6 +343,7 @@ async fn release_key(
         skip_dead: f.skip_dead == "true",
     };
     state.admin.release_key(viewer.request(&format!("{ADMIN}ReleaseKey"), req)?).await?;
+    state.history.invalidate().await;
     Ok(Redirect::to(&format!("/consumers/{}", views::urlencode(&name))).into_response())
 }
 

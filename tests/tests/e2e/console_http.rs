@@ -1,0 +1,264 @@
+//! The web console over plain HTTP, as an attacker and an operator without a browser see it: a
+//! real outboxd with `--console-listen`, its pages, sign-in, cookies, CSRF, permissions and a
+//! replay of a group of dead letters. (The browser's view is `console.rs`.)
+use anyhow::{Context as _, Result, ensure};
+use outbox_client::grpc::admin_with;
+use outbox_proto::v1 as pb;
+use outbox_tests::{Backend, Outboxd, RawStream, TestStore, consumer, create_consumer, eventually};
+
+use crate::security::{Scratch, auth_file, s, start, tok};
+use crate::{WAIT, conformance, setup, stats};
+
+conformance!(an_operator_replays_a_group_of_dead_letters_from_the_console);
+
+/// The console's base URL, from the line outboxd logs when it binds `--console-listen`.
+fn console_url(srv: &Outboxd) -> Result<String> {
+    let line = srv.log_lines(&["console served"]).into_iter().next().context("no `console served` line")?;
+    let addr = line.split("addr=").nth(1).context("no addr")?.split_whitespace().next().context("no addr")?;
+    Ok(format!("http://{addr}"))
+}
+
+fn client() -> Result<reqwest::Client> {
+    // reqwest is built without a TLS provider of its own (plain HTTP here anyway).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?)
+}
+
+/// The `outboxd_console` cookie a response sets, with its attributes.
+fn set_cookie(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("outboxd_console="))
+        .map(str::to_owned)
+}
+
+/// The session's CSRF token, from a page's `<meta name="csrf-token">`.
+fn csrf(page: &str) -> Result<String> {
+    let at = page.find(r#"name="csrf-token" content=""#).context("no csrf meta")?;
+    let rest = &page[at + r#"name="csrf-token" content=""#.len()..];
+    Ok(rest[..rest.find('"').context("unterminated")?].to_owned())
+}
+
+struct Session {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+}
+
+impl Session {
+    async fn get(&self, path: &str) -> Result<reqwest::Response> {
+        Ok(self.http.get(format!("{}{path}", self.base)).header("cookie", &self.cookie).send().await?)
+    }
+
+    async fn page(&self, path: &str) -> Result<String> {
+        let r = self.get(path).await?;
+        ensure!(r.status() == 200, "GET {path}: {}", r.status());
+        Ok(r.text().await?)
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)]) -> Result<reqwest::Response> {
+        Ok(self.http.post(format!("{}{path}", self.base)).header("cookie", &self.cookie).form(form).send().await?)
+    }
+}
+
+async fn sign_in(base: &str, token: &str) -> Result<Session> {
+    let http = client()?;
+    let r = http.post(format!("{base}/login")).form(&[("token", token)]).send().await?;
+    ensure!(r.status() == 303, "sign-in as {token}: {}", r.status());
+    let cookie = set_cookie(&r).context("no session cookie")?;
+    let cookie = cookie.split(';').next().unwrap_or_default().to_owned();
+    Ok(Session { http, base: base.to_owned(), cookie })
+}
+
+/// With an auth file: every page wants a signed-in principal; a wrong token, or a sign-in
+/// posted from another site, is refused; the cookie is HttpOnly and SameSite=Strict; a change
+/// without the session's CSRF token, or from another site, is refused and changes nothing; a
+/// principal sees actions only where it holds their permission and a payload only under
+/// `tail:`; and every answer carries the security headers.
+#[tokio::test]
+async fn the_console_signs_in_refuses_forged_changes_and_shows_each_principal_only_its_own() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write(
+        "auth.toml",
+        &auth_file(&[
+            ("root", &["*"]),
+            ("reader", &["admin:read"]),
+            ("operator", &["admin:read", "admin:write", "replay:*"]),
+        ]),
+    )?;
+    let srv = start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    create_consumer(&mut admin, consumer("billing", &["orders.*"])).await?;
+    let mut client = outbox_client::grpc::outbox_with(&srv.endpoint, &tok("root")).await?;
+    let id = client
+        .enqueue(pb::EnqueueRequest {
+            topic: "orders.created".into(),
+            r#type: "OrderCreated".into(),
+            payload: br#"{"card":"4242"}"#.to_vec(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .message_id;
+
+    let http = client_anonymous()?;
+    let r = http.get(format!("{base}/")).send().await?;
+    assert_eq!((r.status().as_u16(), r.headers()["location"].to_str()?), (303, "/login"));
+    let r = http.get(format!("{base}/login")).send().await?;
+    let h = r.headers();
+    assert!(h["content-security-policy"].to_str()?.contains("script-src 'self'"), "{h:?}");
+    assert_eq!((h["x-frame-options"].to_str()?, h["x-content-type-options"].to_str()?), ("DENY", "nosniff"));
+    assert_eq!(h["cache-control"], "no-store");
+    let r = http.post(format!("{base}/login")).form(&[("token", "tok-nobody")]).send().await?;
+    assert_eq!(r.status(), 401);
+    assert!(set_cookie(&r).is_none(), "no cookie for a wrong token");
+    assert!(r.text().await?.contains("login-error"));
+    let r = http
+        .post(format!("{base}/login"))
+        .header("sec-fetch-site", "cross-site")
+        .form(&[("token", "tok-root")])
+        .send()
+        .await?;
+    assert_eq!(r.status(), 401, "a sign-in from another site");
+    let r = http.post(format!("{base}/login")).form(&[("token", "tok-operator")]).send().await?;
+    let cookie = set_cookie(&r).context("a session cookie")?;
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    assert!(!cookie.contains("Secure"), "plaintext: not Secure: {cookie}");
+
+    let operator = sign_in(&base, "tok-operator").await?;
+    let overview = operator.page("/").await?;
+    assert!(overview.contains(r#"data-consumer="billing""#), "{overview}");
+    let page = operator.page("/consumers/billing").await?;
+    assert!(page.contains(r#"id="pause""#), "the operator may pause");
+    let token = csrf(&page)?;
+    for (form, headers, why) in [
+        (vec![], vec![], "no CSRF token"),
+        (vec![("csrf", "forged")], vec![], "a wrong one"),
+        (vec![("csrf", token.as_str())], vec![("sec-fetch-site", "cross-site")], "from another site"),
+    ] {
+        let mut req = operator.http.post(format!("{base}/consumers/billing/pause")).header("cookie", &operator.cookie);
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        let r = req.form(&form).send().await?;
+        assert_eq!(r.status(), 403, "{why}");
+        assert!(!paused(&mut admin).await?, "{why}: nothing changed");
+    }
+    let r = operator.post("/consumers/billing/pause", &[("csrf", &token)]).await?;
+    assert_eq!(r.status(), 303);
+    assert!(paused(&mut admin).await?, "paused with the token");
+    assert!(srv.log_lines(&["outboxd::audit", "pause_consumer", "operator"]).len() == 1, "audited as the RPC");
+    // The operator has no tail: permission: no payload.
+    let msg = operator.page(&format!("/messages/{id}")).await?;
+    assert!(msg.contains("payload-hidden") && !msg.contains("4242"), "{msg}");
+    let root = sign_in(&base, "tok-root").await?;
+    let msg = root.page(&format!("/messages/{id}")).await?;
+    assert!(msg.contains(r#"id="payload""#) && msg.contains("4242"), "root may tail");
+
+    // A reader sees, and may do nothing: no actions shown, and its own valid token refused by
+    // the permission.
+    let reader = sign_in(&base, "tok-reader").await?;
+    let page = reader.page("/consumers/billing").await?;
+    assert!(!page.contains(r#"id="resume""#) && !page.contains("dry-run"), "{page}");
+    let r = reader.post("/consumers/billing/resume", &[("csrf", &csrf(&page)?)]).await?;
+    assert_eq!(r.status(), 403);
+    assert!(paused(&mut admin).await?, "still paused");
+    // A session's token is its own: the reader's is refused with the operator's cookie.
+    let r = operator.post("/consumers/billing/resume", &[("csrf", &csrf(&page)?)]).await?;
+    assert_eq!(r.status(), 403);
+
+    // Bad input: clear answers, no server error.
+    assert_eq!(root.get("/messages/not-a-uuid").await?.status(), 400);
+    assert_eq!(root.get("/consumers/nobody").await?.status(), 404);
+    let bad = root.get("/search?after=yesterday").await?;
+    assert_eq!(bad.status(), 200);
+    assert!(bad.text().await?.contains("is not a time"));
+    let r = operator.post("/logout", &[("csrf", &token)]).await?;
+    assert!(set_cookie(&r).is_some_and(|c| c.contains("Max-Age=0")), "signed out");
+    Ok(())
+}
+
+async fn paused(admin: &mut outbox_client::grpc::AdminClient) -> Result<bool> {
+    let r = admin.get_consumer(pb::GetConsumerRequest { consumer: "billing".into() }).await?.into_inner();
+    Ok(r.consumer.context("a consumer")?.paused)
+}
+
+fn client_anonymous() -> Result<reqwest::Client> {
+    client()
+}
+
+/// Without an auth file (loopback): a first visit gets a session cookie for its CSRF token;
+/// then the dead letters of a consumer, grouped by last error, are dry-run, replayed at a
+/// pace with progress, and delivered again, each with a fresh count.
+async fn an_operator_replays_a_group_of_dead_letters_from_the_console(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &["--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let mut admin = srv.admin().await?;
+    let mut c = consumer("shipping", &["orders.*"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut admin, c).await?;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            db.sql_enqueue("orders.created", "OrderCreated", format!("{{\"id\":{i}}}").as_bytes()).await?.to_string(),
+        );
+    }
+    let mut s = RawStream::open(&srv.endpoint, "shipping", 10).await?;
+    for d in s.take(3, WAIT).await? {
+        let error = if d.message_id == ids[2] { "address unknown" } else { "carrier down" };
+        s.nack(&d.message_id, error).await;
+    }
+    eventually("dead", WAIT, || async { Ok((stats(&srv, "shipping").await?.dead == 3).then_some(())) }).await?;
+
+    let http = client()?;
+    let r = http.get(format!("{base}/")).send().await?;
+    assert_eq!(r.status(), 303, "a first visit gets its session");
+    let cookie = set_cookie(&r).context("a session cookie")?;
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let session = Session { http, base: base.clone(), cookie: cookie.split(';').next().unwrap_or_default().to_owned() };
+    let page = session.page("/consumers/shipping").await?;
+    let token = csrf(&page)?;
+    let groups: Vec<&str> = page.match_indices(r#"<tr class="dead-group">"#).map(|(i, _)| &page[i..]).collect();
+    assert_eq!(groups.len(), 2, "two errors: {page}");
+    assert!(
+        groups[0].contains("carrier down") && groups[0].contains(r#"<td class="num count">2</td>"#),
+        "largest first"
+    );
+
+    let dry = session
+        .post("/consumers/shipping/replay", &[("csrf", &token), ("last_error", "carrier down"), ("dry_run", "true")])
+        .await?;
+    assert_eq!(dry.status(), 200);
+    let dry = dry.text().await?;
+    assert!(dry.contains(r#"<strong class="selected">2</strong>"#), "{dry}");
+    assert_eq!(stats(&srv, "shipping").await?.dead, 3, "a dry run changes nothing");
+    let r = session
+        .post(
+            "/consumers/shipping/replay",
+            &[("csrf", &token), ("last_error", "carrier down"), ("dry_run", "false"), ("max_per_second", "50")],
+        )
+        .await?;
+    assert_eq!(r.status(), 303);
+    let job = r.headers()["location"].to_str()?.to_owned();
+    eventually("replayed", WAIT, || async {
+        let p = session.page(&job).await?;
+        Ok(p.contains(r#"<strong class="state">done</strong>"#).then_some(p))
+    })
+    .await
+    .map(|p| assert!(p.contains(r#"<strong class="replayed">2</strong>"#), "{p}"))?;
+    let mut again: Vec<_> = s.take(2, WAIT).await?.into_iter().map(|d| (d.message_id, d.delivery_count)).collect();
+    again.sort();
+    let mut want = vec![(ids[0].clone(), 1), (ids[1].clone(), 1)];
+    want.sort();
+    assert_eq!(again, want, "the group, delivered again from count 1");
+    assert_eq!(stats(&srv, "shipping").await?.dead, 1, "the other group stays dead");
+    let replays = session.page("/replays").await?;
+    assert!(replays.contains(r#"<td class="principal">anonymous</td>"#), "{replays}");
+    Ok(())
+}
