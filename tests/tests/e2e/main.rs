@@ -7,6 +7,7 @@
 
 mod admin;
 mod chaos;
+mod console;
 mod delivery;
 mod failure_matrix;
 mod healthcheck;
