@@ -7,6 +7,7 @@
 
 mod admin;
 mod chaos;
+mod console;
 mod console_http;
 mod delivery;
 mod failure_matrix;
