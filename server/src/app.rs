@@ -269,7 +269,7 @@ impl App {
             let bound = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
             let limit = ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
             tasks.spawn(console.clone().sample(loops.clone()));
-            tasks.spawn(console.serve(listener, tls.clone(), limit, shutdown.clone()));
+            tasks.spawn(console.serve(listener, tls.as_ref().map(TlsState::for_http1), limit, shutdown.clone()));
             tracing::info!(addr = %bound, "console served");
         }
         if let Some(addr) = config.metrics_listen {

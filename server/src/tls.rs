@@ -96,6 +96,9 @@ pub struct TlsState {
     files: TlsFiles,
     config: Arc<RwLock<Arc<ServerConfig>>>,
     last: Arc<Mutex<Snapshot>>,
+    /// The ALPN protocols this listener offers instead of the config's `h2` (the console
+    /// speaks HTTP/1.1).
+    alpn: Option<Vec<Vec<u8>>>,
 }
 
 impl TlsState {
@@ -103,7 +106,13 @@ impl TlsState {
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
         let snap = files.read()?;
         let config = files.build(&snap)?;
-        Ok(Self { files, config: Arc::new(RwLock::new(config)), last: Arc::new(Mutex::new(snap)) })
+        Ok(Self { files, config: Arc::new(RwLock::new(config)), last: Arc::new(Mutex::new(snap)), alpn: None })
+    }
+
+    /// The same certificates (and their reloads), offering HTTP/1.1 instead of HTTP/2 in the
+    /// handshake: for the console's listener.
+    pub fn for_http1(&self) -> Self {
+        Self { alpn: Some(vec![b"http/1.1".to_vec()]), ..self.clone() }
     }
 
     pub fn mtls(&self) -> bool {
@@ -111,7 +120,15 @@ impl TlsState {
     }
 
     fn current(&self) -> Arc<ServerConfig> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+        let config = self.config.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match &self.alpn {
+            Some(alpn) => {
+                let mut c = (*config).clone();
+                c.alpn_protocols = alpn.clone();
+                Arc::new(c)
+            }
+            None => config,
+        }
     }
 
     /// Rebuilds the config if any file changed; keeps the one in force if they do not load

@@ -262,3 +262,59 @@ async fn an_operator_replays_a_group_of_dead_letters_from_the_console(backend: B
     assert!(replays.contains(r#"<td class="principal">anonymous</td>"#), "{replays}");
     Ok(())
 }
+
+/// Over TLS (the gRPC listener's certificate, HTTP/1.1 offered in the handshake): with mutual
+/// TLS a client certificate the auth file names is signed in without a token, and a token's
+/// session cookie is `Secure`.
+#[tokio::test]
+async fn the_console_over_tls_signs_in_a_client_certificate_and_keeps_cookies_secure() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let pki = outbox_tests::pki::Pki::new("console")?;
+    let server = pki.server("server")?;
+    let ops = pki.client("ops", "ops", &[])?;
+    let auth = pki.dir.join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!(
+            "{}[[principal]]\nname = \"ops\"\nsubjects = [\"CN=ops\"]\npermissions = [\"admin:read\"]\n",
+            auth_file(&[("root", &["*"])])
+        ),
+    )?;
+    let srv = start(
+        &store,
+        &[
+            "--tls-cert",
+            s(&server.cert),
+            "--tls-key",
+            s(&server.key),
+            "--tls-client-ca",
+            s(&pki.ca),
+            "--auth-file",
+            s(&auth),
+            "--console-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await?;
+    let port = console_url(&srv)?.rsplit(':').next().context("a port")?.to_owned();
+    let base = format!("https://localhost:{port}");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca)?)?;
+    let mut pem = std::fs::read(&ops.cert)?;
+    pem.extend(std::fs::read(&ops.key)?);
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_certs_only([ca])
+        .identity(reqwest::Identity::from_pem(&pem)?)
+        .build()?;
+    let page = http.get(format!("{base}/")).send().await?;
+    assert_eq!(page.status(), 200, "the certificate signs in");
+    let page = page.text().await?;
+    assert!(page.contains(r#"<span id="principal">ops</span>"#), "{page}");
+    assert!(!page.contains(r#"id="sign-out""#), "a certificate has no session to end");
+    let r = http.post(format!("{base}/login")).form(&[("token", "tok-root")]).send().await?;
+    assert_eq!(r.status(), 303);
+    let cookie = set_cookie(&r).context("a session cookie")?;
+    assert!(cookie.contains("Secure") && cookie.contains("HttpOnly"), "{cookie}");
+    Ok(())
+}
