@@ -41,6 +41,7 @@
 //! and outboxd's own log go to stderr.
 #![forbid(unsafe_code)]
 
+mod console;
 mod jetstream;
 mod sinks;
 mod sqlite;
@@ -180,6 +181,14 @@ struct Args {
     /// `*_vs_jetstream` keys are null.
     #[arg(long)]
     no_jetstream: bool,
+    /// Measure the web console instead: each page's time on a database with
+    /// --console-messages retained messages (a tenth of them dead letters), and the database's
+    /// transactions per second with 0, 1 and 3 idle tabs open (console.rs). PostgreSQL.
+    #[arg(long)]
+    console_cost: bool,
+    /// Retained messages of --console-cost.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1_000..=100_000_000))]
+    console_messages: u64,
     /// Messages per broker in the sink phase [default: 20000, with --quick 5000].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     sink_messages: Option<u64>,
@@ -1993,6 +2002,26 @@ async fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             sqlite::print_table(&report);
+        }
+        return Ok(());
+    }
+    if args.console_cost {
+        let r = console::run(&args).await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "console": r }))?);
+        } else {
+            println!(
+                "console: {} messages retained, {} dead letters of one consumer",
+                grouped(r.messages as f64),
+                grouped(r.dead_letters as f64)
+            );
+            for p in &r.pages {
+                println!("  {:<70} median {:>7.1} ms   max {:>7.1} ms", p.path, p.median_ms, p.max_ms);
+            }
+            println!(
+                "  idle: {} tx/s with no tab, {} with one, {} with three: {} per tab",
+                r.idle_tx_per_s, r.one_tab_tx_per_s, r.three_tabs_tx_per_s, r.per_tab_tx_per_s
+            );
         }
         return Ok(());
     }
