@@ -197,8 +197,10 @@ impl App {
         let admin_service = AdminService { ctx, pruner: pruner.clone(), replayer, streams, sink_key };
         let console = match config.console_listen {
             Some(addr) => {
-                let console = crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some())
-                    .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
+                let trace_url = config.console_trace_url.clone();
+                let console =
+                    crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some(), trace_url)
+                        .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
                 let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
                 Some((console, listener))
             }

@@ -169,6 +169,10 @@ pub struct ServeArgs {
     /// authentication only on a loopback address, as the gRPC API.
     #[arg(long, env = "OUTBOXD_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
+    /// Link a message's trace in the console to this URL, `{trace_id}` replaced by the trace id
+    /// of its `traceparent` (`https://jaeger.example/trace/{trace_id}`).
+    #[arg(long, env = "OUTBOXD_CONSOLE_TRACE_URL", value_name = "TEMPLATE", value_parser = parse_trace_url)]
+    pub console_trace_url: Option<String>,
     /// How often the per-consumer gauges are refreshed from the database.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -239,6 +243,7 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     pub health_listen: Option<SocketAddr>,
     pub console_listen: Option<SocketAddr>,
+    pub console_trace_url: Option<String>,
     pub metrics_interval: Duration,
     pub limits: crate::limits::Limits,
     pub security: Security,
@@ -299,6 +304,7 @@ impl ServeConfig {
             sink_key_file: None,
             metrics_listen: None,
             console_listen: None,
+            console_trace_url: None,
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
             limits: crate::limits::Limits::DEFAULT,
@@ -374,6 +380,17 @@ impl ServeConfig {
     }
 }
 
+/// `--console-trace-url`: an http(s) URL with `{trace_id}` in it.
+pub(crate) fn parse_trace_url(s: &str) -> Result<String, String> {
+    let valid = s.contains("{trace_id}")
+        && url::Url::parse(&s.replace("{trace_id}", "0")).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+    if valid {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?}: give an http:// or https:// URL with {{trace_id}} in it"))
+    }
+}
+
 /// `--sink-allow`: a network in CIDR notation, or one address.
 pub(crate) fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
     s.parse::<ipnet::IpNet>()
@@ -416,6 +433,7 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.metrics_listen = a.metrics_listen;
         c.health_listen = a.health_listen;
         c.console_listen = a.console_listen;
+        c.console_trace_url = a.console_trace_url.clone();
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
         c.limits = a.limits;
@@ -464,6 +482,17 @@ mod tests {
         assert!(c.check_protected_mode().is_err(), "TLS without client certificates authenticates nobody");
         c.security.tls = Some(crate::tls::TlsFiles { cert: "c".into(), key: "k".into(), client_ca: Some("ca".into()) });
         assert!(c.check_protected_mode().is_ok());
+    }
+
+    #[test]
+    fn a_console_trace_url_is_http_with_a_trace_id_placeholder() {
+        assert!(parse_trace_url("https://jaeger.example/trace/{trace_id}").is_ok());
+        for bad in
+            ["https://jaeger.example/trace/", "javascript:alert(1)//{trace_id}", "ftp://x/{trace_id}", "{trace_id}"]
+        {
+            let e = parse_trace_url(bad).unwrap_err();
+            assert!(e.contains("{trace_id}"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ that says what was expected and what the page showed, exit status 1):
    SameSite=Strict.
 2. A consumer's backlog grows and shrinks: consumer `console-demo` on `orders.*` (max_deliveries
    1) is created over gRPC; 20 messages are enqueued with no stream attached and the overview's
-   row reaches a backlog of 20 by itself (the table refreshes every 5 s); a subscriber acks 10
+   row reaches a backlog of 20 by itself (the table refreshes every 10 s); a subscriber acks 10
    and stops, and the backlog falls to 10.
 3. Messages fail: 5 messages of type `Broken` are nacked with `card declined` (dead at once);
    the consumer page shows one dead group `card declined` with count 5. Pause and resume

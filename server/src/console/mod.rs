@@ -51,6 +51,8 @@ pub(crate) struct State {
     /// Served over TLS: cookies are `Secure`.
     pub secure: bool,
     pub history: history::History,
+    /// `--console-trace-url`.
+    pub trace_url: Option<String>,
 }
 
 /// The console of one outboxd process.
@@ -68,11 +70,16 @@ pub(crate) struct Peer(pub Option<SocketAddr>);
 pub(crate) struct PeerCert(pub Arc<[u8]>);
 
 impl Console {
-    pub fn new(admin: AdminService, auth: Authenticator, secure: bool) -> Result<Self, getrandom::Error> {
+    pub fn new(
+        admin: AdminService,
+        auth: Authenticator,
+        secure: bool,
+        trace_url: Option<String>,
+    ) -> Result<Self, getrandom::Error> {
         let mut csrf_key = [0u8; 32];
         getrandom::fill(&mut csrf_key)?;
         let history = history::History::new(admin.ctx.store.clone(), admin.ctx.clock.clone(), admin.ctx.hub.clone());
-        Ok(Self { state: Arc::new(State { admin, auth, csrf_key, secure, history }) })
+        Ok(Self { state: Arc::new(State { admin, auth, csrf_key, secure, history, trace_url }) })
     }
 
     /// Samples the stats for the lag charts every minute until `cancel`.

@@ -391,7 +391,7 @@ async fn message(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(id): Path<Str
         .into_inner();
     let m = r.message.unwrap_or_default();
     let may_read = TopicPattern::parse("topic", &m.topic).is_ok_and(|t| viewer.may(Need::Tail(&t)));
-    Ok(html(views::message(&viewer, &m, &r.deliveries, may_read)))
+    Ok(html(views::message(&viewer, &m, &r.deliveries, may_read, state.trace_url.as_deref())))
 }
 
 // Search.

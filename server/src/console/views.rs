@@ -154,7 +154,7 @@ pub fn overview(viewer: &Viewer, live: Markup) -> Markup {
         "Overview",
         html! {
             h1 { "Overview" }
-            div #overview-live data-refresh="/fragments/overview" data-every="5" { (live) }
+            div #overview-live data-refresh="/fragments/overview" data-every="10" { (live) }
         },
     )
 }
@@ -203,7 +203,7 @@ pub fn overview_live(rows: &[ConsumerRow<'_>], relay: &Relay, alerts: &[String],
                 }
             }
             @if rows.is_empty() { p.muted { "No consumers yet." } }
-            p.muted { "As of " (time(Some(at))) "; refreshed every 5 s while this tab is visible. Rates are this process's streams and sinks." }
+            p.muted { "As of " (time(Some(at))) "; refreshed every 10 s while this tab is visible. Rates are this process's streams and sinks." }
         }
     }
 }
@@ -236,7 +236,7 @@ pub fn consumer(viewer: &Viewer, p: &ConsumerPage<'_>, may_write: bool, may_repl
             p.muted { "Topics " code { (p.consumer.topics.join(", ")) } " · max deliveries " (p.consumer.max_deliveries)
                 " · dead key policy " (if p.consumer.dead_key_policy == pb::DeadKeyPolicy::Hold as i32 { "hold" } else { "skip" })
                 @if p.consumer.sink.is_some() { " · sink" } }
-            div #consumer-live data-refresh=(format!("/fragments/consumers/{name}")) data-every="5" {
+            div #consumer-live data-refresh=(format!("/fragments/consumers/{name}")) data-every="10" {
                 (consumer_stats(p.stats, p.oldest_s, p.streams))
             }
             @if may_write {
@@ -454,8 +454,20 @@ pub fn shown_payload(p: &[u8]) -> (String, &'static str) {
     (out, "hex")
 }
 
-pub fn message(viewer: &Viewer, m: &pb::Message, deliveries: &[pb::DeliveryState], may_read: bool) -> Markup {
-    let traceparent = m.headers.get("traceparent");
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when it is one.
+pub fn trace_id(traceparent: &str) -> Option<&str> {
+    let id = traceparent.split('-').nth(1)?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+pub fn message(
+    viewer: &Viewer,
+    m: &pb::Message,
+    deliveries: &[pb::DeliveryState],
+    may_read: bool,
+    trace_url: Option<&str>,
+) -> Markup {
+    let trace = m.headers.get("traceparent").and_then(|t| trace_id(t));
     layout(
         Some(viewer),
         "Message",
@@ -469,8 +481,12 @@ pub fn message(viewer: &Viewer, m: &pb::Message, deliveries: &[pb::DeliveryState
                 tr { th { "Enqueued" } td { (pb_time(m.enqueued_at.as_ref())) } }
                 tr { th { "Available" } td { (pb_time(m.available_at.as_ref())) } }
                 tr { th { "Relayed" } td { (pb_time(m.relayed_at.as_ref())) } }
-                @if let Some(tp) = traceparent {
-                    tr { th { "Trace" } td.mono #trace { (tp.split('-').nth(1).unwrap_or(tp)) } }
+                @if let Some(id) = trace {
+                    tr { th { "Trace" } td.mono #trace {
+                        @if let Some(t) = trace_url {
+                            a #trace-link href=(t.replace("{trace_id}", id)) rel="noreferrer noopener" target="_blank" { (id) }
+                        } @else { (id) }
+                    } }
                 }
             }
             h2 { "Payload" }
@@ -597,4 +613,25 @@ pub fn dead_list(viewer: &Viewer, consumer: &str, error: &str, rows: &[DeadLette
             @if let Some(n) = next { p.pager { a #next href=(n) { "More →" } } }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_id_is_taken_only_from_a_well_formed_traceparent() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(trace_id(&format!("00-{id}-00f067aa0ba902b7-01")), Some(id));
+        assert_eq!(trace_id("00-\"><script>-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id("garbage"), None);
+    }
+
+    #[test]
+    fn payloads_show_as_json_text_or_hex() {
+        assert_eq!(shown_payload(br#"{"a":1}"#), ("{\n  \"a\": 1\n}".to_owned(), "json"));
+        assert_eq!(shown_payload(b"plain text").1, "text");
+        let (hex, kind) = shown_payload(&[0, 1, 0xff]);
+        assert_eq!((hex.as_str(), kind), ("00000000  00 01 ff \n", "hex"));
+    }
 }

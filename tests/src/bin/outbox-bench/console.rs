@@ -3,7 +3,7 @@
 //! one consumer (in five groups of last error), the rest acked; outboxd with `--console-listen`;
 //! then each page timed (the median and the slowest of a few requests, the stats cache
 //! expired before each), and the database's transactions per second while the console is open
-//! and idle: none open, one tab, three tabs (each refreshing its live part every 5 s, as the
+//! and idle: none open, one tab, three tabs (each refreshing its live part every 10 s, as the
 //! page's script does while visible).
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ const CONSUMER: &str = "console-bench";
 /// Requests per page; the stats cache (2 s) is let expire before each.
 const SAMPLES: usize = 5;
 const IDLE_WINDOW: Duration = Duration::from_secs(60);
-const TAB_REFRESH: Duration = Duration::from_secs(5);
+const TAB_REFRESH: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Serialize)]
 pub struct PageTime {
