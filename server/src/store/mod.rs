@@ -437,13 +437,17 @@ pub struct DeadGroup {
     pub count: i64,
     pub first_dead_at: Option<DateTime<Utc>>,
     pub last_dead_at: Option<DateTime<Utc>>,
-    /// Up to [`DeadGroup::NAMES_SHOWN`] of its distinct topics and types, in byte order.
+    /// Up to [`DeadGroup::NAMES_SHOWN`] of the distinct topics and types of its first
+    /// [`DeadGroup::SAMPLED`] dead letters, in byte order.
     pub topics: Vec<String>,
     pub types: Vec<String>,
 }
 
 impl DeadGroup {
     pub const NAMES_SHOWN: usize = 5;
+    /// The topics and types of a group are those of its first (oldest) this many dead letters:
+    /// a group may hold a million.
+    pub const SAMPLED: i64 = 100;
 }
 
 /// What a message search looks for; every criterion given must hold.

@@ -1148,22 +1148,31 @@ impl Driver for PgDriver {
             .collect()
     }
 
-    /// From the dead-letter index; the topics and types of a group come from its messages by
-    /// primary key.
+    /// Counted and dated from `deliveries_dead_errors` alone; the topics and types of a group
+    /// from its first dead letters, their messages read by primary key.
     async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
         let rows = sqlx::query(
-            "SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last,
-                    (array_agg(DISTINCT m.topic ORDER BY m.topic))[1:$3] AS topics,
-                    (array_agg(DISTINCT m.type ORDER BY m.type))[1:$3] AS types
-               FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
-              WHERE d.consumer = $1 AND d.state = 'dead'
-              GROUP BY d.last_error
-              ORDER BY n DESC, d.last_error NULLS LAST
-              LIMIT $2",
+            "WITH g AS (
+                SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last
+                  FROM outbox.deliveries d
+                 WHERE d.consumer = $1 AND d.state = 'dead'
+                 GROUP BY d.last_error
+                 ORDER BY n DESC, d.last_error NULLS LAST
+                 LIMIT $2)
+             SELECT g.*, s.topics, s.types
+               FROM g CROSS JOIN LATERAL (
+                SELECT coalesce((array_agg(DISTINCT m.topic ORDER BY m.topic))[1:$3], '{}') AS topics,
+                       coalesce((array_agg(DISTINCT m.type ORDER BY m.type))[1:$3], '{}') AS types
+                  FROM (SELECT d.message_id FROM outbox.deliveries d
+                         WHERE d.consumer = $1 AND d.state = 'dead' AND d.last_error = g.last_error
+                         ORDER BY d.seq LIMIT $4) x
+                  JOIN outbox.messages m ON m.message_id = x.message_id) s
+              ORDER BY g.n DESC, g.last_error NULLS LAST",
         )
         .bind(consumer)
         .bind(limit)
         .bind(DeadGroup::NAMES_SHOWN as i32)
+        .bind(DeadGroup::SAMPLED)
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -1325,6 +1334,9 @@ impl Driver for PgDriver {
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>> {
         let mut q = QueryBuilder::<Postgres>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
+        // Dead letters are paged by the delivery's seq (the message's), from the dead-letter
+        // indexes; the rest by the message's.
+        let seq = if filter.dead_only { "d.seq" } else { "m.seq" };
         if filter.dead_only {
             // Driven by the dead-letter index, not by every message.
             q.push("outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
@@ -1342,7 +1354,7 @@ impl Driver for PgDriver {
             q.push_bind(consumer.as_str());
             q.push(" AND p.seqs @> m.seq)");
         }
-        q.push(" AND m.seq > ").push_bind(after_seq);
+        q.push(format_args!(" AND {seq} > ")).push_bind(after_seq);
         if !filter.message_ids.is_empty() {
             q.push(" AND m.message_id = ANY(")
                 .push_bind(filter.message_ids.iter().map(|m| m.0).collect::<Vec<_>>())
@@ -1360,7 +1372,7 @@ impl Driver for PgDriver {
         if let Some(e) = &filter.last_error {
             q.push(" AND d.last_error = ").push_bind(e);
         }
-        q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
+        q.push(format_args!(" ORDER BY {seq} LIMIT ")).push_bind(limit);
         // Unprepared: the statement's shape varies, and a plan cached on a small table would
         // not suit a large one.
         let rows = q.build().persistent(false).fetch_all(&self.pool).await?;

@@ -1096,6 +1096,7 @@ impl Driver for SqliteDriver {
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>> {
         let mut q = QueryBuilder::<Sqlite>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
+        let seq = if filter.dead_only { "d.seq" } else { "m.seq" };
         if filter.dead_only {
             q.push("outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
             q.push_bind(consumer.as_str());
@@ -1104,7 +1105,7 @@ impl Driver for SqliteDriver {
             q.push_bind(consumer.as_str());
             q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
         }
-        q.push(" AND m.seq > ").push_bind(after_seq);
+        q.push(format_args!(" AND {seq} > ")).push_bind(after_seq);
         if !filter.message_ids.is_empty() {
             q.push(" AND m.message_id IN (SELECT value FROM json_each(")
                 .push_bind(ids_json(&filter.message_ids))
@@ -1124,7 +1125,7 @@ impl Driver for SqliteDriver {
         if let Some(e) = &filter.last_error {
             q.push(" AND d.last_error = ").push_bind(e.clone());
         }
-        q.push(" ORDER BY m.seq LIMIT ").push_bind(limit);
+        q.push(format_args!(" ORDER BY {seq} LIMIT ")).push_bind(limit);
         let rows = q.build().fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
@@ -1174,16 +1175,28 @@ impl Driver for SqliteDriver {
 
     async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
         let rows = sqlx::query(
-            "SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last,
-                    json_group_array(DISTINCT m.topic) AS topics, json_group_array(DISTINCT m.type) AS types
-               FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
-              WHERE d.consumer = ?1 AND d.state = 'dead'
-              GROUP BY d.last_error
-              ORDER BY n DESC, d.last_error IS NULL, d.last_error
-              LIMIT ?2",
+            "WITH g AS (
+                SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last
+                  FROM outbox_deliveries d
+                 WHERE d.consumer = ?1 AND d.state = 'dead'
+                 GROUP BY d.last_error
+                 ORDER BY n DESC, d.last_error IS NULL, d.last_error
+                 LIMIT ?2)
+             SELECT g.*,
+                    (SELECT json_group_array(DISTINCT m.topic) FROM
+                        (SELECT d.message_id FROM outbox_deliveries d
+                          WHERE d.consumer = ?1 AND d.state = 'dead' AND d.last_error = g.last_error
+                          ORDER BY d.seq LIMIT ?3) x JOIN outbox_messages m ON m.message_id = x.message_id) AS topics,
+                    (SELECT json_group_array(DISTINCT m.type) FROM
+                        (SELECT d.message_id FROM outbox_deliveries d
+                          WHERE d.consumer = ?1 AND d.state = 'dead' AND d.last_error = g.last_error
+                          ORDER BY d.seq LIMIT ?3) x JOIN outbox_messages m ON m.message_id = x.message_id) AS types
+               FROM g
+              ORDER BY g.n DESC, g.last_error IS NULL, g.last_error",
         )
         .bind(consumer)
         .bind(limit)
+        .bind(DeadGroup::SAMPLED)
         .fetch_all(&self.pool)
         .await?;
         let names = |text: &str| -> Result<Vec<String>> {
