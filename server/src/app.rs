@@ -111,7 +111,7 @@ impl App {
             .map(crate::sinks::sealed::SinkKey::from_file)
             .transpose()?
             .map(std::sync::Arc::new);
-        if auth.enabled() && tls.is_none() && !crate::config::is_loopback(config.listen.ip()) {
+        if auth.enabled() && tls.is_none() && !crate::listen::is_loopback(config.listen.ip()) {
             tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
         }
         let store = store::connect(&config.database_url, config.max_connections).await?;
@@ -199,7 +199,7 @@ impl App {
             Some(addr) => {
                 let trace_url = config.console_trace_url.clone();
                 let console =
-                    crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some(), trace_url)
+                    crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some(), trace_url, addr)
                         .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
                 let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
                 Some((console, listener))
@@ -269,7 +269,13 @@ impl App {
         }
         if let Some((console, listener)) = console {
             let bound = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
-            let limit = ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
+            let limit = ConnectionLimit::new(
+                config.limits.max_client_connections.min(crate::console::MAX_CONNECTIONS),
+                config.limits.http2_preface_timeout,
+            );
+            if auth.enabled() && tls.is_none() && !crate::listen::is_loopback(bound.ip()) {
+                tracing::warn!(addr = %bound, "the console's tokens and cookies travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
+            }
             tasks.spawn(console.clone().sample(loops.clone()));
             tasks.spawn(console.serve(listener, tls.as_ref().map(TlsState::for_http1), limit, shutdown.clone()));
             tracing::info!(addr = %bound, "console served");

@@ -358,7 +358,7 @@ impl ServeConfig {
     pub fn check_protected_mode(&self) -> Result<(), ConfigError> {
         let s = &self.security;
         if let Some(console) = self.console_listen
-            && !(s.authenticates() || s.allow_unauthenticated || is_loopback(console.ip()))
+            && !(s.authenticates() || s.allow_unauthenticated || crate::listen::is_loopback(console.ip()))
         {
             return Err(ConfigError(format!(
                 "refusing to serve the console without authentication on {console}, which is not a loopback \
@@ -367,7 +367,7 @@ impl ServeConfig {
                  --allow-unauthenticated if something in front of outboxd authenticates"
             )));
         }
-        if s.authenticates() || s.allow_unauthenticated || is_loopback(self.listen.ip()) {
+        if s.authenticates() || s.allow_unauthenticated || crate::listen::is_loopback(self.listen.ip()) {
             return Ok(());
         }
         Err(ConfigError(format!(
@@ -396,14 +396,6 @@ pub(crate) fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
     s.parse::<ipnet::IpNet>()
         .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
         .map_err(|_| format!("{s:?} is neither a network (10.1.0.0/16, fd00::/8) nor an address"))
-}
-
-/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address.
-pub(crate) fn is_loopback(ip: std::net::IpAddr) -> bool {
-    match ip {
-        std::net::IpAddr::V4(v4) => v4.is_loopback(),
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
-    }
 }
 
 impl TryFrom<ServeArgs> for ServeConfig {

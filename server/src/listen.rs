@@ -21,6 +21,15 @@ use crate::metrics::CONNECTIONS_CLOSED;
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what an HTTP/2 client sends first.
 const PREFACE_LEN: usize = 24;
 
+/// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address: where outboxd serves
+/// without authentication.
+pub fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+    }
+}
+
 /// The connections of one listener: a place for each, up to the limit.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimit {

@@ -9,8 +9,15 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
+use crate::domain::ConsumerName;
 use crate::hub::Hub;
-use crate::store::{SharedStore, Stats, StoreError, VacuumHorizon};
+use crate::store::{DeadGroup, SharedStore, Stats, StoreError, VacuumHorizon};
+
+/// How long a consumer's groups of dead letters serve every tab: the grouping reads every dead
+/// letter's index entry, and a consumer may have many.
+pub const GROUPS_FRESH_FOR: Duration = Duration::from_secs(10);
+/// Consumers whose groups are kept at once.
+const GROUPS_KEPT: usize = 1000;
 
 /// How long one read of the stats serves every tab.
 pub const FRESH_FOR: Duration = Duration::from_secs(2);
@@ -52,11 +59,39 @@ pub struct History {
     hub: Hub,
     last: tokio::sync::Mutex<Option<(Instant, Arc<Snapshot>)>>,
     samples: Mutex<HashMap<String, VecDeque<Sample>>>,
+    groups: tokio::sync::Mutex<HashMap<String, Cached<Vec<DeadGroup>>>>,
 }
+
+/// A value read at an instant, shared by every tab until it is too old.
+type Cached<T> = (Instant, Arc<T>);
 
 impl History {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub) -> Self {
-        Self { store, clock, hub, last: tokio::sync::Mutex::new(None), samples: Mutex::new(HashMap::new()) }
+        Self {
+            store,
+            clock,
+            hub,
+            last: tokio::sync::Mutex::new(None),
+            samples: Mutex::new(HashMap::new()),
+            groups: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A consumer's dead letters grouped by last error, read at most once per
+    /// [`GROUPS_FRESH_FOR`] however many tabs ask.
+    pub async fn dead_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Arc<Vec<DeadGroup>>, StoreError> {
+        let mut groups = self.groups.lock().await;
+        if let Some((when, g)) = groups.get(consumer.as_str())
+            && when.elapsed() < GROUPS_FRESH_FOR
+        {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(self.store.dead_letter_groups(consumer, limit).await?);
+        if groups.len() >= GROUPS_KEPT {
+            groups.retain(|_, (when, _)| when.elapsed() < GROUPS_FRESH_FOR);
+        }
+        groups.insert(consumer.to_string(), (Instant::now(), g.clone()));
+        Ok(g)
     }
 
     /// The stats, read at most once per [`FRESH_FOR`] however many tabs ask (one waits for
@@ -77,6 +112,7 @@ impl History {
     /// the change.
     pub async fn invalidate(&self) {
         *self.last.lock().await = None;
+        self.groups.lock().await.clear();
     }
 
     async fn read(&self) -> Result<Snapshot, StoreError> {

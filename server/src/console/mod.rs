@@ -36,8 +36,14 @@ use crate::tls::TlsState;
 
 /// How long a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Requests handled at once; more wait for a place (each is a few statements at most).
-const MAX_CONCURRENT_REQUESTS: usize = 32;
+/// How long a request may take in all, its body included: a slow body gives up its place.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Requests handled at once, on the whole listener; more are answered 503 at once rather than
+/// queued. Each reads the database through the pool the data plane uses, so this bounds what
+/// the console can take of it.
+const MAX_CONCURRENT_REQUESTS: usize = 8;
+/// Connections the console's listener keeps open at once (each may hold a page being sent).
+pub const MAX_CONNECTIONS: usize = 256;
 /// The largest form a page posts (a token, a CSRF token, an error text).
 const MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -53,6 +59,9 @@ pub(crate) struct State {
     pub history: history::History,
     /// `--console-trace-url`.
     pub trace_url: Option<String>,
+    /// Served without authentication on a loopback address: only requests addressed to a
+    /// loopback host are answered (no DNS rebinding from a web page).
+    pub loopback_only: bool,
 }
 
 /// The console of one outboxd process.
@@ -75,11 +84,13 @@ impl Console {
         auth: Authenticator,
         secure: bool,
         trace_url: Option<String>,
+        listen: SocketAddr,
     ) -> Result<Self, getrandom::Error> {
+        let loopback_only = !auth.enabled() && crate::listen::is_loopback(listen.ip());
         let mut csrf_key = [0u8; 32];
         getrandom::fill(&mut csrf_key)?;
         let history = history::History::new(admin.ctx.store.clone(), admin.ctx.clock.clone(), admin.ctx.hub.clone());
-        Ok(Self { state: Arc::new(State { admin, auth, csrf_key, secure, history, trace_url }) })
+        Ok(Self { state: Arc::new(State { admin, auth, csrf_key, secure, history, trace_url, loopback_only }) })
     }
 
     /// Samples the stats for the lag charts every minute until `cancel`.
@@ -88,9 +99,7 @@ impl Console {
     }
 
     fn router(&self) -> Router {
-        pages::router(self.state.clone())
-            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .layer(tower::limit::ConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        pages::router(self.state.clone()).layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
     }
 
     /// Serves on `listener` (with TLS when `tls` is given) until `stop`, then lets requests in
@@ -102,7 +111,11 @@ impl Console {
         limit: ConnectionLimit,
         stop: CancellationToken,
     ) {
-        let router = self.router();
+        // One place count for the whole listener (a layer on the router would count per route).
+        let router = tower::ServiceBuilder::new()
+            .load_shed()
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+            .service(self.router());
         match tls {
             Some(tls) => {
                 let mut incoming = tls.incoming(listener, limit, stop.clone());
@@ -133,8 +146,10 @@ impl Console {
     }
 }
 
+type Service = tower::load_shed::LoadShed<tower::limit::ConcurrencyLimit<Router>>;
+
 /// One HTTP/1.1 connection, closed gracefully at `stop`.
-async fn connection<S>(io: S, router: Router, peer: Peer, cert: Option<PeerCert>, stop: CancellationToken)
+async fn connection<S>(io: S, router: Service, peer: Peer, cert: Option<PeerCert>, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -146,7 +161,15 @@ where
         let router = router.clone();
         async move {
             let req = req.map(axum::body::Body::new);
-            Ok::<_, Infallible>(tower::ServiceExt::oneshot(router, req).await.unwrap_or_else(|e| match e {}))
+            let busy = |why: &'static str| {
+                axum::response::IntoResponse::into_response((axum::http::StatusCode::SERVICE_UNAVAILABLE, why))
+            };
+            let answer = match tokio::time::timeout(REQUEST_TIMEOUT, tower::ServiceExt::oneshot(router, req)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => busy("the console is busy: try again in a moment"),
+                Err(_) => busy("the request took too long (its body or its reads)"),
+            };
+            Ok::<_, Infallible>(answer)
         }
     });
     let conn = hyper::server::conn::http1::Builder::new()

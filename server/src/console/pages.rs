@@ -50,8 +50,51 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/assets/{name}", get(super::assets::asset))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
+}
+
+/// Whether `host` (a `Host` header: a name or an address, with or without a port) names a
+/// loopback address.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host
+            .rsplit_once(':')
+            .map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(crate::listen::is_loopback)
+}
+
+/// Before any route: a console served without authentication answers only requests addressed
+/// to a loopback host (a web page that rebinds its name to 127.0.0.1 would otherwise be
+/// same-origin with it); and a request that changes something and says where it comes from
+/// (`Origin`) must come from this console.
+async fn guard(Ctx(state): Ctx<Arc<State>>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if state.loopback_only && !loopback_host(host) {
+        tracing::warn!(target: "outboxd::audit", host, action = "console", outcome = "refused", "console request for another host refused");
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "refused: this console serves without authentication, only to addresses of this machine (http://127.0.0.1:PORT/)",
+        )
+            .into_response();
+    }
+    if !matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD)
+        && let Some(origin) = headers.get(header::ORIGIN)
+    {
+        let scheme = if state.secure { "https" } else { "http" };
+        let same_site = headers.get("sec-fetch-site").is_some_and(|v| v == "same-origin");
+        let ours = origin.to_str().ok() == Some(&format!("{scheme}://{host}")) || (origin == "null" && same_site);
+        if !ours {
+            tracing::warn!(target: "outboxd::audit", host, origin = ?origin, action = "console", outcome = "forged", "console request from another origin refused");
+            return (StatusCode::FORBIDDEN, "refused: a change to this console must come from its own pages")
+                .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// What every answer carries: no framing, no sniffing, no referrer, only this origin's
@@ -66,7 +109,10 @@ async fn security_headers(mut r: Response) -> Response {
         ),
     );
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null` with
+    // the console's own form posts, which the origin check below could not tell from a
+    // sandboxed frame's.
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -197,7 +243,7 @@ async fn consumer(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(name): Path<
         .into_inner()
         .keys;
     viewer.caller.check(Need::AdminRead)?;
-    let groups = state.admin.ctx.store.dead_letter_groups(&n, MAX_GROUPS).await.map_err(store_refusal)?;
+    let groups = state.history.dead_groups(&n, MAX_GROUPS).await.map_err(store_refusal)?.as_ref().clone();
     let snap = state.history.snapshot().await.map_err(store_refusal)?;
     let stats = snap.stats.consumers.iter().find(|s| s.consumer == name);
     let page = views::ConsumerPage {
@@ -312,10 +358,26 @@ async fn replay(
     }
     // The same checks as the Replay RPC; the replayer writes its audit line.
     let _ = viewer.request(&format!("{ADMIN}Replay"), ())?;
-    viewer.caller.check(Need::Replay(&name))?;
+    if let Err(s) = viewer.caller.check(Need::Replay(&name)) {
+        viewer.refused("replay", &s);
+        return Err(s.into());
+    }
     let plan = crate::grpc::admin::replay_plan(req)?;
     let origin = Origin { principal: viewer.caller.name.to_string(), peer: viewer.peer };
-    let id = state.admin.replayer.start(plan, origin, &state.admin.ctx.tasks);
+    // A principal whose `replay:` is taken away (a reloaded auth file) stops its replay.
+    let (caller, consumer) = (viewer.caller.clone(), name.clone());
+    let revoked = async move {
+        let _ = caller.revoked(move |p| p.allows(&Need::Replay(consumer.as_str()))).await;
+    };
+    state.history.invalidate().await;
+    let Some(id) = state.admin.replayer.start(plan, origin, &state.admin.ctx.tasks, revoked) else {
+        let s = Status::resource_exhausted(format!(
+            "{} replays of yours are running: wait for one to finish",
+            crate::maintenance::replay::MAX_RUNNING_PER_PRINCIPAL
+        ));
+        viewer.refused("replay", &s);
+        return Err(s.into());
+    };
     Ok(Redirect::to(&format!("/replays/{id}")).into_response())
 }
 

@@ -19,8 +19,12 @@ use super::{Peer, PeerCert, State};
 use crate::grpc::auth::{self, Caller, Need, Route};
 
 /// The cookie that holds the signed-in principal's token (or, without an auth file, a random
-/// session id that the CSRF token is bound to).
+/// session id that the CSRF token is bound to). Over TLS it is `__Host-` prefixed: the browser
+/// then keeps it to this host, `Secure`, on every path, set by no other.
 pub const SESSION_COOKIE: &str = "outboxd_console";
+const SECURE_SESSION_COOKIE: &str = "__Host-outboxd_console";
+/// How long a sign-in lasts in the browser.
+const SESSION_HOURS: i64 = 12;
 /// The longest token the sign-in form takes.
 const MAX_TOKEN_BYTES: usize = 4096;
 
@@ -77,14 +81,14 @@ impl IntoResponse for Refusal {
 /// The session cookie: `HttpOnly`, `SameSite=Strict`, on every path; `Secure` over TLS;
 /// `max_age` zero removes it.
 pub fn session_cookie(value: &str, secure: bool, max_age: Option<cookie::time::Duration>) -> Cookie<'static> {
-    let mut c = Cookie::build((SESSION_COOKIE, value.to_owned())).http_only(true).same_site(SameSite::Strict).path("/");
-    if secure {
-        c = c.secure(true);
-    }
-    if let Some(age) = max_age {
-        c = c.max_age(age);
-    }
-    c.build()
+    let name = if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE };
+    Cookie::build((name, value.to_owned()))
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .path("/")
+        .secure(secure)
+        .max_age(max_age.unwrap_or(cookie::time::Duration::hours(SESSION_HOURS)))
+        .build()
 }
 
 fn cookie_value(headers: &HeaderMap) -> Option<String> {
@@ -94,7 +98,7 @@ fn cookie_value(headers: &HeaderMap) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(Cookie::split_parse)
         .filter_map(Result::ok)
-        .find(|c| c.name() == SESSION_COOKIE)
+        .find(|c| c.name() == SESSION_COOKIE || c.name() == SECURE_SESSION_COOKIE)
         .map(|c| c.value().to_owned())
         .filter(|v| !v.is_empty())
 }
@@ -188,6 +192,14 @@ impl Viewer {
         Ok(())
     }
 
+    /// An audit line for a refused request, as the gRPC edge writes one.
+    pub fn refused(&self, action: &str, s: &Status) {
+        tracing::warn!(
+            target: "outboxd::audit", principal = &*self.caller.name, peer = ?self.peer, action,
+            outcome = ?s.code(), error = s.message(), "console request refused"
+        );
+    }
+
     /// Whether the principal may do what `need` names (to show or hide an action).
     pub fn may(&self, need: Need<'_>) -> bool {
         self.caller.allows(need)
@@ -196,10 +208,14 @@ impl Viewer {
     /// A request to the admin service as this viewer, after the check the gRPC edge makes for
     /// `method` (`/outbox.v1.OutboxAdmin/…`).
     pub fn request<T>(&self, method: &str, message: T) -> Result<tonic::Request<T>, Status> {
-        match auth::route(method) {
-            Route::Checked(need) => self.caller.check(need)?,
-            Route::ByService(kind) => self.caller.check_kind(kind)?,
-            Route::Open | Route::AnyCredential => {}
+        let checked = match auth::route(method) {
+            Route::Checked(need) => self.caller.check(need),
+            Route::ByService(kind) => self.caller.check_kind(kind),
+            Route::Open | Route::AnyCredential => Ok(()),
+        };
+        if let Err(s) = checked {
+            self.refused(method, &s);
+            return Err(s);
         }
         let mut r = tonic::Request::new(message);
         r.extensions_mut().insert(self.caller.clone());

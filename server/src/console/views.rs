@@ -429,28 +429,43 @@ pub fn replays(viewer: &Viewer, jobs: &[ReplayJob]) -> Markup {
     )
 }
 
-/// A payload as people read it: indented JSON when it is JSON, else text when it is UTF-8
-/// without control characters, else hex.
+/// The most of a payload a page shows: indented JSON can be many times its input (deep
+/// nesting), so only payloads up to this size are indented, and no form shows more than this.
+pub const PAYLOAD_SHOWN: usize = 64 * 1024;
+
+/// A payload as people read it: indented JSON when it is JSON (and small enough), else text
+/// when it is UTF-8 without control characters, else hex; at most [`PAYLOAD_SHOWN`] bytes of
+/// it, and what is left out is said.
 pub fn shown_payload(p: &[u8]) -> (String, &'static str) {
-    const MAX: usize = 256 * 1024;
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(p)
+    if p.len() <= PAYLOAD_SHOWN / 4
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(p)
         && let Ok(s) = serde_json::to_string_pretty(&v)
+        && s.len() <= PAYLOAD_SHOWN
     {
         return (s, "json");
     }
+    let more = |shown: usize| {
+        if shown < p.len() { format!("\n… {} more bytes not shown", p.len() - shown) } else { String::new() }
+    };
     if let Ok(s) = std::str::from_utf8(p)
         && !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
     {
-        return (s.chars().take(MAX).collect(), "text");
+        let mut end = s.len().min(PAYLOAD_SHOWN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        return (format!("{}{}", &s[..end], more(end)), "text");
     }
+    let shown = p.len().min(PAYLOAD_SHOWN / 4);
     let mut out = String::new();
-    for (i, chunk) in p[..p.len().min(MAX / 4)].chunks(16).enumerate() {
+    for (i, chunk) in p[..shown].chunks(16).enumerate() {
         out.push_str(&format!("{:08x}  ", i * 16));
         for b in chunk {
             out.push_str(&format!("{b:02x} "));
         }
         out.push('\n');
     }
+    out.push_str(&more(shown));
     (out, "hex")
 }
 
@@ -633,5 +648,14 @@ mod tests {
         assert_eq!(shown_payload(b"plain text").1, "text");
         let (hex, kind) = shown_payload(&[0, 1, 0xff]);
         assert_eq!((hex.as_str(), kind), ("00000000  00 01 ff \n", "hex"));
+        // A nesting bomb is not indented, and no form shows more than the cap.
+        let bomb = format!("{}0{}", "[".repeat(100), "]".repeat(100)).repeat(200);
+        let (shown, kind) = shown_payload(format!("[{}]", bomb.replace("][", "],[")).as_bytes());
+        assert!(kind == "text" && shown.len() <= PAYLOAD_SHOWN + 64, "{kind} {}", shown.len());
+        let big = vec![b'x'; 1 << 20];
+        let (shown, _) = shown_payload(&big);
+        assert!(shown.len() <= PAYLOAD_SHOWN + 64 && shown.ends_with("983040 more bytes not shown"), "{}", shown.len());
+        let (shown, _) = shown_payload(&vec![0u8; 1 << 20]);
+        assert!(shown.len() < PAYLOAD_SHOWN * 4 && shown.ends_with("1032192 more bytes not shown"));
     }
 }

@@ -60,6 +60,8 @@ pub struct Replayer {
 
 /// How many finished replays [`ReplayJobs`] keeps.
 const KEPT_JOBS: usize = 100;
+/// Replays one principal may have running at once through [`Replayer::start`].
+pub const MAX_RUNNING_PER_PRINCIPAL: usize = 4;
 
 /// The replays (not the dry runs) this process ran or runs, newest first: who started each,
 /// what it selected and where it stands. The audit log keeps them all; this is for watching.
@@ -201,15 +203,41 @@ impl Replayer {
     }
 
     /// Runs `plan` in its own task on `tasks`, and returns its job's id at once: for callers
-    /// that watch [`Replayer::jobs`] instead of holding a stream (the console).
-    pub fn start(&self, plan: ReplayPlan, origin: Origin, tasks: &tokio_util::task::TaskTracker) -> u64 {
+    /// that watch [`Replayer::jobs`] instead of holding a stream (the console). The replay
+    /// stops after its current batch once `stop` resolves (its principal may no longer replay).
+    /// `None`: the principal already runs [`MAX_RUNNING_PER_PRINCIPAL`] replays.
+    pub fn start(
+        &self,
+        plan: ReplayPlan,
+        origin: Origin,
+        tasks: &tokio_util::task::TaskTracker,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<u64> {
+        let running = self
+            .jobs
+            .list()
+            .iter()
+            .filter(|j| j.principal == origin.principal && j.outcome == JobOutcome::Running)
+            .count();
+        if running >= MAX_RUNNING_PER_PRINCIPAL {
+            return None;
+        }
         let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
         let id = self.jobs.start(&plan, &origin, rate, self.clock.now());
         let this = self.clone();
         tasks.spawn(async move {
-            let _ = this.run_as(&plan, &origin, None, Some(id)).await;
+            let stopped = CancellationToken::new();
+            let run = this.run_as(&plan, &origin, None, Some(id), Some(stopped.clone()));
+            let mut run = std::pin::pin!(run);
+            tokio::select! {
+                _ = run.as_mut() => {}
+                () = stop => {
+                    stopped.cancel();
+                    let _ = run.await;
+                }
+            }
         });
-        id
+        Some(id)
     }
 
     /// Stops running replays after their current batch once `shutdown` is cancelled (what is
@@ -231,7 +259,7 @@ impl Replayer {
             let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
             self.jobs.start(plan, origin, rate, self.clock.now())
         });
-        self.run_as(plan, origin, progress, job).await
+        self.run_as(plan, origin, progress, job, None).await
     }
 
     async fn run_as(
@@ -240,10 +268,11 @@ impl Replayer {
         origin: &Origin,
         progress: Option<mpsc::Sender<ReplayProgress>>,
         job: Option<u64>,
+        stopped: Option<CancellationToken>,
     ) -> Result<ReplayProgress, StoreError> {
         let (principal, peer) = (origin.principal.as_str(), origin.peer);
         let rate = if plan.max_per_second == 0 { self.default_rate } else { plan.max_per_second };
-        let result = self.execute(plan, rate, progress, job).await;
+        let result = self.execute(plan, rate, progress, job, stopped.unwrap_or_default()).await;
         if let Some(id) = job {
             let now = self.clock.now();
             self.jobs.update(id, |j| {
@@ -279,6 +308,7 @@ impl Replayer {
         rate: u32,
         progress: Option<mpsc::Sender<ReplayProgress>>,
         job: Option<u64>,
+        stopped: CancellationToken,
     ) -> Result<ReplayProgress, StoreError> {
         let report = async |p: ReplayProgress| {
             if let Some(id) = job {
@@ -324,7 +354,7 @@ impl Replayer {
             }
             let Some(next) = page.next else { break };
             after = next;
-            if self.shutdown.is_cancelled() || !report(state).await {
+            if self.shutdown.is_cancelled() || stopped.is_cancelled() || !report(state).await {
                 return Ok(state);
             }
         }

@@ -243,7 +243,7 @@ impl<D: Driver> Store for DriverStore<D> {
 
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
-        self.driver.dead_letter_page(consumer.as_str(), None, after_seq, limit).await
+        self.driver.dead_letter_page(consumer.as_str(), None, after_seq, limit, true).await
     }
 
     async fn dead_letter_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<DeadGroup>> {
@@ -259,7 +259,7 @@ impl<D: Driver> Store for DriverStore<D> {
         limit: i64,
     ) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
-        self.driver.dead_letter_page(consumer.as_str(), last_error, after_seq, limit).await
+        self.driver.dead_letter_page(consumer.as_str(), last_error, after_seq, limit, false).await
     }
 
     async fn message_search(

@@ -165,13 +165,15 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
         now: DateTime<Utc>,
     ) -> Result<u64>;
     /// A page of the consumer's dead letters in `seq` order after `after_seq` (only those whose
-    /// last error is `last_error` when given).
+    /// last error is `last_error` when given); without their payloads and headers (left empty)
+    /// unless `with_payloads`.
     async fn dead_letter_page(
         &self,
         consumer: &str,
         last_error: Option<&str>,
         after_seq: i64,
         limit: i64,
+        with_payloads: bool,
     ) -> Result<Vec<DeadLetter>>;
     /// See [`super::Store::dead_letter_groups`].
     async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>>;

@@ -141,7 +141,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
 
     /// Counts per consumer; `acked` reads history, so it is 0 unless `include_acked`
-    /// (the PostgreSQL store; the SQLite store always counts it).
+    /// (both stores: it is the history, never read otherwise).
     async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
     /// Size and dead rows of outboxd's own tables, from the database's catalog (no table scan).
     async fn table_health(&self) -> Result<Vec<TableHealth>>;
@@ -185,7 +185,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// groups.
     async fn dead_letter_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<DeadGroup>>;
     /// A page of the consumer's dead letters with this last error, in `seq` order after
-    /// `after_seq`.
+    /// `after_seq`, without payloads and headers (a list of what failed, not of its contents).
     async fn dead_letter_list_with_error(
         &self,
         consumer: &ConsumerName,

@@ -1201,4 +1201,16 @@ async fn a_search_pages_newest_first_through_bounded_windows(store: SharedStore)
         vec![seqs[8], seqs[6], seqs[4], seqs[2], seqs[0]]
     );
     assert_eq!(page.next_before_seq, None);
+    // A time range outside every message's: nothing, and nothing more.
+    for q in [
+        MessageQuery { before: Some(now), ..Default::default() },
+        MessageQuery { after: Some(crate::clock::add(now, Duration::from_secs(1))), ..Default::default() },
+    ] {
+        let page = store.message_search(&q, None, 5, 10).await.unwrap();
+        assert_eq!((page.messages.len(), page.next_before_seq), (0, None), "{q:?}");
+    }
+    // One that holds them all: the same pages as none.
+    let all = MessageQuery { after: Some(now), type_: Some("Wanted".into()), ..Default::default() };
+    let page = store.message_search(&all, None, 2, 10).await.unwrap();
+    assert_eq!(page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![seqs[27], seqs[24]]);
 }

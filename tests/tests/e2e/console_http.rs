@@ -30,7 +30,7 @@ fn set_cookie(r: &reqwest::Response) -> Option<String> {
         .get_all(reqwest::header::SET_COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("outboxd_console="))
+        .find(|v| v.starts_with("outboxd_console=") || v.starts_with("__Host-outboxd_console="))
         .map(str::to_owned)
 }
 
@@ -150,8 +150,26 @@ async fn the_console_signs_in_refuses_forged_changes_and_shows_each_principal_on
         assert_eq!(r.status(), 403, "{why}");
         assert!(!paused(&mut admin).await?, "{why}: nothing changed");
     }
-    let r = operator.post("/consumers/billing/pause", &[("csrf", &token)]).await?;
-    assert_eq!(r.status(), 303);
+    // A change that says it comes from another origin is refused, whatever it carries.
+    let r = operator
+        .http
+        .post(format!("{base}/consumers/billing/pause"))
+        .header("cookie", &operator.cookie)
+        .header("origin", "https://evil.example")
+        .form(&[("csrf", token.as_str())])
+        .send()
+        .await?;
+    assert_eq!(r.status(), 403, "from another origin");
+    assert!(!paused(&mut admin).await?);
+    let r = operator
+        .http
+        .post(format!("{base}/consumers/billing/pause"))
+        .header("cookie", &operator.cookie)
+        .header("origin", &base)
+        .form(&[("csrf", token.as_str())])
+        .send()
+        .await?;
+    assert_eq!(r.status(), 303, "from its own pages");
     assert!(paused(&mut admin).await?, "paused with the token");
     assert!(srv.log_lines(&["outboxd::audit", "pause_consumer", "operator"]).len() == 1, "audited as the RPC");
     // The operator has no tail: permission: no payload.
@@ -217,6 +235,13 @@ async fn an_operator_replays_a_group_of_dead_letters_from_the_console(backend: B
     eventually("dead", WAIT, || async { Ok((stats(&srv, "shipping").await?.dead == 3).then_some(())) }).await?;
 
     let http = client()?;
+    // Without authentication, only requests addressed to this machine: a web page that
+    // rebinds its own name to 127.0.0.1 is refused.
+    let port = base.rsplit(':').next().context("a port")?;
+    let r = http.get(format!("{base}/")).header("host", format!("rebind.attacker.example:{port}")).send().await?;
+    assert_eq!(r.status(), 421, "DNS rebinding");
+    let r = http.get(format!("{base}/")).header("host", format!("localhost:{port}")).send().await?;
+    assert_eq!(r.status(), 303, "localhost is this machine");
     let r = http.get(format!("{base}/")).send().await?;
     assert_eq!(r.status(), 303, "a first visit gets its session");
     let cookie = set_cookie(&r).context("a session cookie")?;
@@ -316,5 +341,6 @@ async fn the_console_over_tls_signs_in_a_client_certificate_and_keeps_cookies_se
     assert_eq!(r.status(), 303);
     let cookie = set_cookie(&r).context("a session cookie")?;
     assert!(cookie.contains("Secure") && cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.starts_with("__Host-"), "kept to this host: {cookie}");
     Ok(())
 }

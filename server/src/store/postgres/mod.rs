@@ -1120,9 +1120,15 @@ impl Driver for PgDriver {
         last_error: Option<&str>,
         after_seq: i64,
         limit: i64,
+        with_payloads: bool,
     ) -> Result<Vec<DeadLetter>> {
+        let columns = if with_payloads {
+            MESSAGE_COLUMNS.to_owned()
+        } else {
+            MESSAGE_COLUMNS.replace("m.payload", "''::bytea AS payload").replace("m.headers", "'{}'::jsonb AS headers")
+        };
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+            "SELECT {columns}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
               WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
                 AND ($4::text IS NULL OR d.last_error = $4)
@@ -1189,8 +1195,9 @@ impl Driver for PgDriver {
             .collect()
     }
 
-    /// The window of the `scan` newest messages below the cursor (by primary key), then the
-    /// matches in it.
+    /// A time range first becomes a range of seqs (one probe of `messages_enqueued_at` at each
+    /// end); then the window of the `scan` newest messages below the cursor in it, by primary
+    /// key; then the matches in the window.
     async fn message_search(
         &self,
         query: &MessageQuery,
@@ -1198,22 +1205,38 @@ impl Driver for PgDriver {
         limit: i64,
         scan: i64,
     ) -> Result<SearchPage> {
-        let rows = sqlx::query(
-            "WITH w AS (SELECT m.seq FROM outbox.messages m
-                         WHERE m.seq < coalesce($1, 9223372036854775807)
-                           AND ($6::timestamptz IS NULL OR m.enqueued_at >= $6)
-                           AND ($7::timestamptz IS NULL OR m.enqueued_at < $7)
-                         ORDER BY m.seq DESC LIMIT $2)
+        let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT CASE WHEN $1::timestamptz IS NULL THEN 0
+                         ELSE (SELECT seq FROM outbox.messages WHERE enqueued_at >= $1 ORDER BY enqueued_at, seq LIMIT 1) END,
+                    CASE WHEN $2::timestamptz IS NULL THEN 9223372036854775807
+                         ELSE (SELECT seq + 1 FROM outbox.messages WHERE enqueued_at < $2
+                                ORDER BY enqueued_at DESC, seq DESC LIMIT 1) END",
+        )
+        .bind(query.after)
+        .bind(query.before)
+        .fetch_one(&self.pool)
+        .await?;
+        let (Some(lower), Some(upper)) = (lower, upper) else {
+            return Ok(SearchPage::default());
+        };
+        let upper = before_seq.map_or(upper, |c| c.min(upper));
+        let window =
+            "SELECT m.seq FROM outbox.messages m WHERE m.seq < $1 AND m.seq >= $2 ORDER BY m.seq DESC LIMIT $3";
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "WITH w AS ({window})
              SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
                     (SELECT count(*) FROM w) AS scanned, (SELECT min(seq) FROM w) AS lowest
                FROM outbox.messages m
               WHERE m.seq IN (SELECT seq FROM w)
-                AND ($3::text IS NULL OR m.topic = $3)
-                AND ($4::text IS NULL OR m.type = $4)
-                AND ($5::text IS NULL OR m.ordering_key = $5)
-              ORDER BY m.seq DESC LIMIT $8",
-        )
-        .bind(before_seq)
+                AND ($4::text IS NULL OR m.topic = $4)
+                AND ($5::text IS NULL OR m.type = $5)
+                AND ($6::text IS NULL OR m.ordering_key = $6)
+                AND ($7::timestamptz IS NULL OR m.enqueued_at >= $7)
+                AND ($8::timestamptz IS NULL OR m.enqueued_at < $8)
+              ORDER BY m.seq DESC LIMIT $9"
+        )))
+        .bind(upper)
+        .bind(lower)
         .bind(scan)
         .bind(query.topic.as_deref())
         .bind(query.type_.as_deref())
@@ -1241,23 +1264,16 @@ impl Driver for PgDriver {
         let (scanned, lowest): (i64, Option<i64>) = match rows.first() {
             Some(r) => (r.try_get("scanned")?, r.try_get("lowest")?),
             None => {
-                sqlx::query_as(
-                    "SELECT count(*), min(seq) FROM (SELECT m.seq FROM outbox.messages m
-                  WHERE m.seq < coalesce($1, 9223372036854775807)
-                    AND ($3::timestamptz IS NULL OR m.enqueued_at >= $3)
-                    AND ($4::timestamptz IS NULL OR m.enqueued_at < $4)
-                  ORDER BY m.seq DESC LIMIT $2) w",
-                )
-                .bind(before_seq)
-                .bind(scan)
-                .bind(query.after)
-                .bind(query.before)
-                .persistent(false)
-                .fetch_one(&self.pool)
-                .await?
+                sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*), min(seq) FROM ({window}) w")))
+                    .bind(upper)
+                    .bind(lower)
+                    .bind(scan)
+                    .persistent(false)
+                    .fetch_one(&self.pool)
+                    .await?
             }
         };
-        Ok(super::search_page(messages, scanned, lowest, limit, scan))
+        Ok(super::search_page(messages, scanned, lowest.filter(|l| *l > lower), limit, scan))
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {

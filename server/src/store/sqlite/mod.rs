@@ -979,27 +979,36 @@ impl Driver for SqliteDriver {
         Ok(Vec::new())
     }
 
-    /// Counts `acked` always: one pass over the consumer's rows counts every state.
-    async fn consumer_stats(&self, only: Option<&str>, _include_acked: bool) -> Result<Vec<ConsumerStats>> {
+    /// Each figure from the partial index of its state, so the cost follows the unfinished
+    /// work; `acked` (the history) only when asked.
+    async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>> {
         let rows = sqlx::query(
             "SELECT c.name, c.paused,
-                    count(d.state) FILTER (WHERE d.state = 'pending') AS backlog,
-                    count(d.state) FILTER (WHERE d.state = 'leased') AS in_flight,
-                    count(d.state) FILTER (WHERE d.state = 'pending' AND d.delivery_count > 0) AS retrying,
-                    count(d.state) FILTER (WHERE d.state = 'dead') AS dead,
-                    count(d.state) FILTER (WHERE d.state = 'acked') AS acked,
-                    min(d.seq) FILTER (WHERE d.state IN ('pending', 'leased')) AS oldest_seq,
+                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS backlog,
+                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS in_flight,
+                    (SELECT count(*) FROM outbox_deliveries d
+                      WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
+                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
+                    CASE WHEN ?2 THEN (SELECT count(*) FROM outbox_deliveries d
+                                        WHERE d.consumer = c.name AND d.state = 'acked') ELSE 0 END AS acked,
+                    (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS oldest_pending,
+                    (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS oldest_leased,
                     (SELECT count(*) FROM outbox_held_keys h WHERE h.consumer = c.name) AS held_keys
-               FROM outbox_consumers c LEFT JOIN outbox_deliveries d ON d.consumer = c.name
+               FROM outbox_consumers c
               WHERE ?1 IS NULL OR c.name = ?1
-              GROUP BY c.name, c.paused ORDER BY c.name",
+              ORDER BY c.name",
         )
         .bind(only)
+        .bind(include_acked)
         .fetch_all(&self.pool)
         .await?;
         let mut consumers = Vec::with_capacity(rows.len());
         for r in &rows {
-            let oldest_seq: Option<i64> = r.try_get("oldest_seq")?;
+            let oldest_seq =
+                match (r.try_get::<Option<i64>, _>("oldest_pending")?, r.try_get::<Option<i64>, _>("oldest_leased")?) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             let oldest = match oldest_seq {
                 Some(seq) => sqlx::query_scalar::<_, i64>("SELECT enqueued_at FROM outbox_messages WHERE seq = ?1")
                     .bind(seq)
@@ -1029,9 +1038,15 @@ impl Driver for SqliteDriver {
         last_error: Option<&str>,
         after_seq: i64,
         limit: i64,
+        with_payloads: bool,
     ) -> Result<Vec<DeadLetter>> {
+        let columns = if with_payloads {
+            MESSAGE_COLUMNS.to_owned()
+        } else {
+            MESSAGE_COLUMNS.replace("m.payload", "x'' AS payload").replace("m.headers", "'{}' AS headers")
+        };
         let sql = format!(
-            "SELECT {MESSAGE_COLUMNS}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+            "SELECT {columns}, d.consumer, d.delivery_count, d.last_error, d.dead_at
                FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
               WHERE d.consumer = ?1 AND d.state = 'dead' AND d.seq > ?2
                 AND (?4 IS NULL OR d.last_error = ?4)
@@ -1227,15 +1242,29 @@ impl Driver for SqliteDriver {
         limit: i64,
         scan: i64,
     ) -> Result<SearchPage> {
-        let window = "SELECT m.seq FROM outbox_messages m
-                       WHERE m.seq < coalesce(?1, 9223372036854775807)
-                         AND (?2 IS NULL OR m.enqueued_at >= ?2) AND (?3 IS NULL OR m.enqueued_at < ?3)
-                       ORDER BY m.seq DESC LIMIT ?4";
+        // A time range first becomes a range of seqs, one probe of the enqueued_at index at
+        // each end; the window is then a range of the primary key.
+        let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT CASE WHEN ?1 IS NULL THEN 0
+                         ELSE (SELECT seq FROM outbox_messages WHERE enqueued_at >= ?1 ORDER BY enqueued_at, seq LIMIT 1) END,
+                    CASE WHEN ?2 IS NULL THEN 9223372036854775807
+                         ELSE (SELECT seq + 1 FROM outbox_messages WHERE enqueued_at < ?2
+                                ORDER BY enqueued_at DESC, seq DESC LIMIT 1) END",
+        )
+        .bind(query.after.map(us))
+        .bind(query.before.map(us))
+        .fetch_one(&self.pool)
+        .await?;
+        let (Some(lower), Some(upper)) = (lower, upper) else {
+            return Ok(SearchPage::default());
+        };
+        let upper = before_seq.map_or(upper, |c| c.min(upper));
+        let window =
+            "SELECT m.seq FROM outbox_messages m WHERE m.seq < ?1 AND m.seq >= ?2 ORDER BY m.seq DESC LIMIT ?3";
         let (scanned, lowest): (i64, Option<i64>) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*), min(seq) FROM ({window})")))
-                .bind(before_seq)
-                .bind(query.after.map(us))
-                .bind(query.before.map(us))
+                .bind(upper)
+                .bind(lower)
                 .bind(scan)
                 .fetch_one(&self.pool)
                 .await?;
@@ -1243,17 +1272,19 @@ impl Driver for SqliteDriver {
             "SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at
                FROM outbox_messages m
               WHERE m.seq IN ({window})
-                AND (?5 IS NULL OR m.topic = ?5) AND (?6 IS NULL OR m.type = ?6)
-                AND (?7 IS NULL OR m.ordering_key = ?7)
-              ORDER BY m.seq DESC LIMIT ?8"
+                AND (?4 IS NULL OR m.topic = ?4) AND (?5 IS NULL OR m.type = ?5)
+                AND (?6 IS NULL OR m.ordering_key = ?6)
+                AND (?7 IS NULL OR m.enqueued_at >= ?7) AND (?8 IS NULL OR m.enqueued_at < ?8)
+              ORDER BY m.seq DESC LIMIT ?9"
         )))
-        .bind(before_seq)
-        .bind(query.after.map(us))
-        .bind(query.before.map(us))
+        .bind(upper)
+        .bind(lower)
         .bind(scan)
         .bind(query.topic.as_deref())
         .bind(query.type_.as_deref())
         .bind(query.ordering_key.as_deref())
+        .bind(query.after.map(us))
+        .bind(query.before.map(us))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
@@ -1270,7 +1301,7 @@ impl Driver for SqliteDriver {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(super::search_page(messages, scanned, lowest, limit, scan))
+        Ok(super::search_page(messages, scanned, lowest.filter(|l| *l > lower), limit, scan))
     }
 
     async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
