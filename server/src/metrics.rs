@@ -175,6 +175,47 @@ pub fn tallies() -> std::collections::HashMap<String, Tally> {
     TALLIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// How a sink stands on this process, for the console (the gauges above say the same to
+/// Prometheus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkState {
+    Connected,
+    Disconnected,
+    /// Stopped: its creator may no longer run it, or its secrets cannot be opened here.
+    Suspended,
+}
+
+impl SinkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkState::Connected => "connected",
+            SinkState::Disconnected => "disconnected",
+            SinkState::Suspended => "suspended",
+        }
+    }
+}
+
+static SINK_STATES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, SinkState>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Records how a sink stands (`None`: it no longer runs here).
+pub fn sink_state(consumer: &str, state: Option<SinkState>) {
+    let mut s = SINK_STATES.lock().unwrap_or_else(|e| e.into_inner());
+    match state {
+        Some(state) => {
+            s.insert(consumer.to_owned(), state);
+        }
+        None => {
+            s.remove(consumer);
+        }
+    }
+}
+
+/// Every sink's state on this process.
+pub fn sink_states() -> std::collections::HashMap<String, SinkState> {
+    SINK_STATES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 pub fn nacked(consumer: &str, dead: bool) {
     counter!(NACKS, "consumer" => consumer.to_owned()).increment(1);
     if dead {
@@ -240,5 +281,6 @@ impl SinkMetrics {
         } else {
             0.0
         });
+        sink_state(&self.consumer, Some(if up { SinkState::Connected } else { SinkState::Disconnected }));
     }
 }

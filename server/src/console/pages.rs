@@ -138,6 +138,7 @@ async fn overview_live(state: &State, viewer: &Viewer) -> Result<maud::Markup, R
     viewer.caller.check(Need::AdminRead)?;
     let snap = state.history.snapshot().await.map_err(store_refusal)?;
     let age = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| crate::metrics::age(snap.at, t));
+    let sink_states = crate::metrics::sink_states();
     let rows: Vec<views::ConsumerRow<'_>> = snap
         .stats
         .consumers
@@ -147,6 +148,7 @@ async fn overview_live(state: &State, viewer: &Viewer) -> Result<maud::Markup, R
             oldest_s: age(c.oldest_unacked_at),
             streams: snap.streams.get(&c.consumer).copied().unwrap_or(0),
             sink: snap.sinks.get(&c.consumer).copied().unwrap_or(""),
+            sink_state: sink_states.get(&c.consumer).map(|s| s.as_str()),
             samples: state.history.samples(&c.consumer),
         })
         .collect();
@@ -187,6 +189,18 @@ fn alerts(
         if !c.paused && c.backlog > 0 && r.streams == 0 && r.sink.is_empty() {
             out.push(format!(
                 "OutboxConsumerWithoutStream: {} has a backlog and no stream on this process",
+                c.consumer
+            ));
+        }
+        if r.sink_state == Some("disconnected") {
+            out.push(format!(
+                "OutboxSinkDisconnected: {}'s {} target is not reachable from this process",
+                c.consumer, r.sink
+            ));
+        }
+        if r.sink_state == Some("suspended") {
+            out.push(format!(
+                "{} is suspended: its creator may no longer run it, or its secrets cannot be opened here",
                 c.consumer
             ));
         }

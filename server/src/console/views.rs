@@ -139,6 +139,8 @@ pub struct ConsumerRow<'a> {
     pub oldest_s: Option<f64>,
     pub streams: u32,
     pub sink: &'a str,
+    /// How the sink stands on this process ("connected", "disconnected", "suspended").
+    pub sink_state: Option<&'static str>,
     pub samples: Vec<Sample>,
 }
 
@@ -197,7 +199,7 @@ pub fn overview_live(rows: &[ConsumerRow<'_>], relay: &Relay, alerts: &[String],
                             td.paused { @if r.stats.paused { "yes" } @else { "no" } }
                             td.num.streams { (r.streams) }
                             td.num.held { (r.stats.held_keys) }
-                            td.sink { (r.sink) }
+                            td.sink { (r.sink) @if let Some(s) = r.sink_state { " · " span class=(format!("sink-state {s}")) { (s) } } }
                         }
                     }
                 }

@@ -106,9 +106,11 @@ impl SinkSupervisor {
         }
         for name in self.suspended.keys().filter(|n| !suspended.contains_key(*n)) {
             metrics::gauge!(crate::metrics::SINK_SUSPENDED, "consumer" => name.clone()).set(0.0);
+            crate::metrics::sink_state(name, None);
         }
         for name in suspended.keys() {
             metrics::gauge!(crate::metrics::SINK_SUSPENDED, "consumer" => name.clone()).set(1.0);
+            crate::metrics::sink_state(name, Some(crate::metrics::SinkState::Suspended));
         }
         self.suspended = suspended;
         let gone: Vec<String> = self
@@ -121,6 +123,9 @@ impl SinkSupervisor {
             if let Some(r) = self.running.remove(&name) {
                 r.stop.cancel();
                 let _ = r.task.await;
+            }
+            if !self.suspended.contains_key(&name) {
+                crate::metrics::sink_state(&name, None);
             }
         }
         for (name, (sink, opened, consumer)) in wanted {

@@ -12,20 +12,20 @@ use crate::{WAIT, conformance, setup, stats};
 conformance!(an_operator_replays_a_group_of_dead_letters_from_the_console);
 
 /// The console's base URL, from the line outboxd logs when it binds `--console-listen`.
-fn console_url(srv: &Outboxd) -> Result<String> {
+pub(crate) fn console_url(srv: &Outboxd) -> Result<String> {
     let line = srv.log_lines(&["console served"]).into_iter().next().context("no `console served` line")?;
     let addr = line.split("addr=").nth(1).context("no addr")?.split_whitespace().next().context("no addr")?;
     Ok(format!("http://{addr}"))
 }
 
-fn client() -> Result<reqwest::Client> {
+pub(crate) fn client() -> Result<reqwest::Client> {
     // reqwest is built without a TLS provider of its own (plain HTTP here anyway).
     let _ = rustls::crypto::ring::default_provider().install_default();
     Ok(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?)
 }
 
 /// The `outboxd_console` cookie a response sets, with its attributes.
-fn set_cookie(r: &reqwest::Response) -> Option<String> {
+pub(crate) fn set_cookie(r: &reqwest::Response) -> Option<String> {
     r.headers()
         .get_all(reqwest::header::SET_COOKIE)
         .iter()

@@ -251,7 +251,7 @@ async fn take_from_queue(topo: &RabbitTopology, n: usize) -> Result<Vec<lapin::m
 async fn a_rabbitmq_sink_publishes_each_message_with_its_id_in_key_order_and_acks_on_confirm(
     backend: Backend,
 ) -> Result<()> {
-    let (_store, srv, db) = setup(backend, &["--sink-allow-private"]).await?;
+    let (_store, srv, db) = setup(backend, &["--sink-allow-private", "--console-listen", "127.0.0.1:0"]).await?;
     let topic = unique("orders");
     let topo = RabbitTopology::new(Some(&format!("{topic}.OrderPlaced"))).await?;
     let mut admin = srv.admin().await?;
@@ -281,6 +281,17 @@ async fn a_rabbitmq_sink_publishes_each_message_with_its_id_in_key_order_and_ack
     let mut in_order = keyed.clone();
     in_order.sort_unstable();
     assert_eq!(keyed, in_order, "one ordering key, published in order");
+    // The console shows the sink's target and that it is connected from this process.
+    let base = crate::console_http::console_url(&srv)?;
+    let http = crate::console_http::client()?;
+    let first = http.get(format!("{base}/")).send().await?;
+    let cookie = crate::console_http::set_cookie(&first).context("a console session")?;
+    let cookie = cookie.split(';').next().unwrap_or_default().to_owned();
+    let overview = http.get(format!("{base}/fragments/overview")).header("cookie", &cookie).send().await?.text().await?;
+    assert!(
+        overview.contains(r#"<td class="sink">rabbitmq · <span class="sink-state connected">connected</span></td>"#),
+        "{overview}"
+    );
 
     // Paused, nothing goes; resumed, it does.
     admin.pause_consumer(pb::PauseConsumerRequest { consumer: "to-rabbit".into() }).await?;
