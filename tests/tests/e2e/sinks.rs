@@ -287,7 +287,8 @@ async fn a_rabbitmq_sink_publishes_each_message_with_its_id_in_key_order_and_ack
     let first = http.get(format!("{base}/")).send().await?;
     let cookie = crate::console_http::set_cookie(&first).context("a console session")?;
     let cookie = cookie.split(';').next().unwrap_or_default().to_owned();
-    let overview = http.get(format!("{base}/fragments/overview")).header("cookie", &cookie).send().await?.text().await?;
+    let overview =
+        http.get(format!("{base}/fragments/overview")).header("cookie", &cookie).send().await?.text().await?;
     assert!(
         overview.contains(r#"<td class="sink">rabbitmq · <span class="sink-state connected">connected</span></td>"#),
         "{overview}"
