@@ -15,7 +15,10 @@ use crate::store::tests::{msg, on_every_store, spec};
 use crate::store::{NewMessage, PgStore, SharedStore, Store as _, WorkHint};
 use crate::testing::TestDb;
 
-on_every_store!(a_second_relay_pass_and_concurrent_relays_add_no_delivery);
+on_every_store!(
+    a_second_relay_pass_and_concurrent_relays_add_no_delivery,
+    deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_released_at_once,
+);
 
 async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: SharedStore) {
     let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
@@ -42,6 +45,39 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: Shared
     assert_eq!(stats.unrelayed, 0);
     assert!(stats.consumers.iter().all(|c| c.backlog == 1200), "{stats:?}");
     assert_eq!(relay(500).run_once().await.unwrap().messages, 0);
+}
+
+/// T18: a relay pass that pushed to a stream which ended before the hand-over (its channel
+/// closed) releases what it pushed there at once, due now with its count of 1 kept, and gives
+/// the stream's room back; the next lease says 2.
+async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_released_at_once(store: SharedStore) {
+    use crate::domain::{ConsumerName, DeliveryState};
+    use crate::hub::{Credits, PushSlot};
+    let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
+    store.consumer_create(&spec("c", &["t"], 5), clock.now()).await.unwrap();
+    let sent = store.message_insert_batch(&[msg("t"), msg("t")], clock.now()).await.unwrap();
+    let hub = Hub::default();
+    let credits = Arc::new(Credits::new(10));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    drop(rx); // the stream ended
+    let _slot = hub.offer(
+        "c",
+        PushSlot { session: "gone".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx },
+    );
+    let relay = Relay::new(store.clone(), clock.clone(), hub, RelayConfig::default());
+    let out = relay.run_once().await.unwrap();
+    assert_eq!(out.messages, 2);
+    assert_eq!(credits.available(), 10, "the room taken for the ended stream is back");
+    for e in &sent {
+        let (_, rows) = store.message_get(e.message_id).await.unwrap();
+        let row = rows.iter().find(|r| r.consumer == "c").unwrap();
+        assert_eq!((row.state, row.delivery_count, row.available_at), (DeliveryState::Pending, 1, clock.now()));
+    }
+    let c = ConsumerName::parse("consumer", "c").unwrap();
+    let until = clock.now() + chrono::Duration::seconds(30);
+    let again = store.delivery_lease_batch(&c, "next", 10, "", until, clock.now()).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(again.iter().all(|l| l.delivery_count == 2), "{again:?}");
 }
 
 /// A relay that backed off is woken by a producer's commit instead of its next poll (ADR 0051):

@@ -49,6 +49,7 @@ on_every_driver!(
     pushed_deliveries_ack_release_extend_and_expire_like_leased_ones,
     pending_deliveries_wait_in_seq_order_and_count_like_rows,
     acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id,
+    a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_was,
 );
 
 /// Keeps the database of a case alive for as long as the case runs.
@@ -430,12 +431,19 @@ async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<D: Dri
     assert_eq!(state_of(&store, ids[1], "c").await, Some(("pending".to_owned(), 1)));
     assert_eq!(d.delivery_ack_many(&c, &ids[1..2], at).await.unwrap(), 1, "a late ack of a released one counts");
 
-    // Extended by its session, then past the new deadline the sweeper finds both, count 1.
+    // Extended by its session, and only the one named: the delivery pushed beside it keeps its
+    // deadline (on PostgreSQL the two share a lease batch). Past each deadline the sweeper
+    // finds what expired, count 1.
     let later = until + chrono::Duration::seconds(10);
-    assert_eq!(d.delivery_extend_many(&c, "s2", &ids[2..], later, at).await.unwrap(), 0, "not s2's");
-    assert_eq!(d.delivery_extend_many(&c, "s1", &ids[2..], later, at).await.unwrap(), 2);
-    assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(later));
-    assert!(d.delivery_expired_batch(until, 10).await.unwrap().is_empty(), "extended");
+    assert_eq!(d.delivery_extend_many(&c, "s2", &ids[2..3], later, at).await.unwrap(), 0, "not s2's");
+    assert_eq!(d.delivery_extend_many(&c, "s1", &ids[2..3], later, at).await.unwrap(), 1);
+    assert_eq!(d.delivery_extend_many(&c, "s1", &ids[2..3], later, at).await.unwrap(), 1, "again, as a row");
+    assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(until), "the other one keeps its deadline");
+    let first: Vec<MessageId> =
+        d.delivery_expired_batch(until, 10).await.unwrap().iter().map(|e| e.message_id).collect();
+    assert_eq!(first, [ids[3]], "only the one not extended");
+    let timeline = d.delivery_list_of_message(ids[2]).await.unwrap();
+    assert_eq!((timeline[0].state.as_str(), timeline[0].lease_expires_at), ("leased", Some(later)));
     let mut expired = d.delivery_expired_batch(later, 10).await.unwrap();
     expired.sort_by_key(|e| e.message_id.0);
     let mut want = ids[2..].to_vec();
@@ -501,6 +509,102 @@ async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
     assert!(!ack(sent[1].message_id).await);
     let stats = d.consumer_stats(Some("c"), true).await.unwrap();
     assert_eq!((stats[0].in_flight, stats[0].acked), (0, 2));
+}
+
+/// PostgreSQL only: a delivery acked in the consumer's transaction while its seq is still in
+/// the stream's lease batch is a candidate for replay, and its replay leaves the batch: counted
+/// once (backlog, not in flight), leased again from count 1 (T20).
+#[tokio::test]
+async fn a_postgres_replay_of_a_delivery_acked_while_batched_moves_it_out_of_the_batch() {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t"], at).await;
+    let until = at + chrono::Duration::seconds(30);
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
+    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    let id = sent[0].message_id;
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(store.pool()).await.unwrap();
+    assert!(acked);
+    let candidates = d.replay_candidates(&c, &ReplayFilter::default(), 0, 10).await.unwrap();
+    assert_eq!(candidates.iter().map(|r| r.message_id).collect::<Vec<_>>(), [id], "not the one still leased");
+    let mut tx = d.begin().await.unwrap();
+    assert_eq!(d.delivery_replay(&mut tx, "c", &[id], at).await.unwrap(), 1);
+    tx.commit().await.unwrap();
+    let batched: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM outbox.lease_batches b, unnest(b.seqs) r",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(batched, 1, "only the other delivery is left in the batch");
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (1, 1, 0));
+    let again = d.delivery_lease_batch(&c, "s2", 10, "", until, at).await.unwrap();
+    assert_eq!(again.iter().map(|l| (l.message.message_id, l.delivery_count)).collect::<Vec<_>>(), [(id, 1)]);
+    assert_eq!(d.delivery_ack_many(&c, &[id, sent[1].message_id], at).await.unwrap(), 2);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 2));
+}
+
+/// SQLite only (T9, T10): the transactional ack, as docs/sql-api.md gives it and the clients
+/// run it, in the consumer's own transaction: rolled back with it, applied once when it
+/// commits, whether the delivery is pending (never sent) or leased; an acked delivery is never
+/// leased again and is counted once.
+#[tokio::test]
+async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliveries() {
+    let db = TestSqlite::create().unwrap();
+    let store = SqliteStore::open(&db.url).await.unwrap();
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t"], at).await;
+    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 2);
+    let leased = d.delivery_lease_batch(&c, "s", 1, "", at + chrono::Duration::seconds(30), at).await.unwrap();
+    assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), [sent[0].message_id]);
+    const ACK: &str = "UPDATE outbox_deliveries
+                          SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
+                        WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')";
+    let ack = |id: MessageId| async move {
+        let mut tx = d.pool().begin().await.unwrap();
+        let n = sqlx::query(ACK)
+            .bind("c")
+            .bind(id.0.to_string())
+            .bind(at.timestamp_micros())
+            .execute(&mut *tx)
+            .await
+            .unwrap()
+            .rows_affected();
+        (tx, n)
+    };
+    for e in &sent {
+        let (tx, n) = ack(e.message_id).await;
+        assert_eq!(n, 1);
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(state_of(&store, sent[0].message_id, "c").await, Some(("leased".to_owned(), 1)), "rolled back");
+    assert_eq!(state_of(&store, sent[1].message_id, "c").await, Some(("pending".to_owned(), 0)), "rolled back");
+    for e in &sent {
+        let (tx, n) = ack(e.message_id).await;
+        assert_eq!(n, 1);
+        tx.commit().await.unwrap();
+        let (tx, n) = ack(e.message_id).await;
+        assert_eq!(n, 0, "already acked");
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(state_of(&store, sent[0].message_id, "c").await, Some(("acked".to_owned(), 1)));
+    assert_eq!(state_of(&store, sent[1].message_id, "c").await, Some(("acked".to_owned(), 0)));
+    assert!(d.delivery_lease_batch(&c, "s", 10, "", at + chrono::Duration::seconds(30), at).await.unwrap().is_empty());
+    assert_eq!(d.delivery_ack_many(&c, &[sent[0].message_id, sent[1].message_id], at).await.unwrap(), 0);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 2));
 }
 
 /// Deliveries the relay cannot push (no room) are pending with count 0 (on PostgreSQL held in
@@ -600,14 +704,14 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), ids[2..], "never the acked ones");
     assert_eq!(d.delivery_ack_many(&c, &ids[2..], at).await.unwrap(), 2);
 
-    // A replay of an acked one while a newer one waits in a batch: each once.
+    // A replay of an acked one and of a newer one that waits in a batch: each once.
     let more = insert(&store, &["t"], at).await;
     assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 1);
     let mut tx = d.begin().await.unwrap();
     assert_eq!(
         d.delivery_replay(&mut tx, "c", &[ids[2], more[0].message_id], at).await.unwrap(),
-        1,
-        "the waiting one is left"
+        2,
+        "the waiting one leaves its batch for a row, as on SQLite"
     );
     tx.commit().await.unwrap();
     let mut again = d.delivery_lease_batch(&c, "s", 10, "", at + chrono::Duration::seconds(30), at).await.unwrap();
@@ -661,4 +765,71 @@ async fn a_postgres_prune_batch_yields_to_the_replica_that_holds_the_prune_lock(
     assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), None, "another replica is pruning");
     other.rollback().await.unwrap();
     assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), Some(Pruned::default()));
+}
+
+/// A replay selects and rewrites the same deliveries on both stores, whatever held them (on
+/// PostgreSQL: the ack log, a pending batch, a row), leaves a leased one alone, and from then on
+/// the replayed delivery is in one place: counted once in every figure, leased once, acked once,
+/// pruned once (T20, T22).
+async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_was<D: Driver>(
+    store: DriverStore<D>,
+    _db: impl Held,
+) {
+    ready(&store).await;
+    let d = store.driver();
+    let at = now();
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let sent = insert(&store, &["t", "t", "t", "t", "t"], at).await;
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    let until = at + chrono::Duration::seconds(30);
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
+    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    // ids[0] acked by its stream, ids[1] still leased, ids[2] made a retry by a lease and a
+    // nack, ids[3..] pending and never delivered.
+    assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);
+    let leased = d.delivery_lease_batch(&c, "s2", 1, "", until, at).await.unwrap();
+    assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), [ids[2]]);
+    let nack = Release {
+        consumer: c.clone(),
+        message_id: ids[2],
+        state: DeliveryState::Pending,
+        available_at: at,
+        error: None,
+    };
+    assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s2"), at).await.unwrap(), 1);
+    assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 1)));
+
+    let everything = ReplayFilter::default();
+    let mut candidates: Vec<MessageId> =
+        d.replay_candidates(&c, &everything, 0, 100).await.unwrap().iter().map(|r| r.message_id).collect();
+    candidates.sort_by_key(|m| m.0);
+    let mut want = vec![ids[0], ids[2], ids[3], ids[4]];
+    want.sort_by_key(|m| m.0);
+    assert_eq!(candidates, want, "every delivery but the leased one");
+
+    let mut tx = d.begin().await.unwrap();
+    assert_eq!(d.delivery_replay(&mut tx, "c", &ids, at).await.unwrap(), 4, "all but the leased one");
+    tx.commit().await.unwrap();
+    assert_eq!(state_of(&store, ids[0], "c").await, Some(("pending".to_owned(), 0)));
+    assert_eq!(state_of(&store, ids[1], "c").await, Some(("leased".to_owned(), 1)), "a lease is left alone");
+    assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 0)), "a fresh count");
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!(
+        (stats[0].backlog, stats[0].in_flight, stats[0].retrying, stats[0].acked),
+        (4, 1, 0, 0),
+        "each delivery in one place"
+    );
+
+    let mut again = d.delivery_lease_batch(&c, "s3", 10, "", until, at).await.unwrap();
+    again.sort_by_key(|l| l.message.seq);
+    let got: Vec<(MessageId, u32)> = again.iter().map(|l| (l.message.message_id, l.delivery_count)).collect();
+    assert_eq!(got, [(ids[0], 1), (ids[2], 1), (ids[3], 1), (ids[4], 1)], "each once, from count 1");
+    assert!(d.delivery_lease_batch(&c, "s3", 10, "", until, at).await.unwrap().is_empty(), "nothing twice");
+    assert_eq!(d.delivery_ack_many(&c, &ids, at).await.unwrap(), 5);
+    assert_eq!(d.delivery_ack_many(&c, &ids, at).await.unwrap(), 0);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 5), "acked once each");
+    let pruned = d.prune_batch(at + chrono::Duration::hours(1), 100).await.unwrap().unwrap();
+    assert_eq!(pruned, Pruned { messages: 5, deliveries: 5 });
 }

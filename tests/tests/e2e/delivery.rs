@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use outbox_client::Message;
 use outbox_proto::v1 as pb;
-use outbox_tests::{Backend, FAST, Outboxd, RawStream, consumer, create_consumer, dur, eventually};
+use outbox_tests::{Backend, DbProxy, FAST, Outboxd, RawStream, consumer, create_consumer, dur, eventually};
 use tonic::Code;
 
 use crate::{WAIT, conformance, setup, stats};
@@ -24,6 +24,7 @@ conformance!(
     health_and_reflection_are_served,
     a_late_ack_after_the_deadline_still_counts,
     a_clean_close_does_not_count_against_what_the_stream_held,
+    a_broken_connection_counts_against_what_the_stream_held_and_dies_at_max_deliveries,
     a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before,
 );
 
@@ -337,6 +338,40 @@ async fn a_clean_close_does_not_count_against_what_the_stream_held(backend: Back
     let again = s.take(1, WAIT).await?.remove(0);
     assert_eq!(again.message_id, d.message_id, "released, not dead-lettered, at max_deliveries 1");
     assert_eq!(stats(&srv, "c").await?.dead, 0);
+    Ok(())
+}
+
+/// T16 (broken) and T17: a connection cut under a stream (no half-close, no reset from the
+/// client: the TCP connection just goes) releases what the stream held at once, due now, with
+/// "stream broke before ack" and the attempt counted; at `max_deliveries` the delivery is dead.
+async fn a_broken_connection_counts_against_what_the_stream_held_and_dies_at_max_deliveries(
+    backend: Backend,
+) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.max_deliveries = 2;
+    create_consumer(&mut srv.admin().await?, c).await?; // 30 s ack deadline: only the break releases
+    let id = db.sql_enqueue("t", "T", b"").await?.to_string();
+    let admin = srv.admin().await?;
+    for attempt in 1..=2u32 {
+        let proxy = DbProxy::start(srv.addr).await?;
+        let mut s = RawStream::open(&format!("http://127.0.0.1:{}", proxy.port), "c", 10).await?;
+        let d = s.take(1, WAIT).await?.remove(0);
+        assert_eq!((d.message_id.as_str(), d.delivery_count), (id.as_str(), attempt));
+        proxy.set_up(false); // the connection is cut
+        let want = if attempt < 2 { pb::delivery_state::State::Pending } else { pb::delivery_state::State::Dead };
+        let row = eventually("the broken stream's release", WAIT, || {
+            let (mut admin, id) = (admin.clone(), id.clone());
+            async move {
+                let m = admin.get_message(pb::GetMessageRequest { message_id: id }).await?.into_inner();
+                Ok(m.deliveries.into_iter().find(|r| r.consumer == "c" && r.state == want as i32))
+            }
+        })
+        .await?;
+        assert_eq!(row.last_error, "stream broke before ack");
+        assert_eq!(row.delivery_count, attempt);
+    }
+    assert_eq!(stats(&srv, "c").await?.dead, 1);
     Ok(())
 }
 

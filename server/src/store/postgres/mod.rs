@@ -898,7 +898,9 @@ impl Driver for PgDriver {
         .await?)
     }
 
-    /// Pushes the deadline of leases this session holds.
+    /// Pushes the deadline of the named leases this session holds, and of no other: a
+    /// batch-held one first becomes a `leased` row of its own (`outbox.unbatch`, as a release
+    /// does), so that the deliveries pushed beside it keep their deadline (T7, as on SQLite).
     async fn delivery_extend_many(
         &self,
         consumer: &ConsumerName,
@@ -907,32 +909,28 @@ impl Driver for PgDriver {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
-        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        // The batches that hold any of them move as a whole: every seq in them is this
-        // session's.
-        let changed: i64 = sqlx::query_scalar(
-            "WITH r AS (
-                UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
-                 WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3
-                RETURNING 1),
-             want AS (
-                SELECT range_agg(int8range(m.seq, m.seq + 1)) AS seqs FROM outbox.messages m
-                 WHERE m.message_id = ANY($2)),
-             b AS (
-                UPDATE outbox.lease_batches b SET lease_expires_at = $4 FROM want w
-                 WHERE b.consumer = $1 AND b.leased_by = $3 AND b.seqs && w.seqs
-                RETURNING b.seqs * w.seqs AS mine)
-             SELECT (SELECT count(*) FROM r)
-                    + coalesce((SELECT sum(upper(x) - lower(x)) FROM b, unnest(b.mine) x), 0)::bigint",
+        let id_list: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        let consumers: Vec<&str> = ids.iter().map(|_| consumer.as_str()).collect();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT outbox.unbatch($1, $2, $3, NULL)")
+            .bind(&consumers)
+            .bind(&id_list)
+            .bind(session)
+            .execute(&mut *tx)
+            .await?;
+        let changed = sqlx::query(
+            "UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
+              WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3",
         )
         .bind(consumer.as_str())
-        .bind(&ids)
+        .bind(&id_list)
         .bind(session)
         .bind(until)
         .bind(now)
-        .fetch_one(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(u64::try_from(changed).unwrap_or(0))
+        tx.commit().await?;
+        Ok(changed.rows_affected())
     }
 
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then
@@ -1361,14 +1359,13 @@ impl Driver for PgDriver {
             q.push("outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = ");
             q.push_bind(consumer.as_str());
             q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
-            // Not held in a lease batch, which is leased too, nor in a pending batch: pending,
-            // due, never delivered already.
-            q.push(" AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = ");
+            // Without a row, a seq held in a lease batch is leased: not a candidate, as a
+            // leased row is not. A row decides for itself, and a seq in a pending batch is
+            // pending: a candidate, as a pending row is on SQLite (`delivery_replay` moves it
+            // out of the batch).
+            q.push(" AND (d.state IS NOT NULL OR NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = ");
             q.push_bind(consumer.as_str());
-            q.push(" AND b.seqs @> m.seq)");
-            q.push(" AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = ");
-            q.push_bind(consumer.as_str());
-            q.push(" AND p.seqs @> m.seq)");
+            q.push(" AND b.seqs @> m.seq))");
         }
         q.push(format_args!(" AND {seq} > ")).push_bind(after_seq);
         if !filter.message_ids.is_empty() {
@@ -1404,7 +1401,10 @@ impl Driver for PgDriver {
             .collect()
     }
 
-    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
+    /// Upserts: bypasses the inbox on purpose and restarts the delivery count. The replayed
+    /// delivery's row becomes its one place: its seq leaves the consumer's pending batches, lease
+    /// batches (where a row already decided it) and ack log in the same transaction, so that no
+    /// reader counts it twice (docs/delivery-states.md, T5, T20–T22).
     async fn delivery_replay(
         &self,
         conn: &mut PgConnection,
@@ -1413,7 +1413,33 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        let done = sqlx::query(
+        let seqs: Vec<i64> = sqlx::query_scalar("SELECT m.seq FROM outbox.messages m WHERE m.message_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?;
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let (lo, hi) = seq_runs(seqs.into_iter());
+        // The batches that hold any of them, locked in the order `outbox.ack_seqs` locks them
+        // (pending, then lease batches): a lease cannot move one of these seqs out of a pending
+        // batch, nor an ack out of a lease batch, between the statement below reading the
+        // batches and this transaction's end. The statement below takes its snapshot after
+        // these locks are held.
+        for table in ["outbox.pending_batches", "outbox.lease_batches"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT b.id FROM {table} b
+                  WHERE b.consumer = $1
+                    AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
+                  ORDER BY b.id FOR UPDATE"
+            )))
+            .bind(consumer)
+            .bind(&lo)
+            .bind(&hi)
+            .execute(&mut *conn)
+            .await?;
+        }
+        let done: i64 = sqlx::query_scalar(
             "WITH unheld AS (
                 -- A key held by a dead message flows again once that message is due again: it
                 -- is the key's head, so the key resumes with it, in order.
@@ -1424,25 +1450,49 @@ impl Driver for PgDriver {
                 UPDATE outbox.consumers c
                    SET backfill_seq = greatest(c.backfill_seq, (SELECT max(m.seq) FROM outbox.messages m
                                                                  WHERE m.message_id = ANY($2)))
-                 WHERE c.name = $1)
+                 WHERE c.name = $1),
+             replayed AS (
              INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
              SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
                FROM outbox.messages m WHERE m.message_id = ANY($2)
-                -- Held in a lease batch: leased, left alone as leased rows are. Held in a
-                -- pending batch: pending and due with no delivery yet, as replay would make it.
-                AND NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
-                AND NOT EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq)
+                -- Held in a lease batch with no row of its own: leased, left alone as leased
+                -- rows are. With a row (acked in the consumer's transaction), the row decides.
+                AND (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
+                     OR EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.message_id = m.message_id))
              ON CONFLICT (message_id, consumer) DO UPDATE
                 SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
                     acked_at = NULL, dead_at = NULL, updated_at = $3
-              WHERE d.state <> 'leased'",
+              WHERE d.state <> 'leased'
+             RETURNING d.seq),
+             gone AS (SELECT coalesce(range_agg(int8range(r.seq, r.seq + 1)), '{}'::int8multirange) AS seqs FROM replayed r),
+             -- The replayed seqs leave every other place: batches and log entries they emptied
+             -- go, the others lose them (two sibling statements on disjoint rows of each table).
+             pending_gone AS (
+                DELETE FROM outbox.pending_batches p USING gone g
+                 WHERE p.consumer = $1 AND p.seqs && g.seqs AND p.seqs <@ g.seqs),
+             pending_cut AS (
+                UPDATE outbox.pending_batches p SET seqs = p.seqs - g.seqs FROM gone g
+                 WHERE p.consumer = $1 AND p.seqs && g.seqs AND NOT p.seqs <@ g.seqs),
+             lease_gone AS (
+                DELETE FROM outbox.lease_batches b USING gone g
+                 WHERE b.consumer = $1 AND b.seqs && g.seqs AND b.seqs <@ g.seqs),
+             lease_cut AS (
+                UPDATE outbox.lease_batches b SET seqs = b.seqs - g.seqs FROM gone g
+                 WHERE b.consumer = $1 AND b.seqs && g.seqs AND NOT b.seqs <@ g.seqs),
+             log_gone AS (
+                DELETE FROM outbox.ack_log a USING gone g
+                 WHERE a.seqs && g.seqs AND a.consumer = $1 AND a.seqs <@ g.seqs),
+             log_cut AS (
+                UPDATE outbox.ack_log a SET seqs = a.seqs - g.seqs FROM gone g
+                 WHERE a.seqs && g.seqs AND a.consumer = $1 AND NOT a.seqs <@ g.seqs)
+             SELECT count(*) FROM replayed",
         )
         .bind(consumer)
         .bind(&ids)
         .bind(now)
-        .execute(conn)
+        .fetch_one(&mut *conn)
         .await?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(done).unwrap_or(0))
     }
 
     async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
