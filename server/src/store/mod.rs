@@ -26,6 +26,8 @@ mod race_tests;
 pub mod records;
 pub mod sqlite;
 #[cfg(test)]
+mod statements_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use std::sync::Arc;

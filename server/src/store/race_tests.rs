@@ -488,7 +488,7 @@ async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
     // Paused right after it took the first batch (its DELETE), its snapshot already taken.
     let (mut conn, paused) = pausable(&db, "pending_batches:DELETE").await;
     let lease = tokio::spawn(async move {
-        let rows = sqlx::query(postgres::LEASE_SQL.as_str())
+        let rows = sqlx::query(postgres::q::DELIVERY_LEASE)
             .bind("c")
             .bind(at)
             .bind(10_i64)

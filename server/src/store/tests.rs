@@ -683,7 +683,7 @@ async fn lease_buffers(pool: &sqlx::PgPool, consumer: &str, generic: bool) -> (i
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "{settings} SET LOCAL plan_cache_mode = {mode};
          PREPARE lease(text, timestamptz, bigint, timestamptz, text, text) AS {}",
-        super::postgres::LEASE_SQL.as_str()
+        super::postgres::q::DELIVERY_LEASE
     )))
     .execute(&mut *tx)
     .await
@@ -825,7 +825,7 @@ async fn a_lease_planned_while_the_table_was_empty_costs_what_it_returns_from_a_
         .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "PREPARE lease(text, timestamptz, bigint, timestamptz, text, text) AS {}",
-        super::postgres::LEASE_SQL.as_str()
+        super::postgres::q::DELIVERY_LEASE
     )))
     .execute(&mut conn)
     .await

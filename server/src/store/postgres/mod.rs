@@ -1,6 +1,5 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
 use std::str::FromStr;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -8,7 +7,7 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
-use sqlx::{Executor, PgConnection, Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{Executor, PgConnection, Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -26,6 +25,12 @@ use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
 
 mod listener;
+
+/// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
+/// time by `build.rs`.
+pub(crate) mod q {
+    include!(concat!(env!("OUT_DIR"), "/postgres_queries.rs"));
+}
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
@@ -101,14 +106,10 @@ pub(crate) const LAST_MIGRATION_WITH_FUNCTIONS: i64 = 14;
 /// Returns whether it applied. Replicas starting together take turns on the table's lock; the
 /// one that comes second finds the version current and writes nothing.
 async fn apply_functions(pool: &PgPool) -> Result<bool> {
-    const DIGEST: &str = "encode(sha256(convert_to($1, 'UTF8')), 'hex')";
     let mut tx = pool.begin().await?;
-    sqlx::query("LOCK TABLE outbox.function_source IN EXCLUSIVE MODE").execute(&mut *tx).await?;
+    sqlx::query(q::FUNCTION_SOURCE_LOCK).execute(&mut *tx).await?;
     let held: Option<(i32, bool)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT revision, digest = {DIGEST} FROM outbox.function_source")))
-            .bind(FUNCTIONS)
-            .fetch_optional(&mut *tx)
-            .await?;
+        sqlx::query_as(q::FUNCTION_SOURCE_HELD).bind(FUNCTIONS).fetch_optional(&mut *tx).await?;
     match held {
         Some((revision, _)) if revision > FUNCTIONS_REVISION => {
             tracing::warn!(
@@ -126,162 +127,10 @@ async fn apply_functions(pool: &PgPool) -> Result<bool> {
         _ => {}
     }
     sqlx::raw_sql(FUNCTIONS).execute(&mut *tx).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO outbox.function_source (id, revision, digest, applied_at) VALUES (true, $2, {DIGEST}, now())
-         ON CONFLICT (id) DO UPDATE
-            SET revision = excluded.revision, digest = excluded.digest, applied_at = excluded.applied_at"
-    )))
-    .bind(FUNCTIONS)
-    .bind(FUNCTIONS_REVISION)
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query(q::FUNCTION_SOURCE_RECORD).bind(FUNCTIONS).bind(FUNCTIONS_REVISION).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(true)
 }
-
-/// The heads of a consumer's ordering keys (the lowest unfinished seq of each key), visited key
-/// by key through `deliveries_key_heads`: one index probe per key, never the messages queued
-/// behind a head. `after_heads` takes the keys after the session's key cursor, then
-/// `before_heads` wraps around to the rest, so that a lease starts where the last one stopped
-/// and no key waits behind keys that sort before it.
-const KEY_HEADS_CTE: &str = r#"
-    after_heads(k, seq, message_id, state, available_at) AS (
-        (SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
-           FROM outbox.deliveries d
-          WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
-            AND d.ordering_key COLLATE "C" > {after}
-          ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1)
-        UNION ALL
-        SELECT n.* FROM after_heads h CROSS JOIN LATERAL (
-            SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
-              FROM outbox.deliveries d
-             WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
-               AND d.ordering_key COLLATE "C" > h.k
-             ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1) n
-    ),
-    before_heads(k, seq, message_id, state, available_at) AS (
-        (SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
-           FROM outbox.deliveries d
-          WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
-            AND d.ordering_key COLLATE "C" <= {after}
-          ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1)
-        UNION ALL
-        SELECT n.* FROM before_heads h CROSS JOIN LATERAL (
-            SELECT d.ordering_key COLLATE "C", d.seq, d.message_id, d.state, d.available_at
-              FROM outbox.deliveries d
-             WHERE d.consumer = $1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
-               AND d.ordering_key COLLATE "C" > h.k AND d.ordering_key COLLATE "C" <= {after}
-             ORDER BY d.ordering_key COLLATE "C", d.seq LIMIT 1) n
-    )"#;
-
-/// One lease, in one statement whose cost follows what it returns, not the backlog
-/// (ADR 0016): unkeyed due deliveries in due order from `deliveries_due_unkeyed`, stopped after
-/// `$3`; the heads of ordering keys (see [`KEY_HEADS_CTE`]) that are pending, due, have nothing
-/// of their key in flight and no earlier message of their key still unrelayed (another
-/// replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
-/// locked (skipping rows other sessions hold) and leased; then, for the room left, the lowest
-/// seqs of the consumer's pending batches that the statement can see
-/// (`outbox.lease_pending_visible`, ADR 0042, 0048, 0056), in the same round trip.
-pub(crate) static LEASE_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH RECURSIVE {}{}",
-        KEY_HEADS_CTE.replace("{after}", "$6"),
-        r#",
-    ready_heads AS (
-        SELECT h.message_id FROM (SELECT * FROM after_heads UNION ALL SELECT * FROM before_heads) h
-         WHERE h.state = 'pending' AND h.available_at <= $2
-           -- Scalar subqueries, not EXISTS: PostgreSQL never turns them into a join that reads
-           -- every row of the other side; each is one probe per head.
-           AND (SELECT 1 FROM outbox.deliveries l
-                 WHERE l.consumer = $1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
-                   AND l.ordering_key COLLATE "C" = h.k
-                 LIMIT 1) IS NULL
-           -- A key held after a dead letter (dead_key_policy 'hold'): one primary-key probe,
-           -- whatever waits behind it.
-           AND (SELECT 1 FROM outbox.held_keys q WHERE q.consumer = $1 AND q.ordering_key = h.k) IS NULL
-           -- An earlier message of the key that the relay has not read can only sit in an
-           -- open gap of the relay cursor (the head itself was read): few, short ranges, read by
-           -- primary key.
-           AND (SELECT 1 FROM outbox.relay_gaps g, unnest(g.seqs) r,
-                       -- LIMIT keeps it a probe per gap range (a range scan of the primary
-                       -- key), never a join the planner could answer by scanning messages.
-                       LATERAL (SELECT 1 FROM outbox.messages u
-                                 WHERE u.seq >= lower(r) AND u.seq < least(upper(r), h.seq)
-                                   AND u.ordering_key = h.k COLLATE "default"
-                                 LIMIT 1) u
-                 LIMIT 1) IS NULL
-         LIMIT $3
-    ),
-    unkeyed AS (
-        -- Locked as it is read, skipping rows other sessions hold, so that streams leasing at
-        -- the same moment take the next rows instead of all reading, then missing, the same.
-        SELECT d.message_id FROM outbox.deliveries d
-         WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL AND d.available_at <= $2
-         ORDER BY d.available_at, d.seq
-         LIMIT $3
-         FOR UPDATE SKIP LOCKED
-    ),
-    cand AS (
-        -- An array of at most 2 x $3 ids, looked up by primary key: never a join or a state
-        -- predicate that the planner could answer with a scan of the consumer's pending
-        -- deliveries. The state is checked by the UPDATE, on the row version it locked.
-        SELECT d.message_id FROM outbox.deliveries d
-         WHERE d.consumer = $1
-           AND d.message_id = ANY (ARRAY(SELECT message_id FROM unkeyed UNION ALL SELECT message_id FROM ready_heads))
-           AND EXISTS (SELECT 1 FROM outbox.consumers p WHERE p.name = $1 AND NOT p.paused)
-         ORDER BY d.seq
-         LIMIT $3
-         FOR UPDATE OF d SKIP LOCKED
-    ),
-    updated AS (
-    -- The ids as an array again, and the messages below by an array too: with no join to
-    -- order, a plan cached while the tables were empty (every estimate one row) cannot drive
-    -- this from a scan of the consumer's deliveries or of the messages.
-    UPDATE outbox.deliveries d
-       SET state = 'leased', delivery_count = d.delivery_count + 1,
-           lease_expires_at = $4, leased_by = $5, updated_at = $2
-     WHERE d.consumer = $1 AND d.message_id = ANY (ARRAY(SELECT message_id FROM cand))
-       -- "pending", written so that it does not match deliveries_pending's predicate: the
-       -- planner must find these rows by primary key, not by scanning every pending one.
-       AND d.state NOT IN ('leased', 'acked', 'dead')
-    RETURNING d.message_id, d.delivery_count
-    ),
-    leased AS (
-    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-           m.enqueued_at, m.available_at, m.relayed_at, u.delivery_count
-      FROM outbox.messages m JOIN updated u ON u.message_id = m.message_id
-     WHERE m.message_id = ANY (ARRAY(SELECT message_id FROM updated))
-    )
-    SELECT * FROM leased
-    UNION ALL
-    -- Batch-held deliveries: the function moves seqs from pending batches into a lease batch;
-    -- their messages are read here, once, by primary key range (ADR 0048). Only from the
-    -- batches this statement can see: their messages are visible to it too (ADR 0056).
-    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-           m.enqueued_at, m.available_at, m.relayed_at, 1
-      FROM unnest(outbox.lease_pending_visible($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5,
-                  ARRAY(SELECT b.id FROM outbox.pending_batches b WHERE b.consumer = $1))) r,
-           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m"#
-    )
-});
-
-/// When the consumer's next pending delivery falls due: the first unkeyed one in due order, the
-/// oldest pending batch (due since it was written), or the earliest pending key head (one probe
-/// per key). `present` is false once it is deleted.
-static NEXT_DUE_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH RECURSIVE {}{}",
-        KEY_HEADS_CTE.replace("{after}", "''"),
-        "
-    SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
-           LEAST(
-               (SELECT d.available_at FROM outbox.deliveries d
-                 WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL
-                 ORDER BY d.available_at, d.seq LIMIT 1),
-               (SELECT b.created_at FROM outbox.pending_batches b WHERE b.consumer = $1 ORDER BY b.id LIMIT 1),
-               (SELECT min(h.available_at) FROM after_heads h WHERE h.state = 'pending')) AS due"
-    )
-});
 
 /// Seqs as runs of consecutive values, `[lo[i], hi[i])`, in order, each seq once.
 fn seq_runs(seqs: impl Iterator<Item = i64>) -> (Vec<i64>, Vec<i64>) {
@@ -318,8 +167,6 @@ pub struct PgDriver {
 
 /// The PostgreSQL store: the composites of [`DriverStore`] over [`PgDriver`].
 pub type PgStore = DriverStore<PgDriver>;
-
-const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, m.enqueued_at, m.available_at, outbox.message_relayed_at(m.seq, m.relayed_at) AS relayed_at";
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
     Ok(StoredMessage {
@@ -379,19 +226,17 @@ pub async fn message_insert<'e, E>(exec: E, msg: &NewMessage, at: Option<DateTim
 where
     E: Executor<'e, Database = Postgres>,
 {
-    let row = sqlx::query(
-        "SELECT id, message_seq, is_duplicate FROM outbox.enqueue_message($1, $2, $3, $4, $5, $6, $7 * interval '1 millisecond', $8)",
-    )
-    .bind(msg.topic.as_str())
-    .bind(&msg.type_)
-    .bind(&msg.payload)
-    .bind(Json(headers_to_json(&msg.headers)))
-    .bind(msg.message_id.map(|m| m.0))
-    .bind(msg.ordering_key.as_deref())
-    .bind(msg.delay.map(ms))
-    .bind(at)
-    .fetch_one(exec)
-    .await?;
+    let row = sqlx::query(q::MESSAGE_INSERT)
+        .bind(msg.topic.as_str())
+        .bind(&msg.type_)
+        .bind(&msg.payload)
+        .bind(Json(headers_to_json(&msg.headers)))
+        .bind(msg.message_id.map(|m| m.0))
+        .bind(msg.ordering_key.as_deref())
+        .bind(msg.delay.map(ms))
+        .bind(at)
+        .fetch_one(exec)
+        .await?;
     Ok(Enqueued {
         message_id: MessageId(row.try_get("id")?),
         seq: row.try_get("message_seq")?,
@@ -480,7 +325,7 @@ impl Driver for PgDriver {
     /// Holds [`CONSUMERS_LOCK`] exclusively until the transaction ends.
     async fn begin_consumer_change(&self) -> Result<Transaction<'static, Postgres>> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
+        sqlx::query(q::CONSUMERS_LOCK).bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
         Ok(tx)
     }
 
@@ -492,16 +337,12 @@ impl Driver for PgDriver {
         if apply_functions(&self.pool).await? {
             tracing::info!("SQL functions applied");
         }
-        sqlx::query(
-            "ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log, outbox.pending_batches",
-        )
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(q::TABLES_ANALYZE).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
-        sqlx::query("UPDATE outbox.settings SET max_payload_bytes = $1 WHERE max_payload_bytes <> $1")
+        sqlx::query(q::SETTINGS_WRITE)
             .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
             .execute(&self.pool)
             .await?;
@@ -518,20 +359,12 @@ impl Driver for PgDriver {
     }
 
     async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.message_id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.0).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(q::MESSAGE_FIND).bind(id.0).fetch_optional(&self.pool).await?;
         row.as_ref().map(message_from_row).transpose()
     }
 
     async fn message_page(&self, conn: &mut PgConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let rows = sqlx::query(
-            "SELECT message_id, seq, topic, ordering_key, available_at FROM outbox.messages
-              WHERE seq > $1 ORDER BY seq LIMIT $2",
-        )
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
         rows.iter()
             .map(|r| {
                 Ok(MessageRef {
@@ -546,10 +379,7 @@ impl Driver for PgDriver {
     }
 
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
-        let row =
-            sqlx::query("SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox.unrelayed_messages")
-                .fetch_one(&self.pool)
-                .await?;
+        let row = sqlx::query(q::MESSAGE_UNRELAYED_SUMMARY).fetch_one(&self.pool).await?;
         Ok((row.try_get("unrelayed")?, row.try_get("oldest")?))
     }
 
@@ -573,7 +403,7 @@ impl Driver for PgDriver {
         // unrelayed again, as the claim is lost with it), and any later durable commit, such
         // as an ack of one of its deliveries, flushes it first. Producers' commits stay
         // durable; so do acks and every admin change.
-        let rows = sqlx::query("SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+        let rows = sqlx::query(q::RELAY_PASS)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(from_seq)
             .bind(now)
@@ -624,12 +454,12 @@ impl Driver for PgDriver {
     }
 
     async fn consumer_find(&self, conn: &mut PgConnection, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query("SELECT * FROM outbox.consumers WHERE name = $1").bind(name).fetch_optional(conn).await?;
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
         row.as_ref().map(consumer_from_row).transpose()
     }
 
     async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
-        let rows = sqlx::query("SELECT * FROM outbox.consumers ORDER BY name").fetch_all(&self.pool).await?;
+        let rows = sqlx::query(q::CONSUMER_LIST).fetch_all(&self.pool).await?;
         rows.iter().map(consumer_from_row).collect()
     }
 
@@ -640,53 +470,30 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<ConsumerRecord> {
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
-        let row = sqlx::query(
-            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq,
-                                           dead_key_policy)
-             VALUES ($1, $2, $3, $4, $5, $6, $7,
-                     CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
-                     $8, $9,
-                     -- The EARLIEST backfill (same transaction) writes rows up to here.
-                     CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END,
-                     $10)
-             RETURNING *",
-        )
-        .bind(spec.name.as_str())
-        .bind(&topics)
-        .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
-        .bind(ms(spec.backoff.base))
-        .bind(ms(spec.backoff.max))
-        .bind(ms(spec.ack_deadline))
-        .bind(spec.start_from.as_str())
-        .bind(now)
-        .bind(spec.sink.as_ref().map(Json))
-        .bind(spec.dead_key_policy.as_str())
-        .fetch_one(conn)
-        .await?;
+        let row = sqlx::query(q::CONSUMER_INSERT)
+            .bind(spec.name.as_str())
+            .bind(&topics)
+            .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
+            .bind(ms(spec.backoff.base))
+            .bind(ms(spec.backoff.max))
+            .bind(ms(spec.ack_deadline))
+            .bind(spec.start_from.as_str())
+            .bind(now)
+            .bind(spec.sink.as_ref().map(Json))
+            .bind(spec.dead_key_policy.as_str())
+            .fetch_one(conn)
+            .await?;
         consumer_from_row(&row)
     }
 
     /// Its inbox rows go by cascade; its batches and ack log entries are deleted here.
     async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
-        let done = sqlx::query(
-            "WITH b AS (DELETE FROM outbox.lease_batches WHERE consumer = $1),
-                  p AS (DELETE FROM outbox.pending_batches WHERE consumer = $1),
-                  a AS (DELETE FROM outbox.ack_log WHERE consumer = $1)
-             DELETE FROM outbox.consumers WHERE name = $1",
-        )
-        .bind(name)
-        .execute(conn)
-        .await?;
+        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query("UPDATE outbox.consumers SET paused = $2 WHERE name = $1 RETURNING *")
-            .bind(name)
-            .bind(paused)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(q::CONSUMER_SET_PAUSED).bind(name).bind(paused).fetch_optional(&self.pool).await?;
         row.as_ref().map(consumer_from_row).transpose()
     }
 
@@ -705,26 +512,20 @@ impl Driver for PgDriver {
         let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
         let keys: Vec<Option<&str>> = messages.iter().map(|m| m.ordering_key.as_deref()).collect();
         let available: Vec<DateTime<Utc>> = messages.iter().map(|m| m.available_at).collect();
-        let done = sqlx::query(
-            "INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-             SELECT r.message_id, $1, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
-               FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::timestamptz[])
-                    AS r(message_id, seq, ordering_key, available_at)
-             ON CONFLICT (message_id, consumer) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(&ids)
-        .bind(&seqs)
-        .bind(&keys)
-        .bind(&available)
-        .bind(now)
-        .execute(conn)
-        .await?;
+        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
+            .bind(consumer)
+            .bind(&ids)
+            .bind(&seqs)
+            .bind(&keys)
+            .bind(&available)
+            .bind(now)
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected())
     }
 
     /// Leases up to `limit` due deliveries of one consumer to a delivery session (see
-    /// [`LEASE_SQL`]). Nothing is leased while the consumer is paused.
+    /// `delivery_lease` in queries/lease.sql). Nothing is leased while the consumer is paused.
     async fn delivery_lease_batch(
         &self,
         consumer: &ConsumerName,
@@ -734,7 +535,7 @@ impl Driver for PgDriver {
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<LeasedDelivery>> {
-        let rows = sqlx::query(LEASE_SQL.as_str())
+        let rows = sqlx::query(q::DELIVERY_LEASE)
             .bind(consumer.as_str())
             .bind(now)
             .bind(limit)
@@ -760,7 +561,7 @@ impl Driver for PgDriver {
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         // Rows and lease batches alike, in one call (ADR 0041).
-        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_batch($1, $2, $3)")
+        let changed: i64 = sqlx::query_scalar(q::DELIVERY_ACK_BATCH)
             .bind(consumer.as_str())
             .bind(&ids)
             .bind(now)
@@ -778,7 +579,7 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let (lo, hi) = seq_runs(held.iter().map(|(_, seq)| *seq));
-        let changed: i64 = sqlx::query_scalar("SELECT outbox.ack_seqs($1, $2, $3, $4)")
+        let changed: i64 = sqlx::query_scalar(q::DELIVERY_ACK_SEQS)
             .bind(consumer.as_str())
             .bind(&lo)
             .bind(&hi)
@@ -809,54 +610,24 @@ impl Driver for PgDriver {
         let mut tx = self.pool.begin().await?;
         // Batch-held first deliveries become leased rows first, so that one statement below
         // decides every release (ADR 0041).
-        sqlx::query("SELECT outbox.unbatch($1, $2, $3, $4)")
+        sqlx::query(q::DELIVERY_UNBATCH)
             .bind(&consumers)
             .bind(&ids)
             .bind(session)
             .bind(expired_at)
             .execute(&mut *tx)
             .await?;
-        let done = sqlx::query(
-            "WITH r AS (
-                SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
-                    AS r(consumer, message_id, state, available_at, last_error)),
-             -- Rows another transaction holds (a consumer's transactional ack in progress) are
-             -- skipped, never waited for: one slow consumer must not stall the sweeper.
-             locked AS (
-                SELECT d.consumer, d.message_id FROM outbox.deliveries d JOIN r USING (consumer, message_id)
-                 WHERE d.state = 'leased'
-                   AND ($7::text IS NULL OR d.leased_by = $7)
-                   AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)
-                 FOR UPDATE OF d SKIP LOCKED),
-             released AS (
-             UPDATE outbox.deliveries d
-                SET state = r.state, available_at = r.available_at,
-                    last_error = coalesce(r.last_error, d.last_error),
-                    lease_expires_at = NULL, leased_by = NULL, updated_at = $6,
-                    dead_at = CASE WHEN r.state = 'dead' THEN $6 END
-               FROM r JOIN locked USING (consumer, message_id)
-              WHERE d.consumer = r.consumer AND d.message_id = r.message_id
-             RETURNING d.consumer, d.message_id, d.seq, d.ordering_key, d.state),
-             -- A keyed delivery that dies holds its key if its consumer says so (ADR 0057), in
-             -- the same statement: no lease can see the dead row without the hold.
-             held AS (
-             INSERT INTO outbox.held_keys (consumer, ordering_key, message_id, seq, held_at)
-             SELECT x.consumer, x.ordering_key, x.message_id, x.seq, $6
-               FROM released x JOIN outbox.consumers c ON c.name = x.consumer
-              WHERE x.state = 'dead' AND x.ordering_key IS NOT NULL AND c.dead_key_policy = 'hold'
-             ON CONFLICT (consumer, ordering_key) DO NOTHING)
-             SELECT count(*) FROM released",
-        )
-        .bind(&consumers)
-        .bind(&ids)
-        .bind(&states)
-        .bind(&due)
-        .bind(&errors)
-        .bind(now)
-        .bind(session)
-        .bind(expired_at)
-        .fetch_one(&mut *tx)
-        .await?;
+        let done = sqlx::query(q::DELIVERY_RELEASE_ROWS)
+            .bind(&consumers)
+            .bind(&ids)
+            .bind(&states)
+            .bind(&due)
+            .bind(&errors)
+            .bind(now)
+            .bind(session)
+            .bind(expired_at)
+            .fetch_one(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(u64::try_from(done.try_get::<i64, _>(0)?).unwrap_or(0))
     }
@@ -864,17 +635,8 @@ impl Driver for PgDriver {
     /// Leases whose deadline has passed, oldest first.
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
         // Expired lease batches become leased rows (count 1) that the query below finds.
-        sqlx::query("SELECT outbox.unbatch(NULL, NULL, NULL, $1)").bind(now).execute(&self.pool).await?;
-        let rows = sqlx::query(
-            "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
-               FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
-              WHERE d.state = 'leased' AND d.lease_expires_at <= $1
-              ORDER BY d.lease_expires_at LIMIT $2",
-        )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        sqlx::query(q::DELIVERY_UNBATCH_EXPIRED).bind(now).execute(&self.pool).await?;
+        let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(now).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 Ok(ExpiredRecord {
@@ -890,12 +652,7 @@ impl Driver for PgDriver {
     }
 
     async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>> {
-        Ok(sqlx::query_scalar(
-            "SELECT least((SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'),
-                          (SELECT min(lease_expires_at) FROM outbox.lease_batches))",
-        )
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(q::DELIVERY_NEXT_EXPIRY).fetch_one(&self.pool).await?)
     }
 
     /// Pushes the deadline of the named leases this session holds, and of no other: a
@@ -912,31 +669,28 @@ impl Driver for PgDriver {
         let id_list: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let consumers: Vec<&str> = ids.iter().map(|_| consumer.as_str()).collect();
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT outbox.unbatch($1, $2, $3, NULL)")
+        sqlx::query(q::DELIVERY_UNBATCH_TO_EXTEND)
             .bind(&consumers)
             .bind(&id_list)
             .bind(session)
             .execute(&mut *tx)
             .await?;
-        let changed = sqlx::query(
-            "UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
-              WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3",
-        )
-        .bind(consumer.as_str())
-        .bind(&id_list)
-        .bind(session)
-        .bind(until)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        let changed = sqlx::query(q::DELIVERY_EXTEND_ROWS)
+            .bind(consumer.as_str())
+            .bind(&id_list)
+            .bind(session)
+            .bind(until)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(changed.rows_affected())
     }
 
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then
-    /// (see [`NEXT_DUE_SQL`]).
+    /// (see `delivery_next_due` in queries/lease.sql).
     async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
-        let row = sqlx::query(NEXT_DUE_SQL.as_str()).bind(consumer).fetch_one(&self.lease_pool).await?;
+        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer).fetch_one(&self.lease_pool).await?;
         if !row.try_get::<bool, _>("present")? {
             return Ok(None);
         }
@@ -951,30 +705,7 @@ impl Driver for PgDriver {
     /// catalogs), a prepared transaction. Sessions of other roles show their `backend_xmin`
     /// but not their details unless outboxd's login has `pg_read_all_stats`.
     async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>> {
-        let row = sqlx::query(
-            "WITH holders AS (
-                SELECT 'transaction' AS kind, pid, coalesce(application_name, '') AS application_name,
-                       coalesce(state, '') AS state, '' AS name,
-                       greatest(age(backend_xmin), age(backend_xid))::bigint AS xmin_age,
-                       coalesce(xact_start, query_start, backend_start) AS since
-                  FROM pg_stat_activity
-                 WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
-                   AND (datname = current_database() OR backend_type = 'walsender')
-                UNION ALL
-                SELECT 'replication_slot', coalesce(active_pid, 0), '',
-                       CASE WHEN active THEN 'active' ELSE 'inactive' END, slot_name::text,
-                       age(xmin)::bigint, NULL::timestamptz
-                  FROM pg_replication_slots WHERE xmin IS NOT NULL
-                UNION ALL
-                SELECT 'prepared_transaction', 0, '', 'prepared', gid, age(transaction)::bigint, prepared
-                  FROM pg_prepared_xacts WHERE database = current_database()
-             )
-             SELECT kind, pid, application_name, state, name, xmin_age, since,
-                    (SELECT min(since) FROM holders) AS longest
-               FROM holders ORDER BY xmin_age DESC, since ASC NULLS LAST LIMIT 1",
-        )
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query(q::VACUUM_HORIZON).fetch_optional(&self.pool).await?;
         row.map(|r| {
             Ok(VacuumHorizon {
                 kind: r.try_get("kind")?,
@@ -991,14 +722,7 @@ impl Driver for PgDriver {
     }
 
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
-        let rows = sqlx::query(
-            "SELECT relname AS table_name, n_live_tup AS live, n_dead_tup AS dead,
-                    pg_total_relation_size(relid) AS bytes,
-                    greatest(last_vacuum, last_autovacuum) AS last_vacuum
-               FROM pg_stat_user_tables WHERE schemaname = 'outbox' ORDER BY relname",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::TABLE_HEALTH).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(TableHealth {
@@ -1018,8 +742,7 @@ impl Driver for PgDriver {
     /// time and the others skip the round.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
         let mut conn = self.pool.acquire().await?;
-        let locked: bool =
-            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
+        let locked: bool = sqlx::query_scalar(q::VACUUM_LOCK_TRY).bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
         if !locked {
             return Ok(Vec::new());
         }
@@ -1036,7 +759,7 @@ impl Driver for PgDriver {
                 }
             }
         }
-        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)").bind(VACUUM_LOCK).execute(&mut *conn).await;
+        let unlocked = sqlx::query(q::VACUUM_UNLOCK).bind(VACUUM_LOCK).execute(&mut *conn).await;
         if unlocked.is_err() {
             conn.close_on_drop();
         }
@@ -1120,25 +843,9 @@ impl Driver for PgDriver {
         limit: i64,
         with_payloads: bool,
     ) -> Result<Vec<DeadLetter>> {
-        let columns = if with_payloads {
-            MESSAGE_COLUMNS.to_owned()
-        } else {
-            MESSAGE_COLUMNS.replace("m.payload", "''::bytea AS payload").replace("m.headers", "'{}'::jsonb AS headers")
-        };
-        let sql = format!(
-            "SELECT {columns}, d.consumer, d.delivery_count, d.last_error, d.dead_at
-               FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
-              WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
-                AND ($4::text IS NULL OR d.last_error = $4)
-              ORDER BY d.seq LIMIT $3"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(consumer)
-            .bind(after_seq)
-            .bind(limit)
-            .bind(last_error)
-            .fetch_all(&self.pool)
-            .await?;
+        let sql = if with_payloads { q::DEAD_LETTER_PAGE } else { q::DEAD_LETTER_PAGE_WITHOUT_BODIES };
+        let rows =
+            sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit).bind(last_error).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(DeadLetter {
@@ -1155,30 +862,13 @@ impl Driver for PgDriver {
     /// Counted and dated from `deliveries_dead_errors` alone; the topics and types of a group
     /// from its first dead letters, their messages read by primary key.
     async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
-        let rows = sqlx::query(
-            "WITH g AS (
-                SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last
-                  FROM outbox.deliveries d
-                 WHERE d.consumer = $1 AND d.state = 'dead'
-                 GROUP BY d.last_error
-                 ORDER BY n DESC, d.last_error NULLS LAST
-                 LIMIT $2)
-             SELECT g.*, s.topics, s.types
-               FROM g CROSS JOIN LATERAL (
-                SELECT coalesce((array_agg(DISTINCT m.topic ORDER BY m.topic))[1:$3], '{}') AS topics,
-                       coalesce((array_agg(DISTINCT m.type ORDER BY m.type))[1:$3], '{}') AS types
-                  FROM (SELECT d.message_id FROM outbox.deliveries d
-                         WHERE d.consumer = $1 AND d.state = 'dead' AND d.last_error = g.last_error
-                         ORDER BY d.seq LIMIT $4) x
-                  JOIN outbox.messages m ON m.message_id = x.message_id) s
-              ORDER BY g.n DESC, g.last_error NULLS LAST",
-        )
-        .bind(consumer)
-        .bind(limit)
-        .bind(DeadGroup::NAMES_SHOWN as i32)
-        .bind(DeadGroup::SAMPLED)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::DEAD_LETTER_GROUPS)
+            .bind(consumer)
+            .bind(limit)
+            .bind(DeadGroup::NAMES_SHOWN as i32)
+            .bind(DeadGroup::SAMPLED)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(DeadGroup {
@@ -1203,48 +893,25 @@ impl Driver for PgDriver {
         limit: i64,
         scan: i64,
     ) -> Result<SearchPage> {
-        let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT CASE WHEN $1::timestamptz IS NULL THEN 0
-                         ELSE (SELECT seq FROM outbox.messages WHERE enqueued_at >= $1 ORDER BY enqueued_at, seq LIMIT 1) END,
-                    CASE WHEN $2::timestamptz IS NULL THEN 9223372036854775807
-                         ELSE (SELECT seq + 1 FROM outbox.messages WHERE enqueued_at < $2
-                                ORDER BY enqueued_at DESC, seq DESC LIMIT 1) END",
-        )
-        .bind(query.after)
-        .bind(query.before)
-        .fetch_one(&self.pool)
-        .await?;
+        let (lower, upper): (Option<i64>, Option<i64>) =
+            sqlx::query_as(q::MESSAGE_SEARCH_BOUNDS).bind(query.after).bind(query.before).fetch_one(&self.pool).await?;
         let (Some(lower), Some(upper)) = (lower, upper) else {
             return Ok(SearchPage::default());
         };
         let upper = before_seq.map_or(upper, |c| c.min(upper));
-        let window =
-            "SELECT m.seq FROM outbox.messages m WHERE m.seq < $1 AND m.seq >= $2 ORDER BY m.seq DESC LIMIT $3";
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "WITH w AS ({window})
-             SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
-                    (SELECT count(*) FROM w) AS scanned, (SELECT min(seq) FROM w) AS lowest
-               FROM outbox.messages m
-              WHERE m.seq IN (SELECT seq FROM w)
-                AND ($4::text IS NULL OR m.topic = $4)
-                AND ($5::text IS NULL OR m.type = $5)
-                AND ($6::text IS NULL OR m.ordering_key = $6)
-                AND ($7::timestamptz IS NULL OR m.enqueued_at >= $7)
-                AND ($8::timestamptz IS NULL OR m.enqueued_at < $8)
-              ORDER BY m.seq DESC LIMIT $9"
-        )))
-        .bind(upper)
-        .bind(lower)
-        .bind(scan)
-        .bind(query.topic.as_deref())
-        .bind(query.type_.as_deref())
-        .bind(query.ordering_key.as_deref())
-        .bind(query.after)
-        .bind(query.before)
-        .bind(limit)
-        .persistent(false)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::MESSAGE_SEARCH_WINDOW)
+            .bind(upper)
+            .bind(lower)
+            .bind(scan)
+            .bind(query.topic.as_deref())
+            .bind(query.type_.as_deref())
+            .bind(query.ordering_key.as_deref())
+            .bind(query.after)
+            .bind(query.before)
+            .bind(limit)
+            .persistent(false)
+            .fetch_all(&self.pool)
+            .await?;
         let messages = rows
             .iter()
             .map(|r| {
@@ -1262,7 +929,7 @@ impl Driver for PgDriver {
         let (scanned, lowest): (i64, Option<i64>) = match rows.first() {
             Some(r) => (r.try_get("scanned")?, r.try_get("lowest")?),
             None => {
-                sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*), min(seq) FROM ({window}) w")))
+                sqlx::query_as(q::MESSAGE_SEARCH_WINDOW_SIZE)
                     .bind(upper)
                     .bind(lower)
                     .bind(scan)
@@ -1276,49 +943,19 @@ impl Driver for PgDriver {
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
         // Its rows, then what lease batches and the ack log say for the consumers without one.
-        let rows = sqlx::query(
-            "WITH m AS (SELECT * FROM outbox.messages WHERE message_id = $1),
-             own AS (SELECT d.consumer, d.state, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error,
-                            d.created_at, d.updated_at, d.acked_at, d.dead_at
-                       FROM outbox.deliveries d WHERE d.message_id = $1),
-             batched AS (SELECT b.consumer, 'leased'::text AS state, 1 AS delivery_count, m.available_at,
-                                b.lease_expires_at, NULL::text AS last_error, b.created_at, b.created_at AS updated_at,
-                                NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
-                           FROM m JOIN outbox.lease_batches b ON b.seqs @> m.seq
-                          WHERE b.consumer NOT IN (SELECT consumer FROM own)),
-             waiting AS (SELECT p.consumer, 'pending'::text AS state, 0 AS delivery_count, m.available_at,
-                                NULL::timestamptz AS lease_expires_at, NULL::text AS last_error, p.created_at,
-                                p.created_at AS updated_at, NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
-                           FROM m JOIN outbox.pending_batches p ON p.seqs @> m.seq
-                          WHERE p.consumer NOT IN (SELECT consumer FROM own)),
-             logged AS (SELECT DISTINCT ON (a.consumer) a.consumer, 'acked'::text AS state, 1 AS delivery_count,
-                               m.available_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-                               coalesce(outbox.message_relayed_at(m.seq, m.relayed_at), a.at) AS created_at,
-                               a.at AS updated_at, a.at AS acked_at, NULL::timestamptz AS dead_at
-                          FROM m JOIN outbox.ack_log a ON a.seqs @> m.seq
-                         WHERE a.consumer NOT IN (SELECT consumer FROM own)
-                           AND a.consumer NOT IN (SELECT consumer FROM batched)
-                         ORDER BY a.consumer, a.at)
-             SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM waiting
-              UNION ALL SELECT * FROM logged
-              ORDER BY consumer",
-        )
-        .bind(id.0)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::DELIVERY_LIST_OF_MESSAGE).bind(id.0).fetch_all(&self.pool).await?;
         rows.iter().map(delivery_from_row).collect()
     }
 
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox.messages m WHERE m.seq > $1 ORDER BY m.seq LIMIT $2");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(q::MESSAGE_LIST_AFTER).bind(after).bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(message_from_row).collect()
     }
 
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
         // The cursor knows where the relay stands; `from_seq` is the SQLite relay's hint.
         let _ = from_seq;
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages)").fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(q::MESSAGE_UNRELAYED_EXISTS).fetch_one(&self.pool).await?)
     }
 
     async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
@@ -1326,18 +963,15 @@ impl Driver for PgDriver {
         // The request holds until the database's clock passes it (the trigger compares with
         // the database's clock too), or until a relay pass that finds work sets it back to 0
         // (server/sql/functions.sql). One statement: the probe costs no extra query.
-        let (found, _): (bool, i64) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM outbox.unrelayed_messages),
-                    setval('outbox.relay_wakeup', ceil(extract(epoch FROM clock_timestamp()) + $1)::bigint)",
-        )
-        .bind(wake_for.as_secs_f64())
-        .fetch_one(&self.pool)
-        .await?;
+        let (found, _): (bool, i64) = sqlx::query_as(q::MESSAGE_UNRELAYED_EXISTS_ASKING_WAKEUP)
+            .bind(wake_for.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?;
         Ok(found)
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox.messages").fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(q::MESSAGE_LAST_SEQ).fetch_one(&self.pool).await?)
     }
 
     async fn replay_candidates(
@@ -1347,48 +981,23 @@ impl Driver for PgDriver {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>> {
-        let mut q = QueryBuilder::<Postgres>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
         // Dead letters are paged by the delivery's seq (the message's), from the dead-letter
-        // indexes; the rest by the message's.
-        let seq = if filter.dead_only { "d.seq" } else { "m.seq" };
-        if filter.dead_only {
-            // Driven by the dead-letter index, not by every message.
-            q.push("outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
-            q.push_bind(consumer.as_str());
-        } else {
-            q.push("outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = ");
-            q.push_bind(consumer.as_str());
-            q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
-            // Without a row, a seq held in a lease batch is leased: not a candidate, as a
-            // leased row is not. A row decides for itself, and a seq in a pending batch is
-            // pending: a candidate, as a pending row is on SQLite (`delivery_replay` moves it
-            // out of the batch).
-            q.push(" AND (d.state IS NOT NULL OR NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = ");
-            q.push_bind(consumer.as_str());
-            q.push(" AND b.seqs @> m.seq))");
-        }
-        q.push(format_args!(" AND {seq} > ")).push_bind(after_seq);
-        if !filter.message_ids.is_empty() {
-            q.push(" AND m.message_id = ANY(")
-                .push_bind(filter.message_ids.iter().map(|m| m.0).collect::<Vec<_>>())
-                .push(")");
-        }
-        if let Some(t) = filter.enqueued_after {
-            q.push(" AND m.enqueued_at >= ").push_bind(t);
-        }
-        if let Some(t) = filter.enqueued_before {
-            q.push(" AND m.enqueued_at < ").push_bind(t);
-        }
-        if !filter.types.is_empty() {
-            q.push(" AND m.type = ANY(").push_bind(&filter.types).push(")");
-        }
-        if let Some(e) = &filter.last_error {
-            q.push(" AND d.last_error = ").push_bind(e);
-        }
-        q.push(format_args!(" ORDER BY {seq} LIMIT ")).push_bind(limit);
-        // Unprepared: the statement's shape varies, and a plan cached on a small table would
-        // not suit a large one.
-        let rows = q.build().persistent(false).fetch_all(&self.pool).await?;
+        // indexes; the rest by the message's. Unprepared: a plan cached for one set of filters
+        // would not suit another, nor one cached on a small table a large one.
+        let sql = if filter.dead_only { q::REPLAY_CANDIDATES_DEAD } else { q::REPLAY_CANDIDATES_ANY };
+        let ids: Vec<Uuid> = filter.message_ids.iter().map(|m| m.0).collect();
+        let rows = sqlx::query(sql)
+            .bind(consumer.as_str())
+            .bind(after_seq)
+            .bind(&ids)
+            .bind(filter.enqueued_after)
+            .bind(filter.enqueued_before)
+            .bind(&filter.types)
+            .bind(filter.last_error.as_deref())
+            .bind(limit)
+            .persistent(false)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(ReplayCandidate {
@@ -1413,10 +1022,7 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        let seqs: Vec<i64> = sqlx::query_scalar("SELECT m.seq FROM outbox.messages m WHERE m.message_id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?;
+        let seqs: Vec<i64> = sqlx::query_scalar(q::MESSAGE_SEQS_OF_IDS).bind(&ids).fetch_all(&mut *conn).await?;
         if seqs.is_empty() {
             return Ok(0);
         }
@@ -1426,96 +1032,22 @@ impl Driver for PgDriver {
         // batch, nor an ack out of a lease batch, between the statement below reading the
         // batches and this transaction's end. The statement below takes its snapshot after
         // these locks are held.
-        for table in ["outbox.pending_batches", "outbox.lease_batches"] {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT b.id FROM {table} b
-                  WHERE b.consumer = $1
-                    AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
-                  ORDER BY b.id FOR UPDATE"
-            )))
-            .bind(consumer)
-            .bind(&lo)
-            .bind(&hi)
-            .execute(&mut *conn)
-            .await?;
+        for lock in [q::PENDING_BATCHES_LOCK_HOLDING, q::LEASE_BATCHES_LOCK_HOLDING] {
+            sqlx::query(lock).bind(consumer).bind(&lo).bind(&hi).execute(&mut *conn).await?;
         }
-        let done: i64 = sqlx::query_scalar(
-            "WITH unheld AS (
-                -- A key held by a dead message flows again once that message is due again: it
-                -- is the key's head, so the key resumes with it, in order.
-                DELETE FROM outbox.held_keys h WHERE h.consumer = $1 AND h.message_id = ANY($2)),
-             seen AS (
-                -- A row for a message the relay has not read yet: the relay must find it there
-                -- instead of pushing the message in a lease batch (see migration 0013).
-                UPDATE outbox.consumers c
-                   SET backfill_seq = greatest(c.backfill_seq, (SELECT max(m.seq) FROM outbox.messages m
-                                                                 WHERE m.message_id = ANY($2)))
-                 WHERE c.name = $1),
-             replayed AS (
-             INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-             SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
-               FROM outbox.messages m WHERE m.message_id = ANY($2)
-                -- Held in a lease batch with no row of its own: leased, left alone as leased
-                -- rows are. With a row (acked in the consumer's transaction), the row decides.
-                AND (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
-                     OR EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.message_id = m.message_id))
-             ON CONFLICT (message_id, consumer) DO UPDATE
-                SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
-                    acked_at = NULL, dead_at = NULL, updated_at = $3
-              WHERE d.state <> 'leased'
-             RETURNING d.seq),
-             gone AS (SELECT coalesce(range_agg(int8range(r.seq, r.seq + 1)), '{}'::int8multirange) AS seqs FROM replayed r),
-             -- The replayed seqs leave every other place: batches and log entries they emptied
-             -- go, the others lose them (two sibling statements on disjoint rows of each table).
-             pending_gone AS (
-                DELETE FROM outbox.pending_batches p USING gone g
-                 WHERE p.consumer = $1 AND p.seqs && g.seqs AND p.seqs <@ g.seqs),
-             pending_cut AS (
-                UPDATE outbox.pending_batches p SET seqs = p.seqs - g.seqs FROM gone g
-                 WHERE p.consumer = $1 AND p.seqs && g.seqs AND NOT p.seqs <@ g.seqs),
-             lease_gone AS (
-                DELETE FROM outbox.lease_batches b USING gone g
-                 WHERE b.consumer = $1 AND b.seqs && g.seqs AND b.seqs <@ g.seqs),
-             lease_cut AS (
-                UPDATE outbox.lease_batches b SET seqs = b.seqs - g.seqs FROM gone g
-                 WHERE b.consumer = $1 AND b.seqs && g.seqs AND NOT b.seqs <@ g.seqs),
-             log_gone AS (
-                DELETE FROM outbox.ack_log a USING gone g
-                 WHERE a.seqs && g.seqs AND a.consumer = $1 AND a.seqs <@ g.seqs),
-             log_cut AS (
-                UPDATE outbox.ack_log a SET seqs = a.seqs - g.seqs FROM gone g
-                 WHERE a.seqs && g.seqs AND a.consumer = $1 AND NOT a.seqs <@ g.seqs)
-             SELECT count(*) FROM replayed",
-        )
-        .bind(consumer)
-        .bind(&ids)
-        .bind(now)
-        .fetch_one(&mut *conn)
-        .await?;
+        let done: i64 =
+            sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
         Ok(u64::try_from(done).unwrap_or(0))
     }
 
     async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
-        let rows = sqlx::query(
-            r#"SELECT h.ordering_key, h.message_id, h.held_at, d.last_error,
-                      -- Through deliveries_key_heads, stopped at the cap.
-                      (SELECT count(*) FROM (SELECT 1 FROM outbox.deliveries w
-                                              WHERE w.consumer = h.consumer AND w.ordering_key IS NOT NULL
-                                                AND w.ordering_key COLLATE "C" = h.ordering_key
-                                                AND w.state IN ('pending', 'leased')
-                                              LIMIT $4) w) AS waiting
-                 FROM outbox.held_keys h
-                 LEFT JOIN outbox.deliveries d ON d.message_id = h.message_id AND d.consumer = h.consumer
-                WHERE h.consumer = $1 AND ($2::text IS NULL OR h.ordering_key = $2)
-                ORDER BY h.held_at, h.ordering_key
-                LIMIT $3"#,
-        )
-        .bind(consumer)
-        .bind(ordering_key)
-        .bind(limit)
-        .bind(HeldKey::WAITING_COUNTED)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::HELD_KEY_LIST)
+            .bind(consumer)
+            .bind(ordering_key)
+            .bind(limit)
+            .bind(HeldKey::WAITING_COUNTED)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(HeldKey {
@@ -1535,21 +1067,15 @@ impl Driver for PgDriver {
         consumer: &str,
         ordering_key: &str,
     ) -> Result<Option<MessageId>> {
-        let id: Option<Uuid> = sqlx::query_scalar(
-            "DELETE FROM outbox.held_keys WHERE consumer = $1 AND ordering_key = $2 RETURNING message_id",
-        )
-        .bind(consumer)
-        .bind(ordering_key)
-        .fetch_optional(conn)
-        .await?;
+        let id: Option<Uuid> =
+            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
         Ok(id.map(MessageId))
     }
 
     /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
         let mut tx = self.pool.begin().await?;
-        let mine: bool =
-            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
+        let mine: bool = sqlx::query_scalar(q::PRUNE_LOCK_TRY).bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
         if !mine {
             tx.rollback().await?;
             return Ok(None);
@@ -1557,72 +1083,17 @@ impl Driver for PgDriver {
         // Folds the acked rows that transactional acks wrote for messages still waiting in a
         // pending batch into the batches (ADR 0042): those seqs leave their batch, so that
         // nothing holds their messages back from the prune below.
-        let folded = sqlx::query(
-            "WITH folded AS (
-                SELECT p.id, range_agg(int8range(d.seq, d.seq + 1)) AS seqs
-                  FROM outbox.pending_batches p
-                  JOIN outbox.deliveries d
-                    ON d.consumer = p.consumer AND d.state = 'acked' AND d.delivery_count = 0
-                   AND d.seq >= lower(p.seqs) AND d.seq < upper(p.seqs) AND d.seq <@ p.seqs
-                 GROUP BY p.id)
-             UPDATE outbox.pending_batches p SET seqs = p.seqs - f.seqs FROM folded f WHERE p.id = f.id",
-        )
-        .execute(&mut *tx)
-        .await?;
+        let folded = sqlx::query(q::PRUNE_FOLD_ACKED_ROWS).execute(&mut *tx).await?;
         if folded.rows_affected() > 0 {
-            sqlx::query("DELETE FROM outbox.pending_batches WHERE isempty(seqs)").execute(&mut *tx).await?;
+            sqlx::query(q::PRUNE_EMPTY_PENDING_BATCHES).execute(&mut *tx).await?;
         }
-        let row = sqlx::query(
-            "WITH doomed AS (
-                SELECT m.message_id, m.seq FROM outbox.messages m
-                 WHERE m.enqueued_at < $1
-                   AND outbox.seq_relayed(m.seq)
-                   AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
-                                    WHERE d.message_id = m.message_id AND d.state <> 'acked')
-                   -- Below every seq a lease batch holds (they are short-lived), and in no
-                   -- pending batch (a detached consumer's backlog holds back its own messages
-                   -- only); each computed once.
-                   AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.lease_batches b),
-                                        9223372036854775807)
-                   AND NOT m.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
-                                       FROM outbox.pending_batches p, unnest(p.seqs) r)
-                 ORDER BY m.enqueued_at LIMIT $2
-                 FOR UPDATE SKIP LOCKED),
-             del AS (DELETE FROM outbox.deliveries d USING doomed
-                      WHERE d.message_id = doomed.message_id RETURNING 1),
-             msg AS (DELETE FROM outbox.messages m USING doomed
-                      WHERE m.message_id = doomed.message_id RETURNING 1),
-             -- Deliveries acked out of a batch have no row: the ack log says who acked them.
-             logged AS (SELECT count(DISTINCT (a.consumer, doomed.seq)) AS n
-                          FROM doomed JOIN outbox.ack_log a ON a.seqs @> doomed.seq)
-             SELECT (SELECT count(*) FROM msg) AS messages,
-                    (SELECT count(*) FROM del) + (SELECT n FROM logged) AS deliveries",
-        )
-        .bind(cutoff)
-        .bind(batch)
-        .fetch_one(&mut *tx)
-        .await?;
+        let row = sqlx::query(q::PRUNE_MESSAGES).bind(cutoff).bind(batch).fetch_one(&mut *tx).await?;
         let messages: i64 = row.try_get("messages")?;
         if messages > 0 {
             // The relay log's rows that name only pruned messages.
-            sqlx::query(
-                "DELETE FROM outbox.relay_log l
-                  WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
-                                                  (SELECT c.position + 1 FROM outbox.relay_cursor c))",
-            )
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(q::PRUNE_RELAY_LOG).execute(&mut *tx).await?;
             // Ack times older than the retention that name no message any more.
-            sqlx::query(
-                "DELETE FROM outbox.ack_log a
-                  WHERE a.at < $1
-                    AND NOT EXISTS (SELECT 1 FROM unnest(a.seqs) r,
-                                    LATERAL (SELECT 1 FROM outbox.messages m
-                                              WHERE m.seq >= lower(r) AND m.seq < upper(r) LIMIT 1) x)",
-            )
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(q::PRUNE_ACK_LOG).bind(cutoff).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(Some(Pruned { messages, deliveries: row.try_get("deliveries")? }))

@@ -20,7 +20,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, QueryBuilder, Row, Sqlite, SqliteExecutor, Transaction};
+use sqlx::{Connection, Row, Sqlite, SqliteExecutor, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::composite::DriverStore;
@@ -34,6 +34,12 @@ use super::{
     SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
+
+/// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
+/// time by `build.rs`.
+pub(crate) mod q {
+    include!(concat!(env!("OUT_DIR"), "/sqlite_queries.rs"));
+}
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
@@ -90,9 +96,6 @@ fn uuid(s: &str) -> Result<MessageId> {
 fn headers_from_text(s: &str) -> std::collections::BTreeMap<String, String> {
     headers_from_json(serde_json::from_str(s).unwrap_or_default())
 }
-
-const MESSAGE_COLUMNS: &str = "m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key, \
-     m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at";
 
 fn message_from_row(row: &SqliteRow) -> Result<StoredMessage> {
     Ok(StoredMessage {
@@ -161,22 +164,17 @@ where
     let id = msg.message_id.unwrap_or_else(MessageId::generate);
     let available = msg.delay.map(|d| us(crate::clock::add(now, d)));
     let headers = serde_json::to_string(&msg.headers).unwrap_or_else(|_| "{}".to_owned());
-    let seq: Option<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox_messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-         ON CONFLICT (message_id) DO NOTHING
-         RETURNING seq",
-    )
-    .bind(id.to_string())
-    .bind(msg.topic.as_str())
-    .bind(&msg.type_)
-    .bind(&msg.payload)
-    .bind(headers)
-    .bind(msg.ordering_key.as_deref())
-    .bind(us(now))
-    .bind(available)
-    .fetch_optional(exec)
-    .await?;
+    let seq: Option<i64> = sqlx::query_scalar(q::MESSAGE_INSERT)
+        .bind(id.to_string())
+        .bind(msg.topic.as_str())
+        .bind(&msg.type_)
+        .bind(&msg.payload)
+        .bind(headers)
+        .bind(msg.ordering_key.as_deref())
+        .bind(us(now))
+        .bind(available)
+        .fetch_optional(exec)
+        .await?;
     Ok(seq)
 }
 
@@ -186,10 +184,7 @@ async fn message_insert_tx(conn: &mut SqliteConnection, msg: &NewMessage, now: D
     if let Some(seq) = message_insert(&mut *conn, &msg, now).await? {
         return Ok(Enqueued { message_id: id, seq, duplicate: false });
     }
-    let seq: i64 = sqlx::query_scalar("SELECT seq FROM outbox_messages WHERE message_id = ?1")
-        .bind(id.to_string())
-        .fetch_one(&mut *conn)
-        .await?;
+    let seq: i64 = sqlx::query_scalar(q::MESSAGE_SEQ_OF_ID).bind(id.to_string()).fetch_one(&mut *conn).await?;
     Ok(Enqueued { message_id: id, seq, duplicate: true })
 }
 
@@ -216,22 +211,11 @@ async fn delivery_insert_many_returning(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let created = sqlx::query(
-        "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, delivery_count, available_at,
-                                        lease_expires_at, leased_by, created_at, updated_at)
-         SELECT json_extract(value, '$.m'), json_extract(value, '$.c'), json_extract(value, '$.s'),
-                json_extract(value, '$.k'),
-                CASE WHEN json_extract(value, '$.l') IS NULL THEN 'pending' ELSE 'leased' END,
-                CASE WHEN json_extract(value, '$.l') IS NULL THEN 0 ELSE 1 END,
-                json_extract(value, '$.a'), json_extract(value, '$.u'), json_extract(value, '$.l'), ?2, ?2
-           FROM json_each(?1) WHERE true
-         ON CONFLICT (message_id, consumer) DO NOTHING
-         RETURNING message_id, consumer, leased_by, lease_expires_at",
-    )
-    .bind(serde_json::Value::Array(rows.to_vec()).to_string())
-    .bind(us(now))
-    .fetch_all(&mut *conn)
-    .await?;
+    let created = sqlx::query(q::DELIVERY_INSERT_MANY)
+        .bind(serde_json::Value::Array(rows.to_vec()).to_string())
+        .bind(us(now))
+        .fetch_all(&mut *conn)
+        .await?;
     created
         .iter()
         .map(|r| {
@@ -245,7 +229,7 @@ async fn delivery_insert_many_returning(
 /// The consumers, decoded: the relay pass matches topics against them.
 /// Every consumer, in name order, on `conn` (the relay's transaction or a pooled connection).
 async fn consumer_records_on(conn: &mut SqliteConnection) -> Result<Vec<ConsumerRecord>> {
-    let rows = sqlx::query("SELECT * FROM outbox_consumers ORDER BY name").fetch_all(&mut *conn).await?;
+    let rows = sqlx::query(q::CONSUMER_LIST).fetch_all(&mut *conn).await?;
     rows.iter().map(consumer_from_row).collect()
 }
 
@@ -303,13 +287,13 @@ impl SqliteDriver {
         used: &mut [usize],
     ) -> Result<RelayOutcome> {
         let mut conn = self.writer.acquire().await?;
-        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+        sqlx::query(q::SYNCHRONOUS_NORMAL).execute(&mut *conn).await?;
         let out = relay_pass_on(&mut conn, limit, from_seq, now, offers, used).await;
         if out.is_err() {
             // Whatever the error left open; an error here only means there was none.
-            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
         }
-        if sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.is_err() {
+        if sqlx::query(q::SYNCHRONOUS_FULL).execute(&mut *conn).await.is_err() {
             // Never hand a connection that commits without the flush to durable writes.
             conn.close_on_drop();
         }
@@ -329,20 +313,10 @@ async fn relay_pass_on(
     used: &mut [usize],
 ) -> Result<RelayOutcome> {
     begin_immediate(conn).await?;
-    let mut claimed = sqlx::query(
-        "UPDATE outbox_messages SET relayed_at = ?2
-              WHERE seq IN (SELECT seq FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?3
-                             ORDER BY seq LIMIT ?1)
-             RETURNING message_id, seq, topic, type, payload, headers, ordering_key, enqueued_at,
-                       coalesce(available_at, enqueued_at) AS available_at, relayed_at",
-    )
-    .bind(limit)
-    .bind(us(now))
-    .bind(from_seq)
-    .fetch_all(&mut *conn)
-    .await?;
+    let mut claimed =
+        sqlx::query(q::MESSAGE_MARK_RELAYED).bind(limit).bind(us(now)).bind(from_seq).fetch_all(&mut *conn).await?;
     if claimed.is_empty() {
-        sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+        sqlx::query(q::ROLLBACK).execute(&mut *conn).await?;
         return Ok(RelayOutcome::default());
     }
     claimed.sort_by_key(|r| r.try_get::<i64, _>("seq").unwrap_or_default());
@@ -384,7 +358,7 @@ async fn relay_pass_on(
         messages.push(m);
     }
     let created = delivery_insert_many_returning(conn, &rows, now).await?;
-    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    sqlx::query(q::COMMIT).execute(&mut *conn).await?;
 
     let mut out = RelayOutcome {
         messages: messages.len() as u64,
@@ -429,7 +403,7 @@ async fn relay_pass_on(
 async fn begin_immediate(conn: &mut SqliteConnection) -> Result<()> {
     let start = std::time::Instant::now();
     loop {
-        match sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+        match sqlx::query(q::BEGIN_IMMEDIATE).execute(&mut *conn).await {
             Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => tokio::time::sleep(WRITE_LOCK_RETRY).await,
             other => return other.map(|_| ()).map_err(Into::into),
         }
@@ -487,16 +461,13 @@ impl Driver for SqliteDriver {
         // On a reader connection, which waits in SQLite's busy handler: a migration may meet a
         // producer's commit, and nothing of this process writes yet.
         MIGRATOR.run(&self.pool).await?;
-        sqlx::query("PRAGMA optimize").execute(&self.pool).await?;
+        sqlx::query(q::OPTIMIZE).execute(&self.pool).await?;
         Ok(())
     }
 
     async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
         let mut tx = self.begin().await?;
-        sqlx::query("UPDATE outbox_settings SET max_payload_bytes = ?1 WHERE max_payload_bytes <> ?1")
-            .bind(max_payload_bytes)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(q::SETTINGS_WRITE).bind(max_payload_bytes).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -526,7 +497,7 @@ impl Driver for SqliteDriver {
         let mut last: Option<i64> = None;
         let mut last_change = std::time::Instant::now();
         loop {
-            match sqlx::query_scalar::<_, i64>("PRAGMA data_version").fetch_one(&mut conn).await {
+            match sqlx::query_scalar::<_, i64>(q::DATA_VERSION).fetch_one(&mut conn).await {
                 Ok(v) => {
                     if last.is_some_and(|l| l != v) {
                         // The receiver is gone only at shutdown.
@@ -576,20 +547,12 @@ impl Driver for SqliteDriver {
     }
 
     async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.message_id = ?1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id.to_string()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(q::MESSAGE_FIND).bind(id.to_string()).fetch_optional(&self.pool).await?;
         row.as_ref().map(message_from_row).transpose()
     }
 
     async fn message_page(&self, conn: &mut SqliteConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let rows = sqlx::query(
-            "SELECT message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at) AS available_at
-               FROM outbox_messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-        )
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
         rows.iter()
             .map(|r| {
                 Ok(MessageRef {
@@ -604,11 +567,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
-        let row = sqlx::query(
-            "SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let row = sqlx::query(q::MESSAGE_UNRELAYED_SUMMARY).fetch_one(&self.pool).await?;
         Ok((row.try_get("unrelayed")?, opt_time(row.try_get("oldest")?)))
     }
 
@@ -631,7 +590,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn consumer_find(&self, conn: &mut SqliteConnection, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query("SELECT * FROM outbox_consumers WHERE name = ?1").bind(name).fetch_optional(conn).await?;
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
         row.as_ref().map(consumer_from_row).transpose()
     }
 
@@ -652,41 +611,31 @@ impl Driver for SqliteDriver {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
-        let row = sqlx::query(
-            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                                           ack_deadline_ms, start_from, start_seq, created_at, sink, dead_key_policy)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
-                     CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8, ?9,
-                     ?10)
-             RETURNING *",
-        )
-        .bind(spec.name.as_str())
-        .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
-        .bind(i64::from(spec.max_deliveries))
-        .bind(ms(spec.backoff.base))
-        .bind(ms(spec.backoff.max))
-        .bind(ms(spec.ack_deadline))
-        .bind(spec.start_from.as_str())
-        .bind(us(now))
-        .bind(sink)
-        .bind(spec.dead_key_policy.as_str())
-        .fetch_one(conn)
-        .await?;
+        let row = sqlx::query(q::CONSUMER_INSERT)
+            .bind(spec.name.as_str())
+            .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
+            .bind(i64::from(spec.max_deliveries))
+            .bind(ms(spec.backoff.base))
+            .bind(ms(spec.backoff.max))
+            .bind(ms(spec.ack_deadline))
+            .bind(spec.start_from.as_str())
+            .bind(us(now))
+            .bind(sink)
+            .bind(spec.dead_key_policy.as_str())
+            .fetch_one(conn)
+            .await?;
         consumer_from_row(&row)
     }
 
     /// Its inbox rows go by cascade (foreign keys are on).
     async fn consumer_delete(&self, conn: &mut SqliteConnection, name: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM outbox_consumers WHERE name = ?1").bind(name).execute(conn).await?;
+        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
         let row = retry_busy(|| {
-            sqlx::query("UPDATE outbox_consumers SET paused = ?2 WHERE name = ?1 RETURNING *")
-                .bind(name)
-                .bind(i64::from(paused))
-                .fetch_optional(&self.writer)
+            sqlx::query(q::CONSUMER_SET_PAUSED).bind(name).bind(i64::from(paused)).fetch_optional(&self.writer)
         })
         .await?;
         row.as_ref().map(consumer_from_row).transpose()
@@ -707,18 +656,12 @@ impl Driver for SqliteDriver {
             .iter()
             .map(|m| json!({"m": m.message_id.to_string(), "s": m.seq, "k": m.ordering_key, "a": us(m.available_at)}))
             .collect();
-        let done = sqlx::query(
-            "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-             SELECT json_extract(value, '$.m'), ?1, json_extract(value, '$.s'),
-                    json_extract(value, '$.k'), 'pending', json_extract(value, '$.a'), ?3, ?3
-               FROM json_each(?2) WHERE true
-             ON CONFLICT (message_id, consumer) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(serde_json::Value::Array(rows).to_string())
-        .bind(us(now))
-        .execute(conn)
-        .await?;
+        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
+            .bind(consumer)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(us(now))
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected())
     }
 
@@ -735,32 +678,15 @@ impl Driver for SqliteDriver {
         let heads = ready_key_heads(&mut tx, consumer, keys_after, limit, now).await?;
         // Unkeyed due deliveries in due order from their own index, stopped after `limit`, and
         // the ready key heads: of both, the `limit` lowest seqs.
-        let leased = sqlx::query(
-            "UPDATE outbox_deliveries
-                SET state = 'leased', delivery_count = delivery_count + 1,
-                    lease_expires_at = ?4, leased_by = ?5, updated_at = ?2
-              WHERE consumer = ?1 AND message_id IN (
-                SELECT c.message_id FROM (
-                    SELECT u.message_id, u.seq FROM (
-                        SELECT d.message_id, d.seq FROM outbox_deliveries d INDEXED BY outbox_deliveries_due_unkeyed
-                         WHERE d.consumer = ?1 AND d.state = 'pending' AND d.ordering_key IS NULL
-                           AND d.available_at <= ?2
-                         ORDER BY d.available_at, d.seq LIMIT ?3) u
-                    UNION ALL
-                    SELECT d.message_id, d.seq FROM outbox_deliveries d
-                     WHERE d.consumer = ?1 AND d.message_id IN (SELECT value FROM json_each(?6))) c
-                 WHERE EXISTS (SELECT 1 FROM outbox_consumers p WHERE p.name = ?1 AND p.paused = 0)
-                 ORDER BY c.seq LIMIT ?3)
-             RETURNING message_id, delivery_count",
-        )
-        .bind(consumer.as_str())
-        .bind(us(now))
-        .bind(limit)
-        .bind(us(lease_until))
-        .bind(session)
-        .bind(serde_json::Value::Array(heads.into_iter().map(|id| json!(id)).collect()).to_string())
-        .fetch_all(&mut *tx)
-        .await?;
+        let leased = sqlx::query(q::DELIVERY_LEASE_ROWS)
+            .bind(consumer.as_str())
+            .bind(us(now))
+            .bind(limit)
+            .bind(us(lease_until))
+            .bind(session)
+            .bind(serde_json::Value::Array(heads.into_iter().map(|id| json!(id)).collect()).to_string())
+            .fetch_all(&mut *tx)
+            .await?;
         if leased.is_empty() {
             tx.rollback().await?;
             return Ok(Vec::new());
@@ -770,11 +696,7 @@ impl Driver for SqliteDriver {
             counts.insert(r.try_get::<String, _>("message_id")?, count(r, "delivery_count")?);
         }
         let ids: Vec<serde_json::Value> = counts.keys().map(|k| json!(k)).collect();
-        let sql = format!(
-            "SELECT {MESSAGE_COLUMNS} FROM outbox_messages m
-              WHERE m.message_id IN (SELECT value FROM json_each(?1)) ORDER BY m.seq"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(q::MESSAGE_LIST_OF_IDS)
             .bind(serde_json::Value::Array(ids).to_string())
             .fetch_all(&mut *tx)
             .await?;
@@ -792,16 +714,14 @@ impl Driver for SqliteDriver {
     }
 
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let done = retry_busy(|| sqlx::query(
-            "UPDATE outbox_deliveries
-                SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
-              WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2)) AND state IN ('leased', 'pending')",
-        )
-        .bind(consumer.as_str())
-        .bind(ids_json(ids))
-        .bind(us(now))
-        .execute(&self.writer)
-        ).await?;
+        let done = retry_busy(|| {
+            sqlx::query(q::DELIVERY_ACK_ROWS)
+                .bind(consumer.as_str())
+                .bind(ids_json(ids))
+                .bind(us(now))
+                .execute(&self.writer)
+        })
+        .await?;
         Ok(done.rows_affected())
     }
 
@@ -829,28 +749,13 @@ impl Driver for SqliteDriver {
         };
         let batch_json = serde_json::Value::Array(batch).to_string();
         let mut tx = self.begin_write().await?;
-        let released: Vec<(String, String, i64, Option<String>, String)> = sqlx::query_as(
-            "UPDATE outbox_deliveries
-                SET state = r.state, available_at = r.available_at,
-                    last_error = coalesce(r.last_error, outbox_deliveries.last_error),
-                    lease_expires_at = NULL, leased_by = NULL, updated_at = ?2,
-                    dead_at = CASE WHEN r.state = 'dead' THEN ?2 END
-               FROM (SELECT json_extract(value, '$.c') AS consumer, json_extract(value, '$.m') AS message_id,
-                            json_extract(value, '$.s') AS state, json_extract(value, '$.a') AS available_at,
-                            json_extract(value, '$.e') AS last_error
-                       FROM json_each(?1)) AS r
-              WHERE outbox_deliveries.consumer = r.consumer AND outbox_deliveries.message_id = r.message_id
-                AND outbox_deliveries.state = 'leased'
-                AND (?3 IS NULL OR outbox_deliveries.leased_by = ?3)
-                AND (?4 IS NULL OR outbox_deliveries.lease_expires_at <= ?4)
-             RETURNING consumer, message_id, seq, ordering_key, state",
-        )
-        .bind(batch_json)
-        .bind(us(now))
-        .bind(session)
-        .bind(expired_at)
-        .fetch_all(&mut *tx)
-        .await?;
+        let released: Vec<(String, String, i64, Option<String>, String)> = sqlx::query_as(q::DELIVERY_RELEASE_ROWS)
+            .bind(batch_json)
+            .bind(us(now))
+            .bind(session)
+            .bind(expired_at)
+            .fetch_all(&mut *tx)
+            .await?;
         // A keyed delivery that dies holds its key if its consumer says so (ADR 0057), in the
         // same transaction: no lease can see the dead row without the hold.
         let dead: Vec<serde_json::Value> = released
@@ -859,33 +764,18 @@ impl Driver for SqliteDriver {
             .map(|(c, m, seq, key, _)| json!({"c": c, "m": m, "s": seq, "k": key}))
             .collect();
         if !dead.is_empty() {
-            sqlx::query(
-                "INSERT OR IGNORE INTO outbox_held_keys (consumer, ordering_key, message_id, seq, held_at)
-                 SELECT json_extract(value, '$.c'), json_extract(value, '$.k'), json_extract(value, '$.m'),
-                        json_extract(value, '$.s'), ?2
-                   FROM json_each(?1)
-                  WHERE (SELECT c.dead_key_policy FROM outbox_consumers c WHERE c.name = json_extract(value, '$.c')) = 'hold'",
-            )
-            .bind(serde_json::Value::Array(dead).to_string())
-            .bind(us(now))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(q::HELD_KEY_INSERT)
+                .bind(serde_json::Value::Array(dead).to_string())
+                .bind(us(now))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(released.len() as u64)
     }
 
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
-        let rows = sqlx::query(
-            "SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
-               FROM outbox_deliveries d JOIN outbox_consumers c ON c.name = d.consumer
-              WHERE d.state = 'leased' AND d.lease_expires_at <= ?1
-              ORDER BY d.lease_expires_at LIMIT ?2",
-        )
-        .bind(us(now))
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(us(now)).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 Ok(ExpiredRecord {
@@ -901,10 +791,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>> {
-        let t: Option<i64> =
-            sqlx::query_scalar("SELECT min(lease_expires_at) FROM outbox_deliveries WHERE state = 'leased'")
-                .fetch_one(&self.pool)
-                .await?;
+        let t: Option<i64> = sqlx::query_scalar(q::DELIVERY_NEXT_EXPIRY).fetch_one(&self.pool).await?;
         Ok(opt_time(t))
     }
 
@@ -917,30 +804,20 @@ impl Driver for SqliteDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let done = retry_busy(|| {
-            sqlx::query(
-                "UPDATE outbox_deliveries SET lease_expires_at = ?4, updated_at = ?5
-              WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))
-                AND state = 'leased' AND leased_by = ?3",
-            )
-            .bind(consumer.as_str())
-            .bind(ids_json(ids))
-            .bind(session)
-            .bind(us(until))
-            .bind(us(now))
-            .execute(&self.writer)
+            sqlx::query(q::DELIVERY_EXTEND_ROWS)
+                .bind(consumer.as_str())
+                .bind(ids_json(ids))
+                .bind(session)
+                .bind(us(until))
+                .bind(us(now))
+                .execute(&self.writer)
         })
         .await?;
         Ok(done.rows_affected())
     }
 
     async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
-        let row = sqlx::query(
-            "SELECT EXISTS (SELECT 1 FROM outbox_consumers WHERE name = ?1) AS present,
-                    (SELECT min(available_at) FROM outbox_deliveries WHERE consumer = ?1 AND state = 'pending') AS due",
-        )
-        .bind(consumer)
-        .fetch_one(&self.pool)
-        .await?;
+        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer).fetch_one(&self.pool).await?;
         if row.try_get::<i64, _>("present")? == 0 {
             return Ok(None);
         }
@@ -956,13 +833,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
-        let row = sqlx::query(
-            "SELECT (SELECT page_count FROM pragma_page_count()) AS pages,
-                    (SELECT freelist_count FROM pragma_freelist_count()) AS free,
-                    (SELECT page_size FROM pragma_page_size()) AS page_size",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let row = sqlx::query(q::TABLE_HEALTH).fetch_one(&self.pool).await?;
         let (pages, free, size): (i64, i64, i64) =
             (row.try_get("pages")?, row.try_get("free")?, row.try_get("page_size")?);
         Ok(vec![TableHealth {
@@ -982,26 +853,7 @@ impl Driver for SqliteDriver {
     /// Each figure from the partial index of its state, so the cost follows the unfinished
     /// work; `acked` (the history) only when asked.
     async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>> {
-        let rows = sqlx::query(
-            "SELECT c.name, c.paused,
-                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS backlog,
-                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS in_flight,
-                    (SELECT count(*) FROM outbox_deliveries d
-                      WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
-                    (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
-                    CASE WHEN ?2 THEN (SELECT count(*) FROM outbox_deliveries d
-                                        WHERE d.consumer = c.name AND d.state = 'acked') ELSE 0 END AS acked,
-                    (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS oldest_pending,
-                    (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS oldest_leased,
-                    (SELECT count(*) FROM outbox_held_keys h WHERE h.consumer = c.name) AS held_keys
-               FROM outbox_consumers c
-              WHERE ?1 IS NULL OR c.name = ?1
-              ORDER BY c.name",
-        )
-        .bind(only)
-        .bind(include_acked)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::CONSUMER_STATS).bind(only).bind(include_acked).fetch_all(&self.pool).await?;
         let mut consumers = Vec::with_capacity(rows.len());
         for r in &rows {
             let oldest_seq =
@@ -1010,7 +862,7 @@ impl Driver for SqliteDriver {
                     (a, b) => a.or(b),
                 };
             let oldest = match oldest_seq {
-                Some(seq) => sqlx::query_scalar::<_, i64>("SELECT enqueued_at FROM outbox_messages WHERE seq = ?1")
+                Some(seq) => sqlx::query_scalar::<_, i64>(q::MESSAGE_ENQUEUED_AT)
                     .bind(seq)
                     .fetch_optional(&self.pool)
                     .await?
@@ -1040,25 +892,9 @@ impl Driver for SqliteDriver {
         limit: i64,
         with_payloads: bool,
     ) -> Result<Vec<DeadLetter>> {
-        let columns = if with_payloads {
-            MESSAGE_COLUMNS.to_owned()
-        } else {
-            MESSAGE_COLUMNS.replace("m.payload", "x'' AS payload").replace("m.headers", "'{}' AS headers")
-        };
-        let sql = format!(
-            "SELECT {columns}, d.consumer, d.delivery_count, d.last_error, d.dead_at
-               FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
-              WHERE d.consumer = ?1 AND d.state = 'dead' AND d.seq > ?2
-                AND (?4 IS NULL OR d.last_error = ?4)
-              ORDER BY d.seq LIMIT ?3"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(consumer)
-            .bind(after_seq)
-            .bind(limit)
-            .bind(last_error)
-            .fetch_all(&self.pool)
-            .await?;
+        let sql = if with_payloads { q::DEAD_LETTER_PAGE } else { q::DEAD_LETTER_PAGE_WITHOUT_BODIES };
+        let rows =
+            sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit).bind(last_error).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(DeadLetter {
@@ -1073,24 +909,17 @@ impl Driver for SqliteDriver {
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
-        let rows = sqlx::query("SELECT * FROM outbox_deliveries WHERE message_id = ?1 ORDER BY consumer")
-            .bind(id.to_string())
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(q::DELIVERY_LIST_OF_MESSAGE).bind(id.to_string()).fetch_all(&self.pool).await?;
         rows.iter().map(delivery_from_row).collect()
     }
 
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
-        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM outbox_messages m WHERE m.seq > ?1 ORDER BY m.seq LIMIT ?2");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(q::MESSAGE_LIST_AFTER).bind(after).bind(limit).fetch_all(&self.pool).await?;
         rows.iter().map(message_from_row).collect()
     }
 
     async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?1)")
-            .bind(from_seq)
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(sqlx::query_scalar(q::MESSAGE_UNRELAYED_EXISTS).bind(from_seq).fetch_one(&self.pool).await?)
     }
 
     async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
@@ -1100,7 +929,7 @@ impl Driver for SqliteDriver {
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM outbox_messages").fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(q::MESSAGE_LAST_SEQ).fetch_one(&self.pool).await?)
     }
 
     async fn replay_candidates(
@@ -1110,38 +939,20 @@ impl Driver for SqliteDriver {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<ReplayCandidate>> {
-        let mut q = QueryBuilder::<Sqlite>::new("SELECT m.message_id, m.seq, m.topic, m.enqueued_at FROM ");
-        let seq = if filter.dead_only { "d.seq" } else { "m.seq" };
-        if filter.dead_only {
-            q.push("outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id WHERE d.state = 'dead' AND d.consumer = ");
-            q.push_bind(consumer.as_str());
-        } else {
-            q.push("outbox_messages m LEFT JOIN outbox_deliveries d ON d.message_id = m.message_id AND d.consumer = ");
-            q.push_bind(consumer.as_str());
-            q.push(" WHERE (d.state IS NULL OR d.state <> 'leased')");
-        }
-        q.push(format_args!(" AND {seq} > ")).push_bind(after_seq);
-        if !filter.message_ids.is_empty() {
-            q.push(" AND m.message_id IN (SELECT value FROM json_each(")
-                .push_bind(ids_json(&filter.message_ids))
-                .push("))");
-        }
-        if let Some(t) = filter.enqueued_after {
-            q.push(" AND m.enqueued_at >= ").push_bind(us(t));
-        }
-        if let Some(t) = filter.enqueued_before {
-            q.push(" AND m.enqueued_at < ").push_bind(us(t));
-        }
-        if !filter.types.is_empty() {
-            q.push(" AND m.type IN (SELECT value FROM json_each(")
-                .push_bind(json!(filter.types).to_string())
-                .push("))");
-        }
-        if let Some(e) = &filter.last_error {
-            q.push(" AND d.last_error = ").push_bind(e.clone());
-        }
-        q.push(format_args!(" ORDER BY {seq} LIMIT ")).push_bind(limit);
-        let rows = q.build().fetch_all(&self.pool).await?;
+        let sql = if filter.dead_only { q::REPLAY_CANDIDATES_DEAD } else { q::REPLAY_CANDIDATES_ANY };
+        let ids = (!filter.message_ids.is_empty()).then(|| ids_json(&filter.message_ids));
+        let types = (!filter.types.is_empty()).then(|| json!(filter.types).to_string());
+        let rows = sqlx::query(sql)
+            .bind(consumer.as_str())
+            .bind(after_seq)
+            .bind(ids)
+            .bind(filter.enqueued_after.map(us))
+            .bind(filter.enqueued_before.map(us))
+            .bind(types)
+            .bind(filter.last_error.as_deref())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(ReplayCandidate {
@@ -1164,56 +975,19 @@ impl Driver for SqliteDriver {
     ) -> Result<u64> {
         // A key held by a dead message flows again once that message is due again: it is the
         // key's head, so the key resumes with it, in order.
-        sqlx::query(
-            "DELETE FROM outbox_held_keys WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2))",
-        )
-        .bind(consumer)
-        .bind(ids_json(ids))
-        .execute(&mut *conn)
-        .await?;
-        let done = sqlx::query(
-            "INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
-             SELECT m.message_id, ?1, m.seq, m.ordering_key, 'pending', ?3, ?3, ?3
-               FROM outbox_messages m WHERE m.message_id IN (SELECT value FROM json_each(?2))
-             ON CONFLICT (message_id, consumer) DO UPDATE
-                SET state = 'pending', delivery_count = 0, available_at = ?3, last_error = NULL,
-                    acked_at = NULL, dead_at = NULL, updated_at = ?3
-              WHERE outbox_deliveries.state <> 'leased'",
-        )
-        .bind(consumer)
-        .bind(ids_json(ids))
-        .bind(us(now))
-        .execute(conn)
-        .await?;
+        sqlx::query(q::HELD_KEY_DELETE_OF_MESSAGES).bind(consumer).bind(ids_json(ids)).execute(&mut *conn).await?;
+        let done =
+            sqlx::query(q::DELIVERY_REPLAY).bind(consumer).bind(ids_json(ids)).bind(us(now)).execute(conn).await?;
         Ok(done.rows_affected())
     }
 
     async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
-        let rows = sqlx::query(
-            "WITH g AS (
-                SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last
-                  FROM outbox_deliveries d
-                 WHERE d.consumer = ?1 AND d.state = 'dead'
-                 GROUP BY d.last_error
-                 ORDER BY n DESC, d.last_error IS NULL, d.last_error
-                 LIMIT ?2)
-             SELECT g.*,
-                    (SELECT json_group_array(DISTINCT m.topic) FROM
-                        (SELECT d.message_id FROM outbox_deliveries d
-                          WHERE d.consumer = ?1 AND d.state = 'dead' AND d.last_error = g.last_error
-                          ORDER BY d.seq LIMIT ?3) x JOIN outbox_messages m ON m.message_id = x.message_id) AS topics,
-                    (SELECT json_group_array(DISTINCT m.type) FROM
-                        (SELECT d.message_id FROM outbox_deliveries d
-                          WHERE d.consumer = ?1 AND d.state = 'dead' AND d.last_error = g.last_error
-                          ORDER BY d.seq LIMIT ?3) x JOIN outbox_messages m ON m.message_id = x.message_id) AS types
-               FROM g
-              ORDER BY g.n DESC, g.last_error IS NULL, g.last_error",
-        )
-        .bind(consumer)
-        .bind(limit)
-        .bind(DeadGroup::SAMPLED)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::DEAD_LETTER_GROUPS)
+            .bind(consumer)
+            .bind(limit)
+            .bind(DeadGroup::SAMPLED)
+            .fetch_all(&self.pool)
+            .await?;
         let names = |text: &str| -> Result<Vec<String>> {
             let mut v: Vec<String> = serde_json::from_str(text)
                 .map_err(|e| StoreError::InvalidValue(format!("dead letter group names: {e}")))?;
@@ -1244,50 +1018,33 @@ impl Driver for SqliteDriver {
     ) -> Result<SearchPage> {
         // A time range first becomes a range of seqs, one probe of the enqueued_at index at
         // each end; the window is then a range of the primary key.
-        let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT CASE WHEN ?1 IS NULL THEN 0
-                         ELSE (SELECT seq FROM outbox_messages WHERE enqueued_at >= ?1 ORDER BY enqueued_at, seq LIMIT 1) END,
-                    CASE WHEN ?2 IS NULL THEN 9223372036854775807
-                         ELSE (SELECT seq + 1 FROM outbox_messages WHERE enqueued_at < ?2
-                                ORDER BY enqueued_at DESC, seq DESC LIMIT 1) END",
-        )
-        .bind(query.after.map(us))
-        .bind(query.before.map(us))
-        .fetch_one(&self.pool)
-        .await?;
+        let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(q::MESSAGE_SEARCH_BOUNDS)
+            .bind(query.after.map(us))
+            .bind(query.before.map(us))
+            .fetch_one(&self.pool)
+            .await?;
         let (Some(lower), Some(upper)) = (lower, upper) else {
             return Ok(SearchPage::default());
         };
         let upper = before_seq.map_or(upper, |c| c.min(upper));
-        let window =
-            "SELECT m.seq FROM outbox_messages m WHERE m.seq < ?1 AND m.seq >= ?2 ORDER BY m.seq DESC LIMIT ?3";
-        let (scanned, lowest): (i64, Option<i64>) =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*), min(seq) FROM ({window})")))
-                .bind(upper)
-                .bind(lower)
-                .bind(scan)
-                .fetch_one(&self.pool)
-                .await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at
-               FROM outbox_messages m
-              WHERE m.seq IN ({window})
-                AND (?4 IS NULL OR m.topic = ?4) AND (?5 IS NULL OR m.type = ?5)
-                AND (?6 IS NULL OR m.ordering_key = ?6)
-                AND (?7 IS NULL OR m.enqueued_at >= ?7) AND (?8 IS NULL OR m.enqueued_at < ?8)
-              ORDER BY m.seq DESC LIMIT ?9"
-        )))
-        .bind(upper)
-        .bind(lower)
-        .bind(scan)
-        .bind(query.topic.as_deref())
-        .bind(query.type_.as_deref())
-        .bind(query.ordering_key.as_deref())
-        .bind(query.after.map(us))
-        .bind(query.before.map(us))
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let (scanned, lowest): (i64, Option<i64>) = sqlx::query_as(q::MESSAGE_SEARCH_WINDOW_SIZE)
+            .bind(upper)
+            .bind(lower)
+            .bind(scan)
+            .fetch_one(&self.pool)
+            .await?;
+        let rows = sqlx::query(q::MESSAGE_SEARCH_WINDOW)
+            .bind(upper)
+            .bind(lower)
+            .bind(scan)
+            .bind(query.topic.as_deref())
+            .bind(query.type_.as_deref())
+            .bind(query.ordering_key.as_deref())
+            .bind(query.after.map(us))
+            .bind(query.before.map(us))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         let messages = rows
             .iter()
             .map(|r| {
@@ -1305,24 +1062,13 @@ impl Driver for SqliteDriver {
     }
 
     async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
-        let rows = sqlx::query(
-            "SELECT h.ordering_key, h.message_id, h.held_at, d.last_error,
-                    (SELECT count(*) FROM (SELECT 1 FROM outbox_deliveries w INDEXED BY outbox_deliveries_ordering
-                                            WHERE w.consumer = h.consumer AND w.ordering_key IS NOT NULL
-                                              AND w.ordering_key = h.ordering_key AND w.state IN ('pending', 'leased')
-                                            LIMIT ?4)) AS waiting
-               FROM outbox_held_keys h
-               LEFT JOIN outbox_deliveries d ON d.message_id = h.message_id AND d.consumer = h.consumer
-              WHERE h.consumer = ?1 AND (?2 IS NULL OR h.ordering_key = ?2)
-              ORDER BY h.held_at, h.ordering_key
-              LIMIT ?3",
-        )
-        .bind(consumer)
-        .bind(ordering_key)
-        .bind(limit)
-        .bind(HeldKey::WAITING_COUNTED)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::HELD_KEY_LIST)
+            .bind(consumer)
+            .bind(ordering_key)
+            .bind(limit)
+            .bind(HeldKey::WAITING_COUNTED)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(HeldKey {
@@ -1342,42 +1088,19 @@ impl Driver for SqliteDriver {
         consumer: &str,
         ordering_key: &str,
     ) -> Result<Option<MessageId>> {
-        let id: Option<String> = sqlx::query_scalar(
-            "DELETE FROM outbox_held_keys WHERE consumer = ?1 AND ordering_key = ?2 RETURNING message_id",
-        )
-        .bind(consumer)
-        .bind(ordering_key)
-        .fetch_optional(conn)
-        .await?;
+        let id: Option<String> =
+            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
         id.as_deref().map(uuid).transpose()
     }
 
     /// One server per file: nobody else prunes, so this never answers `None`.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
         let mut tx = self.begin_write().await?;
-        let doomed: Vec<String> = sqlx::query_scalar(
-            "SELECT m.message_id FROM outbox_messages m
-              WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
-                AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
-                                 WHERE d.message_id = m.message_id AND d.state <> 'acked')
-              ORDER BY m.enqueued_at LIMIT ?2",
-        )
-        .bind(us(cutoff))
-        .bind(batch)
-        .fetch_all(&mut *tx)
-        .await?;
+        let doomed: Vec<String> =
+            sqlx::query_scalar(q::PRUNE_CANDIDATES).bind(us(cutoff)).bind(batch).fetch_all(&mut *tx).await?;
         let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
-        let deliveries =
-            sqlx::query("DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1))")
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        let messages = sqlx::query("DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1))")
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let deliveries = sqlx::query(q::PRUNE_DELIVERIES).bind(&ids).execute(&mut *tx).await?.rows_affected();
+        let messages = sqlx::query(q::PRUNE_MESSAGES).bind(&ids).execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 }))
     }
@@ -1411,19 +1134,12 @@ async fn ready_key_heads(
         let mut after: Option<String> = if upper.is_none() { Some(keys_after.to_owned()) } else { None };
         while ready.len() < limit {
             // One statement per bound shape, so that each is an index range (an `OR` is not).
-            let bounds = match (&after, upper) {
-                (Some(_), None) => "d.ordering_key > ?2",
-                (None, Some(_)) => "d.ordering_key <= ?3",
-                _ => "d.ordering_key > ?2 AND d.ordering_key <= ?3",
+            let sql = match (&after, upper) {
+                (Some(_), None) => q::KEY_HEAD_AFTER,
+                (None, Some(_)) => q::KEY_HEAD_UP_TO,
+                _ => q::KEY_HEAD_BETWEEN,
             };
-            let sql = format!(
-                "SELECT d.ordering_key, d.seq, d.message_id, d.state = 'pending' AND d.available_at <= ?4 AS due
-                   FROM outbox_deliveries d INDEXED BY outbox_deliveries_ordering
-                  WHERE d.consumer = ?1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
-                    AND {bounds}
-                  ORDER BY d.ordering_key, d.seq LIMIT 1"
-            );
-            let head = sqlx::query(sqlx::AssertSqlSafe(sql))
+            let head = sqlx::query(sql)
                 .bind(consumer.as_str())
                 .bind(after.as_deref())
                 .bind(upper)
@@ -1433,21 +1149,12 @@ async fn ready_key_heads(
             let Some(head) = head else { break };
             let key: String = head.try_get("ordering_key")?;
             if head.try_get::<bool, _>("due")? {
-                let blocked: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM outbox_deliveries l INDEXED BY outbox_deliveries_keyed_leased
-                                     WHERE l.consumer = ?1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
-                                       AND l.ordering_key = ?2)
-                         OR EXISTS (SELECT 1 FROM outbox_messages u
-                                     WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
-                                       AND u.ordering_key = ?2 AND u.seq < ?3)
-                         -- Held after a dead letter (ADR 0057): one primary-key probe.
-                         OR EXISTS (SELECT 1 FROM outbox_held_keys h WHERE h.consumer = ?1 AND h.ordering_key = ?2)",
-                )
-                .bind(consumer.as_str())
-                .bind(&key)
-                .bind(head.try_get::<i64, _>("seq")?)
-                .fetch_one(&mut *conn)
-                .await?;
+                let blocked: bool = sqlx::query_scalar(q::KEY_HELD_OR_BLOCKED)
+                    .bind(consumer.as_str())
+                    .bind(&key)
+                    .bind(head.try_get::<i64, _>("seq")?)
+                    .fetch_one(&mut *conn)
+                    .await?;
                 if !blocked {
                     ready.push(head.try_get("message_id")?);
                 }

@@ -1,0 +1,46 @@
+-- name: consumers_lock
+SELECT pg_advisory_xact_lock($1);
+
+-- name: consumer_find
+SELECT * FROM outbox.consumers WHERE name = $1;
+
+-- name: consumer_list
+SELECT * FROM outbox.consumers ORDER BY name;
+
+-- name: consumer_insert
+INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
+                              ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq,
+                              dead_key_policy)
+VALUES ($1, $2, $3, $4, $5, $6, $7,
+        CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
+        $8, $9,
+        -- The EARLIEST backfill (same transaction) writes rows up to here.
+        CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END,
+        $10)
+RETURNING *;
+
+-- name: consumer_delete
+WITH b AS (DELETE FROM outbox.lease_batches WHERE consumer = $1),
+     p AS (DELETE FROM outbox.pending_batches WHERE consumer = $1),
+     a AS (DELETE FROM outbox.ack_log WHERE consumer = $1)
+DELETE FROM outbox.consumers WHERE name = $1;
+
+-- name: consumer_set_paused
+UPDATE outbox.consumers SET paused = $2 WHERE name = $1 RETURNING *;
+
+-- name: held_key_list
+SELECT h.ordering_key, h.message_id, h.held_at, d.last_error,
+      -- Through deliveries_key_heads, stopped at the cap.
+      (SELECT count(*) FROM (SELECT 1 FROM outbox.deliveries w
+                              WHERE w.consumer = h.consumer AND w.ordering_key IS NOT NULL
+                                AND w.ordering_key COLLATE "C" = h.ordering_key
+                                AND w.state IN ('pending', 'leased')
+                              LIMIT $4) w) AS waiting
+ FROM outbox.held_keys h
+ LEFT JOIN outbox.deliveries d ON d.message_id = h.message_id AND d.consumer = h.consumer
+WHERE h.consumer = $1 AND ($2::text IS NULL OR h.ordering_key = $2)
+ORDER BY h.held_at, h.ordering_key
+LIMIT $3;
+
+-- name: held_key_delete
+DELETE FROM outbox.held_keys WHERE consumer = $1 AND ordering_key = $2 RETURNING message_id;

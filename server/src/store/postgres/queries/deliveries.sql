@@ -1,0 +1,213 @@
+-- name: delivery_insert_pending
+INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+SELECT r.message_id, $1, r.seq, r.ordering_key, 'pending', r.available_at, $6, $6
+  FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::timestamptz[])
+       AS r(message_id, seq, ordering_key, available_at)
+ON CONFLICT (message_id, consumer) DO NOTHING;
+
+-- name: delivery_ack_batch
+SELECT outbox.ack_batch($1, $2, $3);
+
+-- name: delivery_ack_seqs
+SELECT outbox.ack_seqs($1, $2, $3, $4);
+
+-- name: delivery_unbatch
+SELECT outbox.unbatch($1, $2, $3, $4);
+
+-- name: delivery_release_rows
+WITH r AS (
+   SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
+       AS r(consumer, message_id, state, available_at, last_error)),
+-- Rows another transaction holds (a consumer's transactional ack in progress) are
+-- skipped, never waited for: one slow consumer must not stall the sweeper.
+locked AS (
+   SELECT d.consumer, d.message_id FROM outbox.deliveries d JOIN r USING (consumer, message_id)
+    WHERE d.state = 'leased'
+      AND ($7::text IS NULL OR d.leased_by = $7)
+      AND ($8::timestamptz IS NULL OR d.lease_expires_at <= $8)
+    FOR UPDATE OF d SKIP LOCKED),
+released AS (
+UPDATE outbox.deliveries d
+   SET state = r.state, available_at = r.available_at,
+       last_error = coalesce(r.last_error, d.last_error),
+       lease_expires_at = NULL, leased_by = NULL, updated_at = $6::timestamptz,
+       dead_at = CASE WHEN r.state = 'dead' THEN $6::timestamptz END
+  FROM r JOIN locked USING (consumer, message_id)
+ WHERE d.consumer = r.consumer AND d.message_id = r.message_id
+RETURNING d.consumer, d.message_id, d.seq, d.ordering_key, d.state),
+-- A keyed delivery that dies holds its key if its consumer says so (ADR 0057), in
+-- the same statement: no lease can see the dead row without the hold.
+held AS (
+INSERT INTO outbox.held_keys (consumer, ordering_key, message_id, seq, held_at)
+SELECT x.consumer, x.ordering_key, x.message_id, x.seq, $6::timestamptz
+  FROM released x JOIN outbox.consumers c ON c.name = x.consumer
+ WHERE x.state = 'dead' AND x.ordering_key IS NOT NULL AND c.dead_key_policy = 'hold'
+ON CONFLICT (consumer, ordering_key) DO NOTHING)
+SELECT count(*) FROM released;
+
+-- name: delivery_unbatch_expired
+SELECT outbox.unbatch(NULL, NULL, NULL, $1);
+
+-- name: delivery_expired_rows
+SELECT d.consumer, d.message_id, d.delivery_count, c.max_deliveries, c.backoff_base_ms, c.backoff_max_ms
+ FROM outbox.deliveries d JOIN outbox.consumers c ON c.name = d.consumer
+WHERE d.state = 'leased' AND d.lease_expires_at <= $1
+ORDER BY d.lease_expires_at LIMIT $2;
+
+-- name: delivery_next_expiry
+SELECT least((SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'),
+(SELECT min(lease_expires_at) FROM outbox.lease_batches));
+
+-- name: delivery_unbatch_to_extend
+SELECT outbox.unbatch($1, $2, $3, NULL);
+
+-- name: delivery_extend_rows
+UPDATE outbox.deliveries SET lease_expires_at = $4, updated_at = $5
+WHERE consumer = $1 AND message_id = ANY($2) AND state = 'leased' AND leased_by = $3;
+
+-- name: dead_letter_groups
+WITH g AS (
+   SELECT d.last_error, count(*) AS n, min(d.dead_at) AS first, max(d.dead_at) AS last
+     FROM outbox.deliveries d
+    WHERE d.consumer = $1 AND d.state = 'dead'
+    GROUP BY d.last_error
+    ORDER BY n DESC, d.last_error NULLS LAST
+    LIMIT $2)
+SELECT g.*, s.topics, s.types
+  FROM g CROSS JOIN LATERAL (
+   SELECT coalesce((array_agg(DISTINCT m.topic ORDER BY m.topic))[1:$3], '{}') AS topics,
+          coalesce((array_agg(DISTINCT m.type ORDER BY m.type))[1:$3], '{}') AS types
+     FROM (SELECT d.message_id FROM outbox.deliveries d
+            WHERE d.consumer = $1 AND d.state = 'dead' AND d.last_error = g.last_error
+            ORDER BY d.seq LIMIT $4) x
+     JOIN outbox.messages m ON m.message_id = x.message_id) s
+ ORDER BY g.n DESC, g.last_error NULLS LAST;
+
+-- name: delivery_list_of_message
+WITH m AS (SELECT * FROM outbox.messages WHERE message_id = $1),
+own AS (SELECT d.consumer, d.state, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error,
+               d.created_at, d.updated_at, d.acked_at, d.dead_at
+          FROM outbox.deliveries d WHERE d.message_id = $1),
+batched AS (SELECT b.consumer, 'leased'::text AS state, 1 AS delivery_count, m.available_at,
+                   b.lease_expires_at, NULL::text AS last_error, b.created_at, b.created_at AS updated_at,
+                   NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
+              FROM m JOIN outbox.lease_batches b ON b.seqs @> m.seq
+             WHERE b.consumer NOT IN (SELECT consumer FROM own)),
+waiting AS (SELECT p.consumer, 'pending'::text AS state, 0 AS delivery_count, m.available_at,
+                   NULL::timestamptz AS lease_expires_at, NULL::text AS last_error, p.created_at,
+                   p.created_at AS updated_at, NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
+              FROM m JOIN outbox.pending_batches p ON p.seqs @> m.seq
+             WHERE p.consumer NOT IN (SELECT consumer FROM own)),
+logged AS (SELECT DISTINCT ON (a.consumer) a.consumer, 'acked'::text AS state, 1 AS delivery_count,
+                  m.available_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
+                  coalesce(outbox.message_relayed_at(m.seq, m.relayed_at), a.at) AS created_at,
+                  a.at AS updated_at, a.at AS acked_at, NULL::timestamptz AS dead_at
+             FROM m JOIN outbox.ack_log a ON a.seqs @> m.seq
+            WHERE a.consumer NOT IN (SELECT consumer FROM own)
+              AND a.consumer NOT IN (SELECT consumer FROM batched)
+            ORDER BY a.consumer, a.at)
+SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM waiting
+ UNION ALL SELECT * FROM logged
+ ORDER BY consumer;
+
+-- name: delivery_replay
+WITH unheld AS (
+   -- A key held by a dead message flows again once that message is due again: it
+   -- is the key's head, so the key resumes with it, in order.
+   DELETE FROM outbox.held_keys h WHERE h.consumer = $1 AND h.message_id = ANY($2)),
+seen AS (
+   -- A row for a message the relay has not read yet: the relay must find it there
+   -- instead of pushing the message in a lease batch (see migration 0013).
+   UPDATE outbox.consumers c
+      SET backfill_seq = greatest(c.backfill_seq, (SELECT max(m.seq) FROM outbox.messages m
+                                                    WHERE m.message_id = ANY($2)))
+    WHERE c.name = $1),
+replayed AS (
+INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
+SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
+  FROM outbox.messages m WHERE m.message_id = ANY($2)
+   -- Held in a lease batch with no row of its own: leased, left alone as leased
+   -- rows are. With a row (acked in the consumer's transaction), the row decides.
+   AND (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
+        OR EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.message_id = m.message_id))
+ON CONFLICT (message_id, consumer) DO UPDATE
+   SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
+       acked_at = NULL, dead_at = NULL, updated_at = $3
+ WHERE d.state <> 'leased'
+RETURNING d.seq),
+gone AS (SELECT coalesce(range_agg(int8range(r.seq, r.seq + 1)), '{}'::int8multirange) AS seqs FROM replayed r),
+-- The replayed seqs leave every other place: batches and log entries they emptied
+-- go, the others lose them (two sibling statements on disjoint rows of each table).
+pending_gone AS (
+   DELETE FROM outbox.pending_batches p USING gone g
+    WHERE p.consumer = $1 AND p.seqs && g.seqs AND p.seqs <@ g.seqs),
+pending_cut AS (
+   UPDATE outbox.pending_batches p SET seqs = p.seqs - g.seqs FROM gone g
+    WHERE p.consumer = $1 AND p.seqs && g.seqs AND NOT p.seqs <@ g.seqs),
+lease_gone AS (
+   DELETE FROM outbox.lease_batches b USING gone g
+    WHERE b.consumer = $1 AND b.seqs && g.seqs AND b.seqs <@ g.seqs),
+lease_cut AS (
+   UPDATE outbox.lease_batches b SET seqs = b.seqs - g.seqs FROM gone g
+    WHERE b.consumer = $1 AND b.seqs && g.seqs AND NOT b.seqs <@ g.seqs),
+log_gone AS (
+   DELETE FROM outbox.ack_log a USING gone g
+    WHERE a.seqs && g.seqs AND a.consumer = $1 AND a.seqs <@ g.seqs),
+log_cut AS (
+   UPDATE outbox.ack_log a SET seqs = a.seqs - g.seqs FROM gone g
+    WHERE a.seqs && g.seqs AND a.consumer = $1 AND NOT a.seqs <@ g.seqs)
+SELECT count(*) FROM replayed;
+
+-- name: dead_letter_page
+-- A page of consumer $1's dead letters in seq order after $2, at most $3, with last error $4
+-- (any when NULL).
+SELECT {{message_columns}}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+  FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+ WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
+   AND ($4::text IS NULL OR d.last_error = $4)
+ ORDER BY d.seq LIMIT $3;
+
+-- name: dead_letter_page_without_bodies
+-- As `dead_letter_page`, without payloads and headers.
+SELECT {{message_columns_without_bodies}}, d.consumer, d.delivery_count, d.last_error, d.dead_at
+  FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+ WHERE d.consumer = $1 AND d.state = 'dead' AND d.seq > $2
+   AND ($4::text IS NULL OR d.last_error = $4)
+ ORDER BY d.seq LIMIT $3;
+
+-- name: pending_batches_lock_holding
+-- Locks consumer $1's pending batches that hold any seq of the runs [$2[i], $3[i]), in id order.
+SELECT b.id FROM outbox.pending_batches b
+ WHERE b.consumer = $1
+   AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
+ ORDER BY b.id FOR UPDATE;
+
+-- name: lease_batches_lock_holding
+-- Locks consumer $1's lease batches that hold any seq of the runs [$2[i], $3[i]), in id order.
+SELECT b.id FROM outbox.lease_batches b
+ WHERE b.consumer = $1
+   AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
+ ORDER BY b.id FOR UPDATE;
+
+-- name: replay_candidates_dead
+-- Consumer $1's dead letters after seq $2 that pass the filters (`replay_filters`), at most $8,
+-- driven by the dead-letter index. Run unprepared, so that each is planned with its filters.
+SELECT m.message_id, m.seq, m.topic, m.enqueued_at
+  FROM outbox.deliveries d JOIN outbox.messages m ON m.message_id = d.message_id
+ WHERE d.state = 'dead' AND d.consumer = $1 AND d.seq > $2
+   {{replay_filters}}
+ ORDER BY d.seq LIMIT $8;
+
+-- name: replay_candidates_any
+-- Consumer $1's messages after seq $2 that pass the filters (`replay_filters`) and are not
+-- leased, at most $8. Without a row, a seq held in a lease batch is leased: not a candidate, as a
+-- leased row is not. A row decides for itself, and a seq in a pending batch is pending: a
+-- candidate, as a pending row is on SQLite (`delivery_replay` moves it out of the batch).
+SELECT m.message_id, m.seq, m.topic, m.enqueued_at
+  FROM outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = $1
+ WHERE (d.state IS NULL OR d.state <> 'leased')
+   AND (d.state IS NOT NULL OR NOT EXISTS (SELECT 1 FROM outbox.lease_batches b
+                                            WHERE b.consumer = $1 AND b.seqs @> m.seq))
+   AND m.seq > $2
+   {{replay_filters}}
+ ORDER BY m.seq LIMIT $8;

@@ -1,0 +1,32 @@
+-- Pieces of SQL that several statements share, included as {{name}}.
+
+-- fragment: message_columns
+-- A message as `message_from_row` reads it.
+m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
+m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at
+
+-- fragment: message_columns_without_bodies
+-- A message as `message_from_row` reads it, with an empty payload and no headers.
+m.message_id, m.seq, m.topic, m.type, x'' AS payload, '{}' AS headers, m.ordering_key,
+m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at
+
+-- fragment: search_window
+-- The `?3` newest seqs below `?1` and from `?2`, by primary key.
+SELECT m.seq FROM outbox_messages m WHERE m.seq < ?1 AND m.seq >= ?2 ORDER BY m.seq DESC LIMIT ?3
+
+-- fragment: key_head
+-- The lowest pending or leased seq of consumer ?1's keys in a key range, and whether it is due
+-- at ?4; each statement that includes it bounds the range with ?2 (exclusive) or ?3 (inclusive),
+-- one bound shape each, so that each is one index range (an `OR` is not).
+SELECT d.ordering_key, d.seq, d.message_id, d.state = 'pending' AND d.available_at <= ?4 AS due
+  FROM outbox_deliveries d INDEXED BY outbox_deliveries_ordering
+ WHERE d.consumer = ?1 AND d.ordering_key IS NOT NULL AND d.state IN ('pending', 'leased')
+
+-- fragment: replay_filters
+-- A replay's filters: messages in the JSON array ?3, enqueued from ?4 and before ?5, types in
+-- the JSON array ?6, last error ?7; each any when NULL.
+AND (?3 IS NULL OR m.message_id IN (SELECT value FROM json_each(?3)))
+AND (?4 IS NULL OR m.enqueued_at >= ?4)
+AND (?5 IS NULL OR m.enqueued_at < ?5)
+AND (?6 IS NULL OR m.type IN (SELECT value FROM json_each(?6)))
+AND (?7 IS NULL OR d.last_error = ?7)

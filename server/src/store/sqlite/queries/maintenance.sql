@@ -1,0 +1,17 @@
+-- name: table_health
+SELECT (SELECT page_count FROM pragma_page_count()) AS pages,
+(SELECT freelist_count FROM pragma_freelist_count()) AS free,
+(SELECT page_size FROM pragma_page_size()) AS page_size;
+
+-- name: prune_candidates
+SELECT m.message_id FROM outbox_messages m
+WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
+                   WHERE d.message_id = m.message_id AND d.state <> 'acked')
+ORDER BY m.enqueued_at LIMIT ?2;
+
+-- name: prune_deliveries
+DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?1));
+
+-- name: prune_messages
+DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1));
