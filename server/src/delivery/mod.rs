@@ -1,6 +1,7 @@
 //! Delivery of leased messages: the [`session`] loop that serves one `Subscribe` stream (or
-//! one sink), its in-flight [`window`] (held leases, room, expiry), a plain struct that tests
-//! drive with a manual clock, the [`Command`]s a client gives its stream, and the [`failed`]
+//! one sink), its in-flight [`window`] (held leases, room, expiry) and its [`pace`] (when it
+//! leases: pending work, turns, timers, batching, backoff), plain structs that tests drive
+//! with explicit times, the [`Command`]s a client gives its stream, and the [`failed`]
 //! rule every failed attempt follows.
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use chrono::{DateTime, Utc};
 use crate::clock;
 use crate::domain::{ConsumerSpec, DeliveryState, MessageId, Release};
 
+pub mod pace;
 pub mod session;
 pub mod window;
 

@@ -24,15 +24,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Command;
+use super::pace::{Next, Pace, until};
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Hub, InFlightBytes, LeaseTurn, PushGuard, PushSlot, TurnGuard};
 use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
-
-/// How long a busy stream may wait for a batch of free slots before it leases anyway.
-const FILL_DELAY: Duration = Duration::from_millis(2);
 
 /// Commands taken from a stream in one pass before they are applied.
 const MAX_COMMANDS_PER_PASS: usize = 512;
@@ -101,26 +99,10 @@ pub struct Session {
     key_cursor: String,
     /// Acks whose write failed; retried on the next pass.
     unwritten_acks: Vec<(MessageId, Held)>,
-    /// Whether pending deliveries may wait for this stream: set by a wake-up or a timer,
-    /// cleared by a lease that found less than it asked for. Acks alone do not make work
-    /// pending (except with an ordering key, whose ack wakes the consumer), so handling them
-    /// costs no lease query.
-    maybe_pending: bool,
-    /// What set `maybe_pending`: the consumer's wake-up count when only wake-ups did (a lease
-    /// by another stream that started after it and drained everything makes this one's
-    /// unnecessary), `None` when a timer or this stream's own state did (it leases whatever).
-    pending_since: Option<u64>,
-    /// Another stream of the consumer was leasing when this one wanted to: it leases when
-    /// that turn is given back.
-    awaits_turn: bool,
-    /// When the consumer's next pending delivery falls due, as last read from the store.
-    store_due: Option<DateTime<Utc>>,
-    /// When a retry this session scheduled falls due.
-    retry_due: Option<DateTime<Utc>>,
+    /// When it leases: pending work, turns, timers, batching, backoff.
+    pace: Pace,
     /// Set once the server shuts down: no more leases, acks until then.
     drain_until: Option<Instant>,
-    last_fill: Instant,
-    error_backoff: Duration,
 }
 
 enum End {
@@ -175,11 +157,6 @@ fn deliver_span(consumer: &str, d: &mut LeasedDelivery) -> tracing::Span {
     span
 }
 
-/// The time left until `t`, zero if it has passed.
-fn until(t: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
-    (t - now).to_std().unwrap_or(Duration::ZERO)
-}
-
 impl Session {
     pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
         let (push_tx, pushed) = mpsc::unbounded_channel();
@@ -193,14 +170,8 @@ impl Session {
             start,
             key_cursor: String::new(),
             unwritten_acks: Vec::new(),
-            maybe_pending: true,
-            pending_since: None,
-            awaits_turn: false,
-            store_due: None,
-            retry_due: None,
+            pace: Pace::new(),
             drain_until: None,
-            last_fill: Instant::now(),
-            error_backoff: Duration::ZERO,
         }
     }
 
@@ -270,7 +241,7 @@ impl Session {
                 let retry = std::mem::take(&mut self.unwritten_acks);
                 self.write_acks(retry).await;
             }
-            let mut sleep_for = self.ctx.poll_interval.min(self.store_due_in(now));
+            let mut sleep_for = self.ctx.poll_interval.min(self.pace.tick(now));
             let woken = *wake.borrow();
             // Seen before trying: a turn given back from now on wakes the loop.
             turn_released.borrow_and_update();
@@ -278,14 +249,6 @@ impl Session {
                 Leased::Again => continue,
                 Leased::Wait(d) => sleep_for = sleep_for.min(d),
                 Leased::End(end) => return end,
-            }
-            if let Some(due) = self.retry_due {
-                if due <= now {
-                    self.retry_due = None;
-                    self.pending(None);
-                    continue;
-                }
-                sleep_for = sleep_for.min(until(due, now));
             }
             if let Some(deadline) = self.window.next_deadline() {
                 sleep_for = sleep_for.min(until(deadline, now));
@@ -296,7 +259,7 @@ impl Session {
             let drain_deadline = self.drain_until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             // With pending work to lease, the relay leaves this stream's room alone, and says so
             // when it gives back room it had taken.
-            let waits_for_room = self.maybe_pending && self.drain_until.is_none();
+            let waits_for_room = self.pace.maybe_pending() && self.drain_until.is_none();
             let credits = self.window.credits().clone();
             credits.set_wants_pending(waits_for_room);
 
@@ -308,7 +271,7 @@ impl Session {
                 Some(batch) = self.pushed.recv() => Event::Pushed(batch),
                 _ = wake.changed() => Event::Signalled(*wake.borrow_and_update()),
                 _ = credits.returned(), if waits_for_room => Event::Woken,
-                _ = turn_released.changed(), if self.awaits_turn => Event::TurnFree,
+                _ = turn_released.changed(), if self.pace.awaits_turn() => Event::TurnFree,
                 _ = out.closed() => Event::Ended(End::Broken),
                 _ = tokio::time::sleep(sleep_for) => Event::Woken,
             };
@@ -339,41 +302,17 @@ impl Session {
                 (!self.send_all(batch, now, out).await).then_some(End::Broken)
             }
             Event::Signalled(count) => {
-                self.pending(Some(count));
+                self.pace.pending(Some(count));
                 None
             }
             Event::Woken => {
-                self.pending(None);
+                self.pace.pending(None);
                 None
             }
             // `maybe_pending` is still set: the loop tries again.
             Event::TurnFree => None,
             Event::Ended(end) => Some(end),
         }
-    }
-
-    /// How long until the store's next due delivery; once it is due, pending work may wait.
-    fn store_due_in(&mut self, now: DateTime<Utc>) -> Duration {
-        match self.store_due {
-            Some(due) if due > now => until(due, now),
-            Some(_) => {
-                self.store_due = None;
-                self.pending(None);
-                Duration::MAX
-            }
-            None => Duration::MAX,
-        }
-    }
-
-    /// Pending work may wait: announced by wake-up `woken`, or (`None`) found by a timer.
-    fn pending(&mut self, woken: Option<u64>) {
-        self.pending_since = match (self.maybe_pending, self.pending_since, woken) {
-            (false, _, w) => w,
-            // Already pending for a reason no drain answers: stays so.
-            (true, None, _) | (true, _, None) => None,
-            (true, Some(a), Some(b)) => Some(a.max(b)),
-        };
-        self.maybe_pending = true;
     }
 
     /// Leases what the window has room for, when pending work may wait for it; `woken` is the
@@ -383,32 +322,23 @@ impl Session {
             return Leased::Wait(Duration::MAX);
         }
         let room = self.window.room();
-        // While the stream is busy, lease in batches (a quarter of the window, at most 64)
-        // rather than one row per ack, waiting at most FILL_DELAY for the batch to fill up; an
-        // idle stream leases at once.
+        // A quarter of the window, at most 64, while the stream is busy.
         let batch = (self.window.max() / 4).clamp(1, 64);
-        let waited = self.last_fill.elapsed();
-        if !self.maybe_pending || room == 0 {
-            // Nothing to lease, or no room: a wake-up, a timer or a freed slot comes first.
-            return Leased::Wait(Duration::MAX);
+        match self.pace.next(room, batch, self.window.is_empty(), Instant::now()) {
+            Next::Idle => return Leased::Wait(Duration::MAX),
+            Next::Fill(d) => return Leased::Wait(d),
+            Next::Lease => {}
         }
-        if room < batch && !self.window.is_empty() && waited < FILL_DELAY {
-            return Leased::Wait(FILL_DELAY - waited);
-        }
-        if self.pending_since.is_some_and(|w| turn.drained_since(w)) {
+        if self.pace.pending_since().is_some_and(|w| turn.drained_since(w)) {
             // Another stream's lease, started after this one's wake-up, took everything due.
-            self.awaits_turn = false;
-            self.maybe_pending = false;
-            self.store_due = turn.next_due().filter(|due| *due > now);
-            return Leased::Wait(self.store_due.map_or(Duration::MAX, |due| until(due, now)));
+            return Leased::Wait(self.pace.drained_by_another(turn.next_due(), now));
         }
         let Some(my_turn) = turn.try_take() else {
             // Another stream of the consumer is leasing; what it leaves, this one leases next.
-            self.awaits_turn = true;
+            self.pace.turn_taken();
             return Leased::Wait(Duration::MAX);
         };
-        self.awaits_turn = false;
-        self.last_fill = Instant::now();
+        self.pace.leasing(Instant::now());
         match self.fill(room, now, out, my_turn).await {
             // The relay took the room meanwhile: try again once it is back.
             Ok(Some((0, _))) => Leased::Wait(Duration::MAX),
@@ -417,33 +347,27 @@ impl Session {
             // Less than asked: nothing more is due now. Find out when the next is (a retry's
             // backoff, a delay); new work comes with a wake-up.
             Ok(Some(_)) => {
-                self.error_backoff = Duration::ZERO;
-                self.maybe_pending = false;
                 turn.drained(woken);
                 let next = self.ctx.store.delivery_next_due(self.consumer()).await;
                 turn.set_next_due(next.as_ref().ok().copied().flatten());
                 match next {
                     // Due already but not leasable: blocked by an ordering key (its ack wakes
                     // us) or a paused consumer (resume does).
-                    Ok(Some(due)) if due > now => {
-                        self.store_due = Some(due);
-                        Leased::Wait(until(due, now))
-                    }
-                    Ok(_) => Leased::Wait(Duration::MAX),
+                    Ok(due) => Leased::Wait(self.pace.drained(due, now)),
                     Err(StoreError::ConsumerNotFound(name)) => {
                         Leased::End(End::Failed(StreamError::ConsumerDeleted(name)))
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "could not read next due time");
-                        Leased::Wait(Duration::MAX)
+                        Leased::Wait(self.pace.drained(None, now))
                     }
                 }
             }
             Ok(None) => Leased::End(End::Broken),
             Err(e) => {
-                self.error_backoff = (self.error_backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
-                tracing::warn!(consumer = %self.consumer(), error = %e, retry_in = ?self.error_backoff, "lease failed");
-                Leased::Wait(self.error_backoff)
+                let retry_in = self.pace.lease_failed();
+                tracing::warn!(consumer = %self.consumer(), error = %e, ?retry_in, "lease failed");
+                Leased::Wait(retry_in)
             }
         }
     }
@@ -561,7 +485,7 @@ impl Session {
             }
             Ok(_) => {
                 metrics::nacked(spec.name.as_str(), false);
-                self.retry_due = Some(self.retry_due.map_or(due, |d| d.min(due)));
+                self.pace.retry_at(due);
             }
             Err(e) => tracing::warn!(consumer = %spec.name, error = %e, "nack failed; the lease will expire instead"),
         }
