@@ -2,12 +2,12 @@
 //! delivery sessions. A wake-up is a counter in a `watch` channel, so a waiter that was busy
 //! when it was signalled still sees the change: no wake-up is lost.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
 use crate::domain::{LeasedDelivery, PushOffer};
 use crate::limits::ByteBudget;
@@ -95,148 +95,155 @@ pub struct InFlightBytes {
     pub unit: usize,
 }
 
-/// How many more deliveries a stream may be given: its `max_in_flight` less what it holds and
-/// what the relay has set aside for it. Shared by the stream's session and the relay, so that
-/// the two together never exceed the window. With a [`ByteBudget`], room is also bounded by
-/// the bytes its principal's streams hold.
-#[derive(Debug, Default)]
-pub struct Credits {
-    free: AtomicUsize,
-    bytes: Option<InFlightBytes>,
-    /// The session has pending deliveries to lease: the relay takes only the smaller half of
-    /// its room (none of its last slot), so that older pending work is not starved by pushes.
-    wants_pending: AtomicBool,
-    /// Signalled when the relay gives back room that such a session is waiting for.
-    returned: Notify,
-    /// Relay passes holding room of this stream that have not handed over what they pushed, by
-    /// the number each got when it took the room (counted by `offered`).
-    passes: std::sync::Mutex<Vec<u64>>,
-    offered: AtomicU64,
-    /// Signalled when such a pass has handed over (or pushed nothing) and given back its room.
-    pass_done: Notify,
+impl InFlightBytes {
+    /// Takes a unit for each of up to `want` slots, as many as the budget has; a shortfall is
+    /// counted as a refusal of `max_in_flight_bytes_per_principal`.
+    pub fn take_units(&self, want: usize) -> usize {
+        let got = self.budget.take_units(want, self.unit);
+        if got < want {
+            crate::limits::refused("max_in_flight_bytes_per_principal");
+        }
+        got
+    }
 }
 
-impl Credits {
-    pub fn new(n: usize) -> Self {
-        Self { free: AtomicUsize::new(n), ..Self::default() }
+/// Room a stream lends the relay, so that a pass can lease new deliveries straight to it.
+///
+/// The stream alone decides how much: it sets the lend, and takes it back, while no pass holds
+/// it ([`Lend::adjust`]). A pass takes the whole lend for its length ([`Lend::take`]) and ends
+/// with one step ([`Lend::hand_over`]) that sends the stream what the pass leased to it and
+/// keeps the rest lent. So at every moment outside that step what the stream counts as lent is
+/// the room here plus the deliveries on their way to it, and the stream can reconcile its room
+/// and its order itself: nothing it counts is changed behind its back.
+///
+/// The lend is a count of slots. A stream whose principal has a byte budget takes the budget's
+/// units only for what a pass holds, when it takes the lend: room lent and unused holds no
+/// bytes, so it never keeps the stream's own leases, or the principal's other streams, from
+/// the budget. Each delivery handed over carries its unit to the stream (see [`Handed`]).
+#[derive(Debug, Default)]
+pub struct Lend {
+    state: Mutex<LendState>,
+    bytes: Option<InFlightBytes>,
+}
+
+#[derive(Debug, Default)]
+struct LendState {
+    room: usize,
+    /// A pass holds the lend, with this many units of the byte budget.
+    taken: Option<usize>,
+    /// Passes that have held the lend and ended.
+    passes: u64,
+    /// The stream wants word when the pass that holds the lend ends, even with nothing for it.
+    wake: bool,
+}
+
+/// What a relay pass hands a stream as it ends, in one message: the deliveries it leased to
+/// the stream, and its number among the passes that held the stream's lend. Each delivery
+/// holds a unit of its principal's byte budget until the stream holds it
+/// ([`Handed::take_deliveries`]); a message dropped unread gives those units back.
+#[derive(Debug)]
+pub struct Handed {
+    deliveries: Vec<LeasedDelivery>,
+    pub pass: u64,
+    bytes: Option<InFlightBytes>,
+}
+
+impl Handed {
+    /// The deliveries, whose units of the byte budget are the taker's from now on (the window
+    /// that holds one settles its unit to its size).
+    pub fn take_deliveries(&mut self) -> Vec<LeasedDelivery> {
+        std::mem::take(&mut self.deliveries)
     }
 
-    /// Room of `n` drawing on `bytes` as well.
-    pub fn bounded(n: usize, bytes: Option<InFlightBytes>) -> Self {
-        Self { free: AtomicUsize::new(n), bytes, ..Self::default() }
-    }
-
-    /// Takes up to `want` (each with a unit of the byte budget, if any); returns how many were
-    /// taken.
-    pub fn take(&self, want: usize) -> usize {
-        let want = match &self.bytes {
-            Some(b) => {
-                let got = b.budget.take_units(want, b.unit);
-                if got < want {
-                    crate::limits::refused("max_in_flight_bytes_per_principal");
-                }
-                got
-            }
-            None => want,
-        };
-        let mut taken = 0;
-        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
-            taken = free.min(want);
-            Some(free - taken)
-        });
+    /// The deliveries, their units given back (they will not be held).
+    fn take_deliveries_giving_back(&mut self) -> Vec<LeasedDelivery> {
+        let deliveries = self.take_deliveries();
         if let Some(b) = &self.bytes {
-            b.budget.give((want - taken) * b.unit);
+            b.budget.give(deliveries.len() * b.unit);
         }
-        taken
+        deliveries
     }
+}
 
-    /// Gives back `n` taken and not used (with their units of the byte budget).
-    pub fn give(&self, n: usize) {
-        if n > 0 {
-            self.free.fetch_add(n, Ordering::AcqRel);
-            if let Some(b) = &self.bytes {
-                b.budget.give(n * b.unit);
-            }
-        }
-    }
-
-    /// A slot taken is now a delivery of `bytes`: what its unit reserved beyond that goes back.
-    pub fn settle(&self, bytes: usize) {
+impl Drop for Handed {
+    fn drop(&mut self) {
         if let Some(b) = &self.bytes {
-            b.budget.give(b.unit.saturating_sub(bytes));
+            b.budget.give(self.deliveries.len() * b.unit);
         }
     }
+}
 
-    /// A delivery of `bytes` (settled) left the stream: its slot and its bytes come back.
-    pub fn give_held(&self, bytes: usize) {
-        self.free.fetch_add(1, Ordering::AcqRel);
-        self.release_bytes(bytes);
+impl Lend {
+    /// A lend whose passes take units of a principal's byte budget (none without one).
+    pub fn bounded(bytes: Option<InFlightBytes>) -> Self {
+        Self { state: Mutex::default(), bytes }
     }
 
-    /// A delivery of `bytes` (settled) left the stream, which takes no more: only its bytes
-    /// come back, to the principal's other streams.
-    pub fn release_bytes(&self, bytes: usize) {
-        if let Some(b) = &self.bytes {
-            b.budget.give(bytes.min(b.unit));
-        }
-    }
-
-    pub fn available(&self) -> usize {
-        self.free.load(Ordering::Acquire)
-    }
-
-    /// What the session says about pending work (see `wants_pending`).
-    pub fn set_wants_pending(&self, wants: bool) {
-        self.wants_pending.store(wants, Ordering::Release);
-    }
-
-    /// Room given back by the relay, while the session wants to lease pending work.
-    pub async fn returned(&self) {
-        self.returned.notified().await;
-    }
-
-    /// The relay's side of giving back: wakes a session that waits for room.
-    fn give_back(&self, n: usize) {
-        self.give(n);
-        if n > 0 && self.wants_pending.load(Ordering::Acquire) {
-            self.returned.notify_one();
-        }
-    }
-
-    /// Waits until no relay pass holds room of this stream without having handed over what it
-    /// pushed: whatever a pass that committed before now pushed to this stream is then in the
-    /// stream's channel. A session calls it before sending what it leased, so that a lower seq
-    /// pushed by a concurrent pass is not sent after a higher one it leased (guarantee 6).
-    /// Passes that take room later are not waited for: a busy relay cannot hold a session up.
-    pub async fn passes_handed_over(&self) {
-        let upto = self.offered.load(Ordering::Acquire);
-        loop {
-            let done = self.pass_done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if !self.in_pass().iter().any(|p| *p < upto) {
-                return;
-            }
-            done.await;
-        }
-    }
-
-    fn in_pass(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+    fn state(&self) -> std::sync::MutexGuard<'_, LendState> {
         // Plain numbers: a panic elsewhere cannot leave them half-written.
-        self.passes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A relay pass takes room: its number, until [`Credits::pass_over`].
-    fn pass_begins(&self) -> u64 {
-        let mut passes = self.in_pass();
-        let n = self.offered.fetch_add(1, Ordering::AcqRel);
-        passes.push(n);
-        n
+    /// The stream's side: while no pass holds the lend, `set` gets the room lent now and returns
+    /// the room to lend from now on; `false` (and `set` is not called) while a pass holds it.
+    pub fn adjust(&self, set: impl FnOnce(usize) -> usize) -> bool {
+        let mut s = self.state();
+        if s.taken.is_some() {
+            return false;
+        }
+        s.room = set(s.room);
+        true
     }
 
-    fn pass_over(&self, n: u64) {
-        self.in_pass().retain(|p| *p != n);
-        self.pass_done.notify_waiters();
+    /// The number the pass that holds the lend will carry in its [`Handed`], which it sends
+    /// even if it leases nothing; `None` while no pass holds it.
+    pub fn wake_when_handed(&self) -> Option<u64> {
+        let mut s = self.state();
+        s.taken.is_some().then(|| {
+            s.wake = true;
+            s.passes + 1
+        })
+    }
+
+    /// The relay's side: the lend for one pass, at most `max` of it and as much as the byte
+    /// budget has units for; `None` when there is nothing to lend or another pass holds it.
+    pub fn take(&self, max: usize) -> Option<usize> {
+        let mut s = self.state();
+        if s.taken.is_some() || s.room == 0 || max == 0 {
+            return None;
+        }
+        let want = s.room.min(max);
+        let got = self.bytes.as_ref().map_or(want, |b| b.take_units(want));
+        if got == 0 {
+            return None;
+        }
+        s.taken = Some(got);
+        Some(got)
+    }
+
+    /// Ends a pass's hold: sends what it leased to the stream (if anything, or if the stream
+    /// asked for word) and lends the rest on, in one step; the units the pass did not use go
+    /// back to the budget. The deliveries come back, their units given back too, when the
+    /// stream has gone.
+    pub fn hand_over(
+        &self,
+        deliveries: Vec<LeasedDelivery>,
+        tx: &mpsc::UnboundedSender<Handed>,
+    ) -> Result<(), Vec<LeasedDelivery>> {
+        let mut s = self.state();
+        let units = s.taken.take().unwrap_or(0);
+        if let Some(b) = &self.bytes {
+            b.budget.give(units.saturating_sub(deliveries.len()) * b.unit);
+        }
+        s.passes += 1;
+        s.room = s.room.saturating_sub(deliveries.len());
+        if deliveries.is_empty() && !std::mem::take(&mut s.wake) {
+            return Ok(());
+        }
+        s.wake = false;
+        let handed = Handed { deliveries, pass: s.passes, bytes: self.bytes.clone() };
+        // Dropping the unsent message gives the deliveries' units back.
+        tx.send(handed).map_err(|mut unsent| unsent.0.take_deliveries_giving_back())
     }
 }
 
@@ -256,8 +263,8 @@ impl Drop for TurnGuard<'_> {
 pub struct PushSlot {
     pub session: String,
     pub ack_deadline: Duration,
-    pub credits: Arc<Credits>,
-    pub tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
+    pub lend: Arc<Lend>,
+    pub tx: mpsc::UnboundedSender<Handed>,
 }
 
 /// The push slots of every consumer at one instant: what one relay pass hands out.
@@ -272,22 +279,15 @@ impl PushSlots {
         self.slots.get(consumer)?.iter().find(|s| s.session == session)
     }
 
-    /// Takes room of every stream that has some, for one relay pass: half of its free room
-    /// (rounded up), at most `max`, so that the stream can always lease pending work (retries,
-    /// keyed and delayed messages, what waited while it had no room) beside the pushes, and
-    /// never starves it however busy the relay is. The offers are data for the store. The room comes back when the returned guard is
-    /// dropped, less what [`Offered::used`] says the pass leased; so a failed pass gives back
-    /// everything without anyone having to remember to.
+    /// Takes the lend of every stream that lends some room, at most `max` of each, for one
+    /// relay pass. The offers are data for the store. Every lend taken is handed back by
+    /// [`Offered::hand_over`], or when the returned guard is dropped (a failed pass), so no one
+    /// has to remember to.
     pub fn offer(&self, max: usize, now: DateTime<Utc>) -> Offered<'_> {
-        let (mut offers, mut passes) = (Vec::new(), Vec::new());
+        let mut offers = Vec::new();
         for (consumer, slots) in &self.slots {
             for slot in slots {
-                // A stream waiting to lease pending work keeps the larger half, and its last slot.
-                let free = slot.credits.available();
-                let half = if slot.credits.wants_pending.load(Ordering::Acquire) { free / 2 } else { free.div_ceil(2) };
-                let room = slot.credits.take(half.min(max));
-                if room > 0 {
-                    passes.push(slot.credits.pass_begins());
+                if let Some(room) = slot.lend.take(max) {
                     offers.push(PushOffer {
                         consumer: consumer.clone(),
                         session: slot.session.clone(),
@@ -297,20 +297,16 @@ impl PushSlots {
                 }
             }
         }
-        let used = vec![0; offers.len()];
-        Offered { slots: self, offers, used, passes }
+        Offered { slots: self, offers, handed: false }
     }
 }
 
-/// Room taken from streams for one relay pass; what the pass did not lease goes back on drop.
-/// The relay drops it only after handing the pushed deliveries over to their streams.
+/// The lends one relay pass holds.
 #[derive(Debug)]
 pub struct Offered<'a> {
     slots: &'a PushSlots,
     offers: Vec<PushOffer>,
-    used: Vec<usize>,
-    /// Each offer's pass number on its stream.
-    passes: Vec<u64>,
+    handed: bool,
 }
 
 impl Offered<'_> {
@@ -318,22 +314,42 @@ impl Offered<'_> {
         &self.offers
     }
 
-    /// Records what the pass leased to the offering streams: that room stays taken.
-    pub fn used(&mut self, pushed: &[(String, String, LeasedDelivery)]) {
-        for (consumer, session, _) in pushed {
-            if let Some(i) = self.offers.iter().position(|o| &o.consumer == consumer && &o.session == session) {
-                self.used[i] = (self.used[i] + 1).min(self.offers[i].room);
+    /// Ends the pass's hold on every lend it took: each stream gets what the pass leased to it
+    /// as one message. Returns, by consumer and session, what could not be handed over because
+    /// its stream has gone (to be released).
+    pub fn hand_over(
+        mut self,
+        pushed: Vec<(String, String, LeasedDelivery)>,
+    ) -> Vec<(String, String, Vec<LeasedDelivery>)> {
+        let mut by_stream: HashMap<(String, String), Vec<LeasedDelivery>> = HashMap::new();
+        for (consumer, session, d) in pushed {
+            by_stream.entry((consumer, session)).or_default().push(d);
+        }
+        let mut unsent = Vec::new();
+        for o in &self.offers {
+            let mut deliveries = by_stream.remove(&(o.consumer.clone(), o.session.clone())).unwrap_or_default();
+            deliveries.sort_by_key(|d| d.message.seq);
+            if let Some(slot) = self.slots.slot(&o.consumer, &o.session)
+                && let Err(back) = slot.lend.hand_over(deliveries, &slot.tx)
+            {
+                unsent.push((o.consumer.clone(), o.session.clone(), back));
             }
         }
+        // Leased to a stream the pass did not offer (never expected): released, not lost.
+        unsent.extend(by_stream.into_iter().map(|((c, s), d)| (c, s, d)));
+        self.handed = true;
+        unsent
     }
 }
 
 impl Drop for Offered<'_> {
     fn drop(&mut self) {
-        for ((o, used), pass) in self.offers.iter().zip(&self.used).zip(&self.passes) {
+        if self.handed {
+            return;
+        }
+        for o in &self.offers {
             if let Some(slot) = self.slots.slot(&o.consumer, &o.session) {
-                slot.credits.give_back(o.room - used);
-                slot.credits.pass_over(*pass);
+                let _ = slot.lend.hand_over(Vec::new(), &slot.tx);
             }
         }
     }
@@ -474,53 +490,29 @@ impl Drop for PushGuard {
 mod tests {
     use super::*;
 
-    #[test]
-    fn credits_are_never_handed_out_twice() {
-        let c = Credits::new(3);
-        assert_eq!(c.take(2), 2);
-        assert_eq!(c.take(5), 1);
-        assert_eq!(c.take(1), 0);
-        c.give(2);
-        assert_eq!(c.available(), 2);
-    }
-
-    fn leased(id: u128) -> LeasedDelivery {
-        let now = Utc::now();
-        LeasedDelivery {
-            message: crate::domain::StoredMessage {
-                message_id: crate::domain::MessageId(uuid::Uuid::from_u128(id)),
-                seq: 1,
-                topic: "t".into(),
-                type_: "x".into(),
-                payload: vec![],
-                headers: Default::default(),
-                ordering_key: None,
-                enqueued_at: now,
-                available_at: now,
-                relayed_at: None,
-            },
-            delivery_count: 1,
-            lease_expires_at: now,
-        }
+    fn at(id: u128, seq: i64) -> LeasedDelivery {
+        let mut d = LeasedDelivery::sample(seq, Utc::now());
+        d.message.message_id = crate::domain::MessageId(uuid::Uuid::from_u128(id));
+        d
     }
 
     #[test]
-    fn an_offer_takes_the_room_of_streams_that_have_some_and_gives_back_what_the_pass_did_not_use() {
+    fn a_pass_takes_each_lend_whole_and_hands_over_what_it_leased_in_one_message() {
         let hub = Hub::default();
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let full = Arc::new(Credits::new(0));
-        let open = Arc::new(Credits::new(5));
-        let slot = |session: &str, credits: &Arc<Credits>| PushSlot {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (none, open) = (Arc::new(Lend::default()), Arc::new(Lend::default()));
+        assert!(open.adjust(|room| room + 5), "the stream lends 5");
+        let slot = |session: &str, lend: &Arc<Lend>| PushSlot {
             session: session.into(),
             ack_deadline: Duration::from_secs(30),
-            credits: credits.clone(),
+            lend: lend.clone(),
             tx: tx.clone(),
         };
-        let _a = hub.offer("c", slot("full", &full));
+        let _a = hub.offer("c", slot("none", &none));
         let b = hub.offer("c", slot("open", &open));
         let slots = hub.push_slots();
         let now = Utc::now();
-        let mut offered = slots.offer(3, now);
+        let offered = slots.offer(3, now);
         assert_eq!(
             offered.offers(),
             [PushOffer {
@@ -528,70 +520,52 @@ mod tests {
                 session: "open".into(),
                 room: 3,
                 lease_until: now + chrono::Duration::seconds(30)
-            }]
+            }],
+            "at most the pass's batch, of the streams that lend"
         );
-        assert_eq!(open.available(), 2);
-        // The pass leased two to "open" (and names a stream that offered nothing, ignored).
-        let pushed = |session: &str, id| ("c".to_owned(), session.to_owned(), leased(id));
-        offered.used(&[pushed("open", 1), pushed("open", 2), pushed("gone", 3)]);
+        assert!(slots.offer(3, now).offers().is_empty(), "a concurrent pass finds the lend held");
+        assert!(!open.adjust(|_| 0), "nor can the stream change it meanwhile");
+        assert_eq!(open.wake_when_handed(), Some(1), "the first pass to hold it");
+        let pushed = |session: &str, id, seq| ("c".to_owned(), session.to_owned(), at(id, seq));
+        let unsent = offered.hand_over(vec![pushed("open", 2, 20), pushed("open", 1, 10), pushed("gone", 3, 30)]);
+        let mut handed = rx.try_recv().expect("one message");
+        assert_eq!(handed.pass, 1);
+        assert_eq!(
+            handed.take_deliveries().iter().map(|d| d.message.seq).collect::<Vec<_>>(),
+            [10, 20],
+            "in seq order"
+        );
+        assert!(rx.try_recv().is_err(), "and only one");
+        assert_eq!(unsent.len(), 1, "leased to a stream it did not offer: given back to be released");
+        let mut lent = 0;
+        assert!(open.adjust(|room| {
+            lent = room;
+            room
+        }));
+        assert_eq!(lent, 3, "what was not pushed stays lent");
+
+        // A failed pass ends its hold as it is dropped; with nothing pushed and no one asking,
+        // it sends nothing.
+        drop(slots.offer(10, now));
+        assert!(rx.try_recv().is_err());
+        let offered = slots.offer(10, now);
+        assert_eq!(offered.offers()[0].room, 3);
+        assert_eq!(open.wake_when_handed(), Some(3));
         drop(offered);
-        assert_eq!(open.available(), 3, "the one slot not used comes back");
-        assert_eq!(full.available(), 0);
-        // More recorded than offered cannot give back less than nothing.
-        let mut offered = slots.offer(1, now);
-        offered.used(&[pushed("open", 1), pushed("open", 2)]);
-        drop(offered);
-        assert_eq!(open.available(), 2);
-        drop(slots.offer(3, now));
-        assert_eq!(open.available(), 2, "a failed pass (nothing used) gives back all it took");
-        let room = |o: &Offered<'_>| o.offers().iter().map(|o| o.room).sum::<usize>();
-        let big = Arc::new(Credits::new(9));
-        let _c = hub.offer("d", slot("big", &big));
-        let slots = hub.push_slots();
-        let offered = slots.offer(100, now);
-        assert_eq!(room(&offered), 1 + 5, "half of each stream's room, rounded up: the rest is for its own leases");
-        drop(offered);
-        assert_eq!(room(&slots.offer(2, now)), 1 + 2, "at most the pass's batch");
-        open.set_wants_pending(true);
-        big.set_wants_pending(true);
-        assert_eq!(room(&slots.offer(100, now)), 1 + 4, "a stream waiting to lease pending work keeps the larger half");
-        assert_eq!(big.take(8), 8);
-        assert_eq!(open.take(1), 1);
-        assert_eq!(room(&slots.offer(100, now)), 0, "and its last slot");
-        big.give(8);
-        open.give(1);
-        open.set_wants_pending(false);
+        let mut handed = rx.try_recv().expect("word for a stream that asked for it");
+        assert!(handed.take_deliveries().is_empty());
+        assert_eq!(handed.pass, 3);
+        assert_eq!(open.wake_when_handed(), None, "no pass holds it");
+
         drop(b);
-        assert!(
-            hub.push_slots().offer(3, now).offers().iter().all(|o| o.session != "open"),
-            "a withdrawn slot gets nothing"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_session_waits_for_the_passes_that_held_its_room_and_not_for_later_ones() {
-        use futures::FutureExt as _;
-        let hub = Hub::default();
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let credits = Arc::new(Credits::new(8));
-        let _slot = hub.offer(
-            "c",
-            PushSlot { session: "s".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx },
-        );
-        let (slots, now) = (hub.push_slots(), Utc::now());
-        assert!(credits.passes_handed_over().now_or_never().is_some(), "no pass: no wait");
-
-        let first = slots.offer(2, now);
-        let mut wait = Box::pin(credits.passes_handed_over());
-        assert!((&mut wait).now_or_never().is_none(), "a pass holds room: wait for its hand-over");
-        // A pass that takes room after the wait began is not waited for.
-        let second = slots.offer(2, now);
-        drop(first);
-        assert!(wait.now_or_never().is_some(), "the first pass handed over");
-        let mut wait = Box::pin(credits.passes_handed_over());
-        assert!((&mut wait).now_or_never().is_none(), "the second one now counts");
-        drop(second);
-        assert!(wait.now_or_never().is_some());
+        assert!(hub.push_slots().offer(3, now).offers().is_empty(), "a withdrawn slot gets nothing");
+        drop(rx);
+        let slots = hub.push_slots();
+        assert!(none.adjust(|_| 1));
+        let offered = slots.offer(3, now);
+        let back = offered.hand_over(vec![pushed("none", 4, 40)]);
+        assert_eq!(back.len(), 1, "a stream that has gone gets nothing: its deliveries come back");
+        assert_eq!(back[0].2.len(), 1);
     }
 
     #[tokio::test]
@@ -618,22 +592,5 @@ mod tests {
         turn_a.drained(1);
         assert!(turn_b.drained_since(3), "an older drain never moves it back");
         assert!(!turn_o.drained_since(0));
-    }
-
-    #[tokio::test]
-    async fn room_given_back_wakes_a_stream_that_waits_to_lease_pending_work() {
-        let hub = Hub::default();
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let credits = Arc::new(Credits::new(4));
-        let slot =
-            PushSlot { session: "s".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx };
-        let _g = hub.offer("c", slot);
-        let slots = hub.push_slots();
-        let offered = slots.offer(10, Utc::now());
-        assert_eq!(offered.offers().len(), 1, "the relay takes the room");
-        credits.set_wants_pending(true);
-        drop(offered);
-        tokio::time::timeout(Duration::from_secs(5), credits.returned()).await.expect("woken by the give-back");
-        assert_eq!(credits.available(), 4);
     }
 }

@@ -35,10 +35,11 @@
 //!   `store::sqlite`, each with its migrations); [`store::composite::DriverStore`], `Store`
 //!   written once over any driver; [`store::records`], rows decoded into the domain. The store
 //!   returns data and [`store::WorkHint`]s; it wakes nobody itself.
-//! - [`hub`]: in-process wake-ups, push slots and stream credits between the relay, the sweeper
-//!   and the sessions.
+//! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions; the push
+//!   slots, the room each stream lends the relay and the one message a pass hands it over in.
 //! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop, its in-flight
-//!   [`delivery::window`] (held leases, room, expiry, late acks), and the
+//!   [`delivery::window`] (held leases, room and its lend, expiry, late acks), its
+//!   [`delivery::pace`], and the
 //!   [`delivery::Command`]s a client gives it.
 //! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),

@@ -1,7 +1,8 @@
 //! Delivery of leased messages: the [`session`] loop that serves one `Subscribe` stream (or
-//! one sink), its in-flight [`window`] (held leases, room, expiry) and its [`pace`] (when it
-//! leases: pending work, turns, timers, batching, backoff), plain structs that tests drive
-//! with explicit times, the [`Command`]s a client gives its stream, and the [`failed`]
+//! one sink), its in-flight [`window`] (held leases, room and what of it is lent to the
+//! relay, expiry), its [`pace`] (when it leases: pending work, turns, timers, batching,
+//! backoff) and its [`order`] (what it leased waits for the pass that held its lend), plain
+//! structs that tests drive with explicit times, the [`Command`]s a client gives its stream, and the [`failed`]
 //! rule every failed attempt follows.
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::clock;
 use crate::domain::{ConsumerSpec, DeliveryState, MessageId, Release};
 
+pub mod order;
 pub mod pace;
 pub mod session;
 pub mod window;

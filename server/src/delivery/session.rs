@@ -2,7 +2,10 @@
 //!
 //! The session leases due deliveries up to its `max_in_flight`, sends them, and applies the
 //! stream's [`Command`]s (acks, nacks, extends; parsed at the edge, or made by a sink's runner).
-//! What it holds and how much room it has is its [`Window`]. It sleeps until something can
+//! What it holds and how much room it has is its [`Window`]; it lends the relay part of that
+//! room ([`Lend`]), and a relay pass hands it what it pushed there in one message, so that the
+//! session alone counts its room; what it leased while a pass held the lend waits for that
+//! pass's hand-over ([`Order`]), so each stream sends in seq order. It sleeps until something can
 //! change: a command from the stream, a wake-up for its consumer (the relay fanned out, a lease
 //! was released), deliveries the relay pushed to it, the next retry falling due, or a slow
 //! fallback poll (work fanned out by another replica).
@@ -14,6 +17,7 @@
 //! applied; an ack for an id the stream never held is ignored. When the server shuts down, the
 //! session stops leasing, waits up to the drain timeout for outstanding acks, releases the rest
 //! as pending, and ends the stream with [`StreamError::ShuttingDown`] (`UNAVAILABLE` at the edge).
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,11 +28,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::Command;
+use super::order::Order;
 use super::pace::{Next, Pace, until};
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
-use crate::hub::{Hub, InFlightBytes, LeaseTurn, PushGuard, PushSlot, TurnGuard};
+use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
 use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
@@ -93,8 +98,13 @@ pub struct Session {
     window: Window,
     /// This stream's slot in the hub while it takes pushes.
     push: Option<PushGuard>,
-    pushed: mpsc::UnboundedReceiver<Vec<LeasedDelivery>>,
-    push_tx: mpsc::UnboundedSender<Vec<LeasedDelivery>>,
+    /// The room this stream lends the relay (the window counts it).
+    lend: Arc<Lend>,
+    /// What relay passes hand this stream as they end.
+    pushed: mpsc::UnboundedReceiver<Handed>,
+    push_tx: mpsc::UnboundedSender<Handed>,
+    /// What it leased while a relay pass held the lend, until that pass hands over.
+    order: Order,
     /// The ordering key the next lease starts after, so that every key gets its turn.
     key_cursor: String,
     /// Acks whose write failed; retried on the next pass.
@@ -131,7 +141,7 @@ enum Event {
     Shutdown,
     DrainOver,
     Commands(Vec<Command>, Option<End>),
-    Pushed(Vec<LeasedDelivery>),
+    Pushed(Handed),
     /// The consumer's wake-up signal, at this count: something may be pending.
     Signalled(u64),
     /// A timer, or room given back: lease whatever is due.
@@ -164,8 +174,10 @@ impl Session {
             id: uuid::Uuid::new_v4().to_string(),
             window: Window::bounded(start.max_in_flight as usize, start.bytes.clone()),
             push: None,
+            lend: Arc::new(Lend::bounded(start.bytes.clone())),
             pushed,
             push_tx,
+            order: Order::default(),
             ctx,
             start,
             key_cursor: String::new(),
@@ -188,12 +200,19 @@ impl Session {
         let slot = PushSlot {
             session: self.id.clone(),
             ack_deadline: self.start.ack_deadline,
-            credits: self.window.credits().clone(),
+            lend: self.lend.clone(),
             tx: self.push_tx.clone(),
         };
         self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
         let end = self.serve(&mut inbound, &out, &mut wake, &turn).await;
+        // Leased and never sent: the consumer never saw them, so they count against nothing.
+        let unsent: Vec<MessageId> = self.order.unsent().into_iter().map(|d| d.message.message_id).collect();
+        let unsent: Vec<(MessageId, Held)> =
+            unsent.into_iter().filter_map(|id| self.window.nack(&id).map(|h| (id, h))).collect();
+        if let Err(e) = self.release(unsent, false).await {
+            tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
+        }
         // Only a broken stream counts against what it held; a clean close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
         if let Err(e) = self.release_all(counts_as_failure).await {
@@ -203,10 +222,8 @@ impl Session {
         // never saw it.
         self.push = None;
         self.pushed.close();
-        while let Ok(batch) = self.pushed.try_recv() {
-            for d in &batch {
-                self.window.hold(d);
-            }
+        while let Ok(handed) = self.pushed.try_recv() {
+            self.hold_handed(handed);
         }
         if let Err(e) = self.release_all(false).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
@@ -242,6 +259,7 @@ impl Session {
                 self.write_acks(retry).await;
             }
             let mut sleep_for = self.ctx.poll_interval.min(self.pace.tick(now));
+            self.lend_room();
             let woken = *wake.borrow();
             // Seen before trying: a turn given back from now on wakes the loop.
             turn_released.borrow_and_update();
@@ -257,20 +275,15 @@ impl Session {
                 return End::Shutdown;
             }
             let drain_deadline = self.drain_until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            // With pending work to lease, the relay leaves this stream's room alone, and says so
-            // when it gives back room it had taken.
-            let waits_for_room = self.pace.maybe_pending() && self.drain_until.is_none();
-            let credits = self.window.credits().clone();
-            credits.set_wants_pending(waits_for_room);
+            self.lend_room();
 
             let event = tokio::select! {
                 biased;
                 _ = self.ctx.shutdown.cancelled(), if self.drain_until.is_none() => Event::Shutdown,
                 _ = tokio::time::sleep_until(drain_deadline), if self.drain_until.is_some() => Event::DrainOver,
                 first = inbound.next() => take_ready(first, inbound),
-                Some(batch) = self.pushed.recv() => Event::Pushed(batch),
+                Some(handed) = self.pushed.recv() => Event::Pushed(handed),
                 _ = wake.changed() => Event::Signalled(*wake.borrow_and_update()),
-                _ = credits.returned(), if waits_for_room => Event::Woken,
                 _ = turn_released.changed(), if self.pace.awaits_turn() => Event::TurnFree,
                 _ = out.closed() => Event::Ended(End::Broken),
                 _ = tokio::time::sleep(sleep_for) => Event::Woken,
@@ -295,12 +308,7 @@ impl Session {
                 self.apply(commands).await;
                 end
             }
-            Event::Pushed(batch) => {
-                for d in &batch {
-                    self.window.hold(d);
-                }
-                (!self.send_all(batch, now, out).await).then_some(End::Broken)
-            }
+            Event::Pushed(handed) => (!self.on_handed(handed, now, out).await).then_some(End::Broken),
             Event::Signalled(count) => {
                 self.pace.pending(Some(count));
                 None
@@ -315,6 +323,36 @@ impl Session {
         }
     }
 
+    /// Lends the relay its share of the room (see [`Window::lend`]): with pending work to
+    /// lease, the smaller half; none once draining. A pass that holds the lend keeps it as it
+    /// is until it hands over.
+    fn lend_room(&mut self) {
+        if self.drain_until.is_some() {
+            self.window.withdraw(&self.lend);
+        } else {
+            self.window.lend(&self.lend, self.pace.maybe_pending());
+        }
+    }
+
+    /// Holds what a relay pass handed this stream (each delivery's unit of the byte budget is
+    /// the window's from now on).
+    fn hold_handed(&mut self, mut handed: Handed) -> Vec<LeasedDelivery> {
+        let deliveries = handed.take_deliveries();
+        for d in &deliveries {
+            self.window.hold_pushed(d);
+        }
+        deliveries
+    }
+
+    /// Holds and sends what a relay pass handed this stream, with what was staged until its
+    /// hand-over (see [`Order`]). False when the client is gone.
+    async fn on_handed(&mut self, handed: Handed, now: DateTime<Utc>, out: &Outbound) -> bool {
+        let pass = handed.pass;
+        let deliveries = self.hold_handed(handed);
+        let send = self.order.handed(pass, deliveries);
+        self.send_all(send, now, out).await
+    }
+
     /// Leases what the window has room for, when pending work may wait for it; `woken` is the
     /// consumer's wake-up count now. The consumer's streams in this process take turns.
     async fn lease(&mut self, now: DateTime<Utc>, out: &Outbound, turn: &LeaseTurn, woken: u64) -> Leased {
@@ -322,6 +360,10 @@ impl Session {
             return Leased::Wait(Duration::MAX);
         }
         let room = self.window.room();
+        if room == 0 && self.window.lent() > 0 && self.pace.maybe_pending() {
+            // The room is lent to a pass: its hand-over comes with word, and the lend shrinks.
+            let _ = self.lend.wake_when_handed();
+        }
         // A quarter of the window, at most 64, while the stream is busy.
         let batch = (self.window.max() / 4).clamp(1, 64);
         match self.pace.next(room, batch, self.window.is_empty(), Instant::now()) {
@@ -402,17 +444,15 @@ impl Session {
             self.window.hold(d);
         }
         // A relay pass that committed before this lease may have pushed lower seqs to this
-        // stream: wait for its hand-over and send them together, in seq order (guarantee 6).
-        // The wait is the rest of one pass, and only while a pass holds room of this stream.
-        self.window.credits().passes_handed_over().await;
-        while let Ok(batch) = self.pushed.try_recv() {
-            for d in &batch {
-                self.window.hold(d);
-            }
-            leased.extend(batch);
+        // stream. One that still holds the lend sends them with its hand-over: what was leased
+        // waits for it, staged, while the stream goes on serving. Those of passes that ended
+        // are in the channel already (a pass sends as it ends its hold, looked at first).
+        let holder = self.lend.wake_when_handed();
+        while let Ok(handed) = self.pushed.try_recv() {
+            leased.extend(self.hold_handed(handed));
         }
-        leased.sort_by_key(|d| d.message.seq);
-        Ok(self.send_all(leased, now, out).await.then_some((room, n)))
+        let send = self.order.leased(leased, holder);
+        Ok(self.send_all(send, now, out).await.then_some((room, n)))
     }
 
     /// Sends held deliveries; false when the client is gone.
@@ -505,15 +545,18 @@ impl Session {
     }
 
     async fn release_all(&mut self, counts_as_failure: bool) -> Result<(), StoreError> {
-        if self.window.is_empty() {
+        let held = self.window.drain();
+        self.release(held, counts_as_failure).await
+    }
+
+    async fn release(&mut self, held: Vec<(MessageId, Held)>, counts_as_failure: bool) -> Result<(), StoreError> {
+        if held.is_empty() {
             return Ok(());
         }
         let now = self.ctx.clock.now();
         let max = self.start.consumer.spec.max_deliveries;
         let error = if counts_as_failure { "stream broke before ack" } else { "stream closed before ack" };
-        let releases: Vec<Release> = self
-            .window
-            .drain()
+        let releases: Vec<Release> = held
             .into_iter()
             .map(|(id, h)| {
                 // A stream that breaks with a delivery at its last attempt may be a consumer

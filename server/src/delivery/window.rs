@@ -1,16 +1,15 @@
-//! The in-flight window of one stream: the leases it holds, the room it has for more (shared
-//! with the relay, which leases new deliveries straight to the stream while there is room),
-//! their deadlines, and the leases that expired while held, whose late ack still counts.
+//! The in-flight window of one stream: the leases it holds, the room it has for more (part of
+//! which it lends the relay, which leases new deliveries straight to the stream), their
+//! deadlines, and the leases that expired while held, whose late ack still counts.
 //!
 //! Plain data: no I/O, no clock of its own. The session asks it what to do and tells the store;
 //! tests drive it with explicit times.
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use crate::domain::{LeasedDelivery, MessageId};
-use crate::hub::{Credits, InFlightBytes};
+use crate::hub::{InFlightBytes, Lend};
 
 /// Expired leases a window remembers for late acks; past this it forgets them all (the
 /// deliveries are the sweeper's then, and an ack of one is only an ack too late).
@@ -50,14 +49,19 @@ pub fn size_of(d: &LeasedDelivery) -> usize {
     m.payload.len() + headers + m.topic.len() + m.type_.len() + m.ordering_key.as_ref().map_or(0, String::len)
 }
 
-/// Held leases plus room: `room() + held()` never exceeds `max` (the relay's share of the room
-/// is taken from the same [`Credits`]).
+/// Held leases plus room: what is held, lent to the relay and reserved for a lease under way
+/// never exceeds `max`. The window alone counts its room; the relay sees only what the window
+/// lends it (see [`Lend`]).
 #[derive(Debug)]
 pub struct Window {
     max: usize,
-    credits: Arc<Credits>,
+    bytes: Option<InFlightBytes>,
     held: HashMap<MessageId, Held>,
     expired: HashMap<MessageId, Held>,
+    /// Room lent to the relay: still in the lend, or pushed deliveries on their way here.
+    lent: usize,
+    /// Room taken for a lease under way.
+    reserved: usize,
 }
 
 impl Window {
@@ -67,41 +71,100 @@ impl Window {
 
     /// A window whose room also draws on a principal's byte budget.
     pub fn bounded(max: usize, bytes: Option<InFlightBytes>) -> Self {
-        Self { max, credits: Arc::new(Credits::bounded(max, bytes)), held: HashMap::new(), expired: HashMap::new() }
-    }
-
-    /// The room, as shared with the relay.
-    pub fn credits(&self) -> &Arc<Credits> {
-        &self.credits
+        Self { max, bytes, held: HashMap::new(), expired: HashMap::new(), lent: 0, reserved: 0 }
     }
 
     pub fn max(&self) -> usize {
         self.max
     }
 
-    /// Free room right now.
+    /// Free room right now: neither held, lent nor reserved.
     pub fn room(&self) -> usize {
-        self.credits.available()
+        self.max.saturating_sub(self.held.len() + self.lent + self.reserved)
+    }
+
+    /// Room lent to the relay, as this window counts it.
+    pub fn lent(&self) -> usize {
+        self.lent
+    }
+
+    /// Takes up to `want` units of the principal's byte budget (all of them without one).
+    fn take_units(&self, want: usize) -> usize {
+        self.bytes.as_ref().map_or(want, |b| b.take_units(want))
+    }
+
+    fn give_units(&self, n: usize) {
+        if let Some(b) = &self.bytes {
+            b.budget.give(n * b.unit);
+        }
+    }
+
+    fn give_bytes(&self, bytes: usize) {
+        if let Some(b) = &self.bytes {
+            b.budget.give(bytes.min(b.unit));
+        }
     }
 
     /// Takes up to `want` of the room for a lease about to be made; returns how much it got.
     /// What the lease does not use goes back with [`Window::unreserve`].
-    pub fn reserve(&self, want: usize) -> usize {
-        self.credits.take(want)
+    pub fn reserve(&mut self, want: usize) -> usize {
+        let got = self.take_units(want.min(self.room()));
+        self.reserved += got;
+        got
     }
 
-    pub fn unreserve(&self, n: usize) {
-        self.credits.give(n);
+    pub fn unreserve(&mut self, n: usize) {
+        let n = n.min(self.reserved);
+        self.reserved -= n;
+        self.give_units(n);
     }
 
-    /// Holds a delivery leased to this stream; its room is already taken (by [`Window::reserve`],
-    /// or by the relay when it pushed the delivery).
+    /// Sets what the window lends the relay, unless a pass holds the lend (then `false`): half
+    /// of the room that is free or lent and not yet pushed, rounded up, so that the stream can
+    /// always lease pending work (retries, keyed and delayed messages, what waited while it had
+    /// no room) beside the pushes and is never starved however busy the relay is. With pending
+    /// work to lease (`keep_larger_half`) it rounds down: the stream keeps the larger half, and
+    /// its last slot.
+    pub fn lend(&mut self, lend: &Lend, keep_larger_half: bool) -> bool {
+        lend.adjust(|current| {
+            // Pushed by a pass and not here yet: lent, and no longer in the lend.
+            let travelling = self.lent.saturating_sub(current);
+            let free = self.max.saturating_sub(self.held.len() + self.reserved + travelling);
+            let target = if keep_larger_half { free / 2 } else { free.div_ceil(2) };
+            self.lent = travelling + target;
+            target
+        })
+    }
+
+    /// Takes back all the lend (the stream takes no more pushes), unless a pass holds it.
+    pub fn withdraw(&mut self, lend: &Lend) -> bool {
+        lend.adjust(|current| {
+            self.lent = self.lent.saturating_sub(current);
+            0
+        })
+    }
+
+    /// Holds a delivery this stream leased; its room was reserved by [`Window::reserve`].
     pub fn hold(&mut self, d: &LeasedDelivery) {
+        self.reserved = self.reserved.saturating_sub(1);
+        self.insert(d);
+    }
+
+    /// Holds a delivery the relay pushed; its room was lent.
+    pub fn hold_pushed(&mut self, d: &LeasedDelivery) {
+        self.lent = self.lent.saturating_sub(1);
+        self.insert(d);
+    }
+
+    fn insert(&mut self, d: &LeasedDelivery) {
         let held = Held::of(d);
-        self.credits.settle(held.bytes);
+        // The slot's unit becomes the delivery's bytes: what it reserved beyond them goes back.
+        if let Some(b) = &self.bytes {
+            b.budget.give(b.unit.saturating_sub(held.bytes));
+        }
         if let Some(before) = self.held.insert(d.message.message_id, held) {
             // Held twice (never expected): its earlier bytes are not held any more.
-            self.credits.release_bytes(before.bytes);
+            self.give_bytes(before.bytes);
         }
     }
 
@@ -123,7 +186,7 @@ impl Window {
         let gone: Vec<MessageId> = self.held.iter().filter(|(_, h)| h.deadline <= now).map(|(id, _)| *id).collect();
         for id in &gone {
             if let Some(h) = self.held.remove(id) {
-                self.credits.give_held(h.bytes);
+                self.give_bytes(h.bytes);
                 self.expired.insert(*id, h);
             }
         }
@@ -139,7 +202,7 @@ impl Window {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(h) = self.held.remove(id) {
-                self.credits.give_held(h.bytes);
+                self.give_bytes(h.bytes);
                 out.push((*id, h));
             } else if let Some(h) = self.expired.remove(id) {
                 out.push((*id, h));
@@ -151,7 +214,7 @@ impl Window {
     /// The nacked lease, if this stream holds it (a nack after expiry is the sweeper's).
     pub fn nack(&mut self, id: &MessageId) -> Option<Held> {
         let h = self.held.remove(id)?;
-        self.credits.give_held(h.bytes);
+        self.give_bytes(h.bytes);
         Some(h)
     }
 
@@ -174,57 +237,46 @@ impl Window {
         self.held.values().map(|h| h.deadline).min()
     }
 
-    /// Everything held, for release as the stream ends. The room is not given back: the
-    /// stream takes nothing more; the bytes are, to the principal's other streams.
+    /// Everything held, for release as the stream ends; the window has no room from now on.
+    /// The bytes go back to the principal's other streams.
     pub fn drain(&mut self) -> Vec<(MessageId, Held)> {
+        self.max = 0;
         let all: Vec<(MessageId, Held)> = self.held.drain().collect();
         for (_, h) in &all {
-            self.credits.release_bytes(h.bytes);
+            self.give_bytes(h.bytes);
         }
         all
     }
 }
 
-/// A window dropped while it holds deliveries (a session that ended without draining) still
-/// gives their bytes back to its principal.
+/// A window dropped while it holds deliveries, lends room or reserves it (a session that
+/// ended without draining) still gives their bytes back to its principal.
 impl Drop for Window {
     fn drop(&mut self) {
         for h in self.held.values() {
-            self.credits.release_bytes(h.bytes);
+            self.give_bytes(h.bytes);
         }
+        // Lent room holds no units: a pass takes them as it takes the lend (see [`Lend`]).
+        self.give_units(self.reserved);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::*;
     use crate::clock::{Clock, ManualClock, add};
-    use crate::domain::StoredMessage;
 
     fn start() -> DateTime<Utc> {
         DateTime::from_timestamp(1_700_000_000, 0).unwrap()
     }
 
     fn leased(deadline: DateTime<Utc>, key: Option<&str>) -> LeasedDelivery {
-        LeasedDelivery {
-            message: StoredMessage {
-                message_id: MessageId::generate(),
-                seq: 1,
-                topic: "t".into(),
-                type_: "x".into(),
-                payload: vec![],
-                headers: BTreeMap::new(),
-                ordering_key: key.map(str::to_owned),
-                enqueued_at: start(),
-                available_at: start(),
-                relayed_at: None,
-            },
-            delivery_count: 1,
-            lease_expires_at: deadline,
-        }
+        let mut d = LeasedDelivery::sample(1, start());
+        d.message.ordering_key = key.map(str::to_owned);
+        d.lease_expires_at = deadline;
+        d
     }
 
     /// Leases `n` deliveries with deadline `deadline` the way the session does.
@@ -303,15 +355,30 @@ mod tests {
     }
 
     #[test]
-    fn the_relay_and_the_session_share_one_room() {
-        let mut w = Window::new(3);
-        // The relay takes room through the shared credits and pushes a delivery.
-        assert_eq!(w.credits().take(2), 2);
-        let pushed = leased(add(start(), Duration::from_secs(5)), None);
-        w.hold(&pushed);
-        w.credits().give(1); // it pushed one of the two it took
-        assert_eq!(w.room(), 2);
-        assert_eq!(w.reserve(3), 2);
+    fn the_window_lends_the_relay_half_its_room_and_counts_pushes_on_their_way() {
+        let mut w = Window::new(8);
+        let lend = Lend::default();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        assert!(w.lend(&lend, false));
+        assert_eq!((w.lent(), w.room()), (4, 4), "half, rounded up");
+        // A pass takes the lend and pushes one; until it arrives it is still lent.
+        assert_eq!(lend.take(100), Some(4));
+        assert!(!w.lend(&lend, true), "held by the pass: unchanged");
+        assert!(lend.hand_over(vec![leased(add(start(), Duration::from_secs(5)), None)], &tx).is_ok());
+        assert!(w.lend(&lend, false));
+        assert_eq!((w.lent(), w.room()), (1 + 4, 3), "one on its way, and half of the other 7");
+        let mut handed = rx.try_recv().unwrap();
+        w.hold_pushed(&handed.take_deliveries()[0]);
+        assert_eq!((w.held(), w.lent(), w.room()), (1, 4, 3));
+        assert!(w.lend(&lend, true), "pending work to lease: the smaller half");
+        assert_eq!((w.lent(), w.room()), (3, 4));
+        assert_eq!(w.reserve(10), 4, "a lease has the rest");
+        w.unreserve(4);
+        let mut one = Window::new(1);
+        assert!(one.lend(&Lend::default(), true));
+        assert_eq!((one.lent(), one.room()), (0, 1), "a stream with pending work keeps its last slot");
+        assert!(w.withdraw(&lend));
+        assert_eq!((w.lent(), w.room()), (0, 7));
     }
 
     #[test]
@@ -348,7 +415,7 @@ mod tests {
         let budget = crate::limits::ByteBudget::new(100);
         let bytes = Some(InFlightBytes { budget: budget.clone(), unit: 40 });
         let mut a = Window::bounded(10, bytes.clone());
-        let b = Window::bounded(10, bytes.clone());
+        let mut b = Window::bounded(10, bytes.clone());
         assert_eq!(a.reserve(10), 2, "room is reserved a largest delivery at a time: two of 40 in 100");
         assert_eq!(b.reserve(10), 0, "the principal's other stream waits");
         assert_eq!(budget.available(), 20);
@@ -376,10 +443,35 @@ mod tests {
         a.hold(&r);
         assert_eq!(a.drain().len(), 1);
         assert_eq!(budget.available(), 100);
-        let mut c = Window::bounded(10, bytes);
+        let mut c = Window::bounded(10, bytes.clone());
         assert_eq!(c.reserve(1), 1);
         c.hold(&kept);
         assert_eq!(budget.available(), 80);
+        // Room lent to the relay holds no units until a pass takes it, and then only as many
+        // as the budget has: a lend never keeps the stream's own leases from the bytes.
+        let lend = Lend::bounded(bytes.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        assert!(c.lend(&lend, false));
+        assert_eq!((c.lent(), budget.available()), (5, 80), "half of 9, rounded up; no bytes");
+        assert_eq!(lend.take(100), Some(2), "a pass takes the 2 units that are free");
+        assert_eq!(budget.available(), 0);
+        // It pushes two: one the stream holds (its unit settles to its 20 bytes), one whose
+        // message is dropped unread (its unit comes back).
+        assert!(lend.hand_over(vec![sized(20)], &tx).is_ok());
+        let mut handed = rx.try_recv().unwrap();
+        c.hold_pushed(&handed.take_deliveries()[0]);
+        assert_eq!(budget.available(), 60, "one unit settled to 20 bytes, the unused one back");
+        assert_eq!(lend.take(100), Some(1));
+        assert!(lend.hand_over(vec![sized(20)], &tx).is_ok());
+        drop(rx.try_recv().unwrap());
+        assert_eq!(budget.available(), 60);
+        // A hand-over to a stream that has gone gives the units back with the deliveries.
+        assert_eq!(lend.take(100), Some(1));
+        drop(rx);
+        assert_eq!(lend.hand_over(vec![sized(20)], &tx).map_err(|d| d.len()), Err(1));
+        assert_eq!(budget.available(), 60);
+        assert!(c.withdraw(&lend));
+        assert!(c.lend(&lend, false));
         drop(c);
         assert_eq!(budget.available(), 100);
     }

@@ -33,6 +33,30 @@ pub struct LeasedDelivery {
     pub lease_expires_at: DateTime<Utc>,
 }
 
+#[cfg(test)]
+impl LeasedDelivery {
+    /// A first delivery of an empty, unkeyed message of topic "t" and type "x", leased until
+    /// `at` (enqueued then too), for tests of what holds and orders deliveries.
+    pub fn sample(seq: i64, at: DateTime<Utc>) -> Self {
+        Self {
+            message: StoredMessage {
+                message_id: MessageId::generate(),
+                seq,
+                topic: "t".into(),
+                type_: "x".into(),
+                payload: vec![],
+                headers: Default::default(),
+                ordering_key: None,
+                enqueued_at: at,
+                available_at: at,
+                relayed_at: None,
+            },
+            delivery_count: 1,
+            lease_expires_at: at,
+        }
+    }
+}
+
 /// Where a leased delivery goes when it is not acked.
 #[derive(Debug, Clone)]
 pub struct Release {

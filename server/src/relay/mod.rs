@@ -1,5 +1,4 @@
 //! The relay: moves committed messages from the outbox into every matching consumer's inbox.
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -7,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::domain::{ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
-use crate::hub::{Hub, PushSlots};
+use crate::hub::Hub;
 use crate::store::{SharedStore, StoreError};
 
 #[cfg(test)]
@@ -170,16 +169,13 @@ impl Relay {
         let slots = self.hub.push_slots();
         let from = self.hint().start();
         let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
-        // Room offered by this process's streams; the guard gives back what the pass did not
-        // lease, whatever happens to the pass.
-        let mut offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
+        // The lends of this process's streams; the guard ends the pass's hold on them whatever
+        // happens to the pass.
+        let offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
         let mut out = self.store.relay_batch(batch, from, now, notify, offered.offers()).await?;
-        offered.used(&out.pushed);
         self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
-        self.hand_over(&slots, std::mem::take(&mut out.pushed)).await;
-        // Only now: a stream that leased meanwhile waits for this before sending (see
-        // `Credits::passes_handed_over`).
-        drop(offered);
+        let unsent = offered.hand_over(std::mem::take(&mut out.pushed));
+        self.release_unsent(unsent).await;
         if out.messages > 0 {
             *self.asked_until() = None;
             crate::metrics::relayed(out.messages, started.elapsed());
@@ -203,38 +199,27 @@ impl Relay {
         Ok(out)
     }
 
-    /// Sends each stream the deliveries leased to it at fan-out. A stream that ended meanwhile
-    /// gets its leases released at once, for any stream to take (their delivery count stays
-    /// at 1, so the next delivery says 2).
-    async fn hand_over(&self, slots: &PushSlots, pushed: Vec<(String, String, LeasedDelivery)>) {
-        let mut by_session: HashMap<(String, String), Vec<LeasedDelivery>> = HashMap::new();
-        for (consumer, session, d) in pushed {
-            by_session.entry((consumer, session)).or_default().push(d);
-        }
-        for ((consumer, session), batch) in by_session {
-            let (consumer, session) = (consumer.as_str(), session.as_str());
-            let Some(slot) = slots.slot(consumer, session) else { continue };
-            if let Err(unsent) = slot.tx.send(batch) {
-                // Their room (and its principal's bytes) was taken for nothing.
-                slot.credits.give(unsent.0.len());
-                let now = self.clock.now();
-                let Ok(name) = ConsumerName::parse("consumer", consumer) else { continue };
-                let releases: Vec<Release> = unsent
-                    .0
-                    .iter()
-                    .map(|d| Release {
-                        consumer: name.clone(),
-                        message_id: d.message.message_id,
-                        state: DeliveryState::Pending,
-                        available_at: now,
-                        error: None,
-                    })
-                    .collect();
-                if let Err(e) = self.store.delivery_release_many(&releases, ReleaseGuard::Session(session), now).await {
-                    tracing::warn!(consumer, error = %e, "could not release deliveries of a stream that ended; the sweeper will");
-                }
-                self.hub.notify_consumer(consumer);
+    /// Releases deliveries leased at fan-out to streams that ended before the hand-over, at
+    /// once, for any stream to take (their delivery count stays at 1, so the next delivery
+    /// says 2).
+    async fn release_unsent(&self, unsent: Vec<(String, String, Vec<LeasedDelivery>)>) {
+        for (consumer, session, deliveries) in unsent {
+            let Ok(name) = ConsumerName::parse("consumer", &consumer) else { continue };
+            let now = self.clock.now();
+            let releases: Vec<Release> = deliveries
+                .iter()
+                .map(|d| Release {
+                    consumer: name.clone(),
+                    message_id: d.message.message_id,
+                    state: DeliveryState::Pending,
+                    available_at: now,
+                    error: None,
+                })
+                .collect();
+            if let Err(e) = self.store.delivery_release_many(&releases, ReleaseGuard::Session(&session), now).await {
+                tracing::warn!(consumer, error = %e, "could not release deliveries of a stream that ended; the sweeper will");
             }
+            self.hub.notify_consumer(&consumer);
         }
     }
 

@@ -48,26 +48,25 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: Shared
 }
 
 /// T18: a relay pass that pushed to a stream which ended before the hand-over (its channel
-/// closed) releases what it pushed there at once, due now with its count of 1 kept, and gives
-/// the stream's room back; the next lease says 2.
+/// closed) releases what it pushed there at once, due now with its count of 1 kept, and ends
+/// its hold on the stream's lend; the next lease says 2.
 async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_released_at_once(store: SharedStore) {
     use crate::domain::{ConsumerName, DeliveryState};
-    use crate::hub::{Credits, PushSlot};
+    use crate::hub::{Lend, PushSlot};
     let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
     store.consumer_create(&spec("c", &["t"], 5), clock.now()).await.unwrap();
     let sent = store.message_insert_batch(&[msg("t"), msg("t")], clock.now()).await.unwrap();
     let hub = Hub::default();
-    let credits = Arc::new(Credits::new(10));
+    let lend = Arc::new(Lend::default());
+    assert!(lend.adjust(|_| 10));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     drop(rx); // the stream ended
-    let _slot = hub.offer(
-        "c",
-        PushSlot { session: "gone".into(), ack_deadline: Duration::from_secs(30), credits: credits.clone(), tx },
-    );
+    let _slot = hub
+        .offer("c", PushSlot { session: "gone".into(), ack_deadline: Duration::from_secs(30), lend: lend.clone(), tx });
     let relay = Relay::new(store.clone(), clock.clone(), hub, RelayConfig::default());
     let out = relay.run_once().await.unwrap();
     assert_eq!(out.messages, 2);
-    assert_eq!(credits.available(), 10, "the room taken for the ended stream is back");
+    assert!(lend.adjust(|room| room), "the pass no longer holds the lend");
     for e in &sent {
         let (_, rows) = store.message_get(e.message_id).await.unwrap();
         let row = rows.iter().find(|r| r.consumer == "c").unwrap();
