@@ -447,8 +447,12 @@ impl Session {
         // stream. One that still holds the lend sends them with its hand-over: what was leased
         // waits for it, staged, while the stream goes on serving. Those of passes that ended
         // are in the channel already (a pass sends as it ends its hold, looked at first).
-        let holder = self.lend.wake_when_handed();
+        let mut holder = self.lend.wake_when_handed();
         while let Ok(handed) = self.pushed.try_recv() {
+            // That pass may have handed over since it was asked for word: nothing to wait for.
+            if holder.is_some_and(|pass| handed.pass >= pass) {
+                holder = None;
+            }
             leased.extend(self.hold_handed(handed));
         }
         let send = self.order.leased(leased, holder);
