@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -51,11 +51,21 @@ pub fn delivery_unit(max_payload_bytes: usize) -> usize {
 pub struct ByteBudget {
     free: AtomicUsize,
     limit: usize,
+    /// A take fell short since the last give that announced bytes coming back.
+    refused: AtomicBool,
+    /// Counts gives that followed a refusal: a stream refused its room waits for this instead
+    /// of a fallback poll.
+    returned: tokio::sync::watch::Sender<u64>,
 }
 
 impl ByteBudget {
     pub fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Self { free: AtomicUsize::new(limit), limit })
+        Arc::new(Self {
+            free: AtomicUsize::new(limit),
+            limit,
+            refused: AtomicBool::new(false),
+            returned: tokio::sync::watch::channel(0).0,
+        })
     }
 
     pub fn limit(&self) -> usize {
@@ -64,25 +74,47 @@ impl ByteBudget {
 
     /// Bytes free now.
     pub fn available(&self) -> usize {
-        self.free.load(Ordering::Acquire)
+        self.free.load(Ordering::SeqCst)
     }
 
-    /// Takes `unit` bytes up to `want` times, as many times as there are bytes for.
+    /// Takes `unit` bytes up to `want` times, as many times as there are bytes for. A take
+    /// that falls short makes the next give announce itself ([`ByteBudget::returned`]).
     pub fn take_units(&self, want: usize, unit: usize) -> usize {
         let unit = unit.max(1);
         let mut taken = 0;
-        let _ = self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+        let _ = self.free.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |free| {
             taken = (free / unit).min(want);
             Some(free - taken * unit)
         });
+        if taken < want {
+            self.refused.store(true, Ordering::SeqCst);
+            // A give between the take and the flag saw no refusal and announced nothing:
+            // announce it here, so that the refused caller, who waits for the next
+            // announcement, does not wait for a give that has come already.
+            if self.free.load(Ordering::SeqCst) >= unit {
+                self.announce();
+            }
+        }
         taken
     }
 
     /// Gives back `bytes` taken.
     pub fn give(&self, bytes: usize) {
         if bytes > 0 {
-            self.free.fetch_add(bytes, Ordering::AcqRel);
+            self.free.fetch_add(bytes, Ordering::SeqCst);
+            if self.refused.swap(false, Ordering::SeqCst) {
+                self.announce();
+            }
         }
+    }
+
+    /// Changes whenever bytes come back after a take fell short.
+    pub fn returned(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.returned.subscribe()
+    }
+
+    fn announce(&self) {
+        self.returned.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
 
@@ -562,6 +594,31 @@ impl http_body::Body for DeadlineBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_that_come_back_after_a_refusal_are_announced_and_no_others() {
+        let budget = ByteBudget::new(250);
+        let mut returned = budget.returned();
+        assert_eq!(budget.take_units(2, 100), 2);
+        budget.give(100);
+        assert!(!returned.has_changed().unwrap(), "no one was refused: a give says nothing");
+        assert_eq!(budget.take_units(3, 100), 1, "150 free: one unit");
+        assert!(!returned.has_changed().unwrap(), "nothing came back yet");
+        budget.give(100);
+        assert!(returned.has_changed().unwrap(), "a refused taker is told");
+        returned.borrow_and_update();
+        budget.give(100);
+        assert!(!returned.has_changed().unwrap(), "once per refusal");
+        assert_eq!(budget.available(), 250);
+        // A refusal that finds enough free right after it (a give raced with it) announces it
+        // at once: the refused taker must not wait for the next give.
+        assert_eq!(budget.take_units(1, 300), 0);
+        assert!(!returned.has_changed().unwrap(), "250 free is no unit of 300");
+        assert_eq!(budget.take_units(5, 50), 5);
+        assert_eq!(budget.take_units(1, 50), 0);
+        budget.give(50);
+        assert!(returned.has_changed().unwrap());
+    }
 
     #[test]
     fn a_principals_streams_are_bounded_apart_from_the_process_and_given_back() {

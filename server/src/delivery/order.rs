@@ -13,6 +13,9 @@ pub struct Order {
     staged: Vec<LeasedDelivery>,
     /// The number of the pass whose hand-over releases what is staged (see `hub::Handed`).
     until: u64,
+    /// The highest pass number whose hand-over this stream has taken: a lease never waits
+    /// for a pass that has handed over already.
+    handed: u64,
 }
 
 impl Order {
@@ -21,7 +24,9 @@ impl Order {
     /// (`None` when no pass holds it). Returns what to send now, in seq order.
     pub fn leased(&mut self, mut deliveries: Vec<LeasedDelivery>, holder: Option<u64>) -> Vec<LeasedDelivery> {
         self.staged.append(&mut deliveries);
-        match holder {
+        // The holder may have handed over between the question and the lease's return: its
+        // hand-over was taken (`drained`), so there is nothing left to wait for.
+        match holder.filter(|pass| *pass > self.handed) {
             Some(pass) => {
                 self.until = self.until.max(pass);
                 Vec::new()
@@ -34,11 +39,20 @@ impl Order {
     /// to send now: all of it when nothing is staged, and everything once the pass that the
     /// staged deliveries wait for has handed over.
     pub fn handed(&mut self, pass: u64, deliveries: Vec<LeasedDelivery>) -> Vec<LeasedDelivery> {
+        self.handed = self.handed.max(pass);
         if self.staged.is_empty() {
             return deliveries;
         }
         self.staged.extend(deliveries);
         if pass < self.until { Vec::new() } else { self.flush() }
+    }
+
+    /// A hand-over taken from the channel while a lease was under way: its deliveries go out
+    /// with what that lease returns ([`Order::leased`], called next), and its pass is not
+    /// waited for any more.
+    pub fn drained(&mut self, pass: u64, mut deliveries: Vec<LeasedDelivery>) {
+        self.handed = self.handed.max(pass);
+        self.staged.append(&mut deliveries);
     }
 
     /// What is staged and was never sent (the stream is ending).
@@ -98,6 +112,25 @@ mod tests {
         assert!(o.leased(vec![at(7)], Some(2)).is_empty());
         assert!(o.handed(1, vec![at(4)]).is_empty(), "pass 2 may hold seq 6");
         assert_eq!(seqs(&o.handed(2, vec![at(6)])), [4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn a_lease_does_not_wait_for_a_pass_whose_hand_over_it_drained_meanwhile() {
+        // The race b488a09 closed: the stream asked pass 2 for word (it held the lend), then
+        // took pass 2's hand-over from the channel before the lease returned. Waiting for pass
+        // 2 now would wait for a message that has come already, until the leases expired.
+        let mut o = Order::default();
+        o.drained(2, vec![at(1)]);
+        assert_eq!(seqs(&o.leased(vec![at(3), at(2)], Some(2))), [1, 2, 3], "sent at once, in order");
+        assert_eq!(o.staged(), 0);
+        // A later pass that holds the lend now is still waited for.
+        o.drained(3, vec![]);
+        assert!(o.leased(vec![at(5)], Some(4)).is_empty());
+        assert!(o.handed(3, vec![at(4)]).is_empty(), "an earlier pass does not release it");
+        assert_eq!(seqs(&o.handed(4, vec![])), [4, 5]);
+        // A plain hand-over counts too.
+        assert_eq!(seqs(&o.handed(5, vec![at(6)])), [6]);
+        assert_eq!(seqs(&o.leased(vec![at(7)], Some(5))), [7], "pass 5 handed over already");
     }
 
     #[test]

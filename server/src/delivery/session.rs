@@ -111,6 +111,11 @@ pub struct Session {
     unwritten_acks: Vec<(MessageId, Held)>,
     /// When it leases: pending work, turns, timers, batching, backoff.
     pace: Pace,
+    /// Announces bytes coming back to the principal's budget (see [`crate::limits::ByteBudget`]).
+    bytes_returned: Option<watch::Receiver<u64>>,
+    /// The last lease found room but no bytes for it: the stream leases again when the
+    /// budget announces bytes coming back.
+    awaits_bytes: bool,
     /// Set once the server shuts down: no more leases, acks until then.
     drain_until: Option<Instant>,
 }
@@ -170,7 +175,9 @@ fn deliver_span(consumer: &str, d: &mut LeasedDelivery) -> tracing::Span {
 impl Session {
     pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
         let (push_tx, pushed) = mpsc::unbounded_channel();
+        let bytes_returned = start.bytes.as_ref().map(|b| b.budget.returned());
         Self {
+            bytes_returned,
             id: uuid::Uuid::new_v4().to_string(),
             window: Window::bounded(start.max_in_flight as usize, start.bytes.clone()),
             push: None,
@@ -183,6 +190,7 @@ impl Session {
             key_cursor: String::new(),
             unwritten_acks: Vec::new(),
             pace: Pace::new(),
+            awaits_bytes: false,
             drain_until: None,
         }
     }
@@ -261,8 +269,12 @@ impl Session {
             let mut sleep_for = self.ctx.poll_interval.min(self.pace.tick(now));
             self.lend_room();
             let woken = *wake.borrow();
-            // Seen before trying: a turn given back from now on wakes the loop.
+            // Seen before trying: a turn given back, or bytes coming back, from now on wake
+            // the loop.
             turn_released.borrow_and_update();
+            if let Some(returned) = &mut self.bytes_returned {
+                returned.borrow_and_update();
+            }
             match self.lease(now, out, turn, woken).await {
                 Leased::Again => continue,
                 Leased::Wait(d) => sleep_for = sleep_for.min(d),
@@ -285,6 +297,7 @@ impl Session {
                 Some(handed) = self.pushed.recv() => Event::Pushed(handed),
                 _ = wake.changed() => Event::Signalled(*wake.borrow_and_update()),
                 _ = turn_released.changed(), if self.pace.awaits_turn() => Event::TurnFree,
+                _ = changed(&mut self.bytes_returned), if self.awaits_bytes => Event::Woken,
                 _ = out.closed() => Event::Ended(End::Broken),
                 _ = tokio::time::sleep(sleep_for) => Event::Woken,
             };
@@ -359,11 +372,9 @@ impl Session {
         if self.drain_until.is_some() || self.ctx.shutdown.is_cancelled() {
             return Leased::Wait(Duration::MAX);
         }
-        let room = self.window.room();
-        if room == 0 && self.window.lent() > 0 && self.pace.maybe_pending() {
-            // The room is lent to a pass: its hand-over comes with word, and the lend shrinks.
-            let _ = self.lend.wake_when_handed();
-        }
+        self.awaits_bytes = false;
+        let room =
+            if self.pace.maybe_pending() { self.window.room_for_pending(&self.lend) } else { self.window.room() };
         // A quarter of the window, at most 64, while the stream is busy.
         let batch = (self.window.max() / 4).clamp(1, 64);
         match self.pace.next(room, batch, self.window.is_empty(), Instant::now()) {
@@ -382,8 +393,12 @@ impl Session {
         };
         self.pace.leasing(Instant::now());
         match self.fill(room, now, out, my_turn).await {
-            // The relay took the room meanwhile: try again once it is back.
-            Ok(Some((0, _))) => Leased::Wait(Duration::MAX),
+            // Room, but the principal's byte budget had no bytes for it: lease again when
+            // bytes come back (an ack, a pass's hand-over, another stream's end).
+            Ok(Some((0, _))) => {
+                self.awaits_bytes = self.bytes_returned.is_some();
+                Leased::Wait(Duration::MAX)
+            }
             // As much as asked: there may be more.
             Ok(Some((taken, sent))) if sent == taken => Leased::Again,
             // Less than asked: nothing more is due now. Find out when the next is (a retry's
@@ -437,7 +452,7 @@ impl Session {
         drop(turn);
         let n = leased.as_ref().map_or(0, Vec::len);
         self.window.unreserve(room - n);
-        let mut leased = leased?;
+        let leased = leased?;
         self.key_cursor = next_key_cursor(&self.key_cursor, &leased);
         // Held before anything is sent, so that whatever happens next releases all of them.
         for d in &leased {
@@ -447,13 +462,13 @@ impl Session {
         // stream. One that still holds the lend sends them with its hand-over: what was leased
         // waits for it, staged, while the stream goes on serving. Those of passes that ended
         // are in the channel already (a pass sends as it ends its hold, looked at first).
-        let mut holder = self.lend.wake_when_handed();
+        let holder = self.lend.wake_when_handed();
         while let Ok(handed) = self.pushed.try_recv() {
-            // That pass may have handed over since it was asked for word: nothing to wait for.
-            if holder.is_some_and(|pass| handed.pass >= pass) {
-                holder = None;
-            }
-            leased.extend(self.hold_handed(handed));
+            // That pass may have handed over since it was asked for word: `Order` then does
+            // not wait for it.
+            let pass = handed.pass;
+            let pushed = self.hold_handed(handed);
+            self.order.drained(pass, pushed);
         }
         let send = self.order.leased(leased, holder);
         Ok(self.send_all(send, now, out).await.then_some((room, n)))
@@ -461,7 +476,7 @@ impl Session {
 
     /// Sends held deliveries; false when the client is gone.
     async fn send_all(&self, leased: Vec<LeasedDelivery>, now: DateTime<Utc>, out: &Outbound) -> bool {
-        for mut d in leased {
+        for mut d in self.window.still_held(leased) {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
             // Open until the delivery is handed to the stream.
             let _span = deliver_span(self.consumer().as_str(), &mut d);
@@ -580,6 +595,16 @@ impl Session {
         tracing::debug!(consumer = %self.consumer(), released = n, "released held deliveries");
         Ok(())
     }
+}
+
+/// Resolves when the budget announces bytes coming back; never without a budget.
+async fn changed(returned: &mut Option<watch::Receiver<u64>>) {
+    if let Some(rx) = returned
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// The first command and whatever else the client has already sent, so that a burst of acks

@@ -136,6 +136,30 @@ impl Window {
         })
     }
 
+    /// The free room for a lease while work may be pending. With none free while room is
+    /// lent, the lend is the room there is: a pass that holds it is asked for word at its
+    /// hand-over (after which the stream lends less); if no pass holds it any more (one handed
+    /// over since the stream last lent, with nothing for it and no word asked), the stream
+    /// takes the larger half back at once, instead of idling until a fallback poll.
+    pub fn room_for_pending(&mut self, lend: &Lend) -> usize {
+        // Each round either finds a pass holding the lend or adjusts it; a third is only
+        // needed if passes take and hand over the lend between the two.
+        for _ in 0..3 {
+            if self.room() > 0 || self.lent == 0 || lend.wake_when_handed().is_some() || self.lend(lend, true) {
+                break;
+            }
+        }
+        self.room()
+    }
+
+    /// Of `deliveries` about to be sent, those the window still holds: one whose lease
+    /// expired while it waited for a pass's hand-over (see `super::order`) is the sweeper's
+    /// now, and sending it could deliver it twice at once.
+    pub fn still_held(&self, mut deliveries: Vec<LeasedDelivery>) -> Vec<LeasedDelivery> {
+        deliveries.retain(|d| self.holds(&d.message.message_id));
+        deliveries
+    }
+
     /// Takes back all the lend (the stream takes no more pushes), unless a pass holds it.
     pub fn withdraw(&mut self, lend: &Lend) -> bool {
         lend.adjust(|current| {
@@ -379,6 +403,60 @@ mod tests {
         assert_eq!((one.lent(), one.room()), (0, 1), "a stream with pending work keeps its last slot");
         assert!(w.withdraw(&lend));
         assert_eq!((w.lent(), w.room()), (0, 7));
+    }
+
+    #[test]
+    fn with_work_pending_and_every_slot_lent_a_stream_asks_the_pass_for_word_or_takes_room_back() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // One slot, lent while nothing was pending (half rounded up: the whole slot).
+        let mut w = Window::new(1);
+        let lend = Lend::default();
+        assert!(w.lend(&lend, false));
+        assert_eq!((w.lent(), w.room()), (1, 0));
+        // A pass holds the lend: it is asked for word, and the room stays lent.
+        assert_eq!(lend.take(10), Some(1));
+        assert_eq!(w.room_for_pending(&lend), 0);
+        assert!(lend.hand_over(Vec::new(), &tx).is_ok());
+        assert!(rx.try_recv().is_ok(), "the pass sends word although it pushed nothing");
+        // A pass that took the lend and handed it over with nothing, while no one asked: no
+        // word comes, so the stream takes its room back at once (it waited for a 2 s poll).
+        assert_eq!(lend.take(10), Some(1));
+        assert!(lend.hand_over(Vec::new(), &tx).is_ok());
+        assert!(rx.try_recv().is_err());
+        assert_eq!(w.room_for_pending(&lend), 1, "the larger half: the last slot");
+        assert_eq!(w.lent(), 0);
+        // Nothing lent, or all of it on its way: nothing to take back, and no spinning.
+        let mut full = Window::new(2);
+        let lend = Lend::default();
+        assert!(full.lend(&lend, false));
+        assert_eq!(lend.take(10), Some(1));
+        let pushed = leased(add(start(), Duration::from_secs(5)), None);
+        assert!(lend.hand_over(vec![pushed.clone()], &tx).is_ok());
+        assert_eq!(full.reserve(1), 1);
+        full.hold(&leased(add(start(), Duration::from_secs(5)), None));
+        assert_eq!(full.room_for_pending(&lend), 0, "held and travelling fill it");
+        full.hold_pushed(&pushed);
+        assert_eq!((full.lent(), full.room_for_pending(&lend)), (0, 0));
+    }
+
+    #[test]
+    fn a_lease_that_expired_while_it_waited_to_be_sent_is_not_sent() {
+        let mut w = Window::new(3);
+        let clock = ManualClock::new(start());
+        let soon = leased(add(clock.now(), Duration::from_secs(1)), None);
+        let later = leased(add(clock.now(), Duration::from_secs(30)), None);
+        assert_eq!(w.reserve(2), 2);
+        w.hold(&soon);
+        w.hold(&later);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(w.expire(clock.now()), 1);
+        let sent = w.still_held(vec![soon.clone(), later.clone()]);
+        assert_eq!(
+            sent.iter().map(|d| d.message.message_id).collect::<Vec<_>>(),
+            [later.message.message_id],
+            "the sweeper's now"
+        );
+        assert_eq!(w.ack(&[soon.message.message_id]).len(), 1, "a late ack of it still counts");
     }
 
     #[test]
