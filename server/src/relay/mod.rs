@@ -15,10 +15,12 @@ mod store_tests;
 /// How the relay waits for work. It polls: again at once after a pass that found work; every
 /// `poll_min` for `hot_for` after the last work it found (traffic is likely to go on, and each
 /// empty poll is one cheap indexed probe); then doubling up to `poll_max` while nothing comes.
-/// Messages enqueued through this process's `Enqueue` RPC wake it at once, and so do, once it
-/// has backed off and asked for it (`wake_on_commit`), producers' commits in other processes:
-/// on PostgreSQL a NOTIFY from their statement, sent only while a relay has asked (a NOTIFY on
-/// every commit would serialise producers' commits; ADR 0051); on SQLite the store's watcher.
+/// Messages enqueued through this process's `Enqueue` RPC wake it at once, and so do, whenever
+/// it is about to sleep (`wake_on_commit`), producers' commits in other processes: on
+/// PostgreSQL a NOTIFY from the statement of the first producer that commits while the relay
+/// sleeps, asked for by the probe before the sleep and withdrawn by the next pass that finds
+/// work, so that a relay kept busy asks for none (a NOTIFY on every commit would serialise
+/// producers' commits; ADR 0051, 0063); on SQLite the store's watcher.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayConfig {
     pub batch_size: i64,
@@ -62,6 +64,49 @@ fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Durati
 /// that died stops renewing it, and producers' commits stop notifying within this long.
 fn wakeup_lease(config: &RelayConfig) -> Duration {
     (config.poll_max * 4).max(Duration::from_secs(4))
+}
+
+/// Below this rate of messages a relay that caught up asks producers' commits to wake it before
+/// it sleeps; at or above it, it polls every `poll_min` as before. Each wake-up costs the
+/// producer that commits first a NOTIFY, and notifying commits are serialised (PERF-NOTES): at
+/// low rates that costs nothing and saves the poll's wait, at high rates the next message comes
+/// within a poll anyway and the notifications would cost producers throughput (measured: about
+/// 5 % of end to end when asking at every rate; ADR 0063).
+const ASK_BELOW_PER_S: u64 = 2_000;
+
+/// The span over which [`Arrivals`] measures the rate.
+const RATE_SPAN: Duration = Duration::from_millis(100);
+
+/// The messages recent passes found, to tell a trickle from a flow.
+#[derive(Debug, Default)]
+struct Arrivals {
+    passes: std::collections::VecDeque<(std::time::Instant, u64)>,
+    sum: u64,
+}
+
+impl Arrivals {
+    /// A pass at `at` found `n` messages.
+    fn found(&mut self, at: std::time::Instant, n: u64) {
+        self.forget(at);
+        self.passes.push_back((at, n));
+        self.sum += n;
+    }
+
+    /// Messages per second over the last [`RATE_SPAN`] at `at`.
+    fn rate(&mut self, at: std::time::Instant) -> u64 {
+        self.forget(at);
+        self.sum * 1000 / RATE_SPAN.as_millis() as u64
+    }
+
+    fn forget(&mut self, at: std::time::Instant) {
+        while let Some((t, n)) = self.passes.front().copied() {
+            if at.saturating_duration_since(t) < RATE_SPAN {
+                break;
+            }
+            self.passes.pop_front();
+            self.sum -= n;
+        }
+    }
 }
 
 /// How often a pass looks for unrelayed messages from the start of the table rather than from
@@ -140,20 +185,18 @@ impl Relay {
         self.wakeup_asked_until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether a relay idle for `idle` has backed off and asks producers' commits to wake it.
-    fn backed_off(&self, idle: Duration) -> bool {
-        self.config.wake_on_commit && idle >= self.config.hot_for
-    }
-
-    /// A probe for unrelayed messages; once the relay has backed off (idle for `hot_for`), the
-    /// same statement asks producers' commits to wake it, and renews that request when half of
-    /// it has run out (ADR 0051).
-    async fn probe(&self, idle: Duration) -> Result<bool, StoreError> {
+    /// A probe for unrelayed messages. Unless a request to be woken by producers' commits
+    /// holds (a pass that finds work withdraws it), the same statement makes one, and renews it
+    /// when half of it has run out (ADR 0051): hot or backed off, the relay sleeps only with a
+    /// request in place, so the first commit wakes it instead of its next poll (ADR 0063).
+    /// While messages flow faster than [`ASK_BELOW_PER_S`] (`flowing`) it does not ask.
+    async fn probe(&self, flowing: bool) -> Result<bool, StoreError> {
         // Peek only: the pass that follows must start where the probe looked.
         let from = self.hint().peek();
         let lease = wakeup_lease(&self.config);
         let now = std::time::Instant::now();
-        let ask = self.backed_off(idle)
+        let ask = self.config.wake_on_commit
+            && !flowing
             && self.asked_until().is_none_or(|until| until.saturating_duration_since(now) < lease / 2);
         if !ask {
             return self.store.message_unrelayed_exists(from).await;
@@ -253,11 +296,15 @@ impl Relay {
         // None until a pass finds work: a process that starts on a quiet outbox backs off at
         // once instead of probing every `poll_min` for its first `hot_for`.
         let mut last_work: Option<std::time::Instant> = None;
+        let mut arrivals = Arrivals::default();
         let mut probe = false;
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
-            let found =
-                if probe { self.probe(last_work.map_or(Duration::MAX, |at| at.elapsed())).await } else { Ok(true) };
+            let found = if probe {
+                self.probe(arrivals.rate(std::time::Instant::now()) >= ASK_BELOW_PER_S).await
+            } else {
+                Ok(true)
+            };
             let pass = match found {
                 Ok(true) => self.run_once().await.map(|out| out.messages),
                 Ok(false) => Ok(0),
@@ -269,6 +316,7 @@ impl Relay {
                 Ok(n) if n > 0 => {
                     wait = self.config.poll_min;
                     last_work = Some(std::time::Instant::now());
+                    arrivals.found(std::time::Instant::now(), n);
                     probe = false;
                     if cancel.is_cancelled() {
                         return;
@@ -285,8 +333,13 @@ impl Relay {
                     let idle = last_work.map_or(Duration::MAX, |at| at.elapsed());
                     wait = next_wait(&self.config, idle, wait);
                     probe = true;
-                    // Backed off and not asked yet: the probe that asks comes before any sleep.
-                    if self.backed_off(idle) && self.asked_until().is_none() {
+                    // Not asked yet, and no flow that the next poll would find anyway: the probe
+                    // that asks comes before any sleep, so that the first commit while the relay
+                    // sleeps wakes it, not its next poll.
+                    if self.config.wake_on_commit
+                        && self.asked_until().is_none()
+                        && arrivals.rate(std::time::Instant::now()) < ASK_BELOW_PER_S
+                    {
                         continue;
                     }
                 }
@@ -332,6 +385,21 @@ mod tests {
         assert_eq!(h.start(), 0, "more late messages may wait: scan from the start again");
         h.claimed(0, Some(3 * SCAN_BEHIND), true);
         assert_eq!(h.start(), 2 * SCAN_BEHIND + 1, "caught up: back to the hint");
+    }
+
+    #[test]
+    fn the_rate_is_what_passes_found_over_the_last_span() {
+        let mut a = Arrivals::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(a.rate(t0), 0);
+        a.found(t0, 50);
+        a.found(t0 + Duration::from_millis(40), 100);
+        assert_eq!(a.rate(t0 + Duration::from_millis(50)), 1_500, "150 in the last 100 ms");
+        assert!(a.rate(t0 + Duration::from_millis(50)) < ASK_BELOW_PER_S, "a trickle: ask to be woken");
+        a.found(t0 + Duration::from_millis(60), 100);
+        assert!(a.rate(t0 + Duration::from_millis(60)) >= ASK_BELOW_PER_S, "a flow: poll");
+        assert_eq!(a.rate(t0 + Duration::from_millis(120)), 2_000, "the first pass has left the span");
+        assert_eq!(a.rate(t0 + Duration::from_secs(1)), 0, "and then all of them");
     }
 
     #[test]

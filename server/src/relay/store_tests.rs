@@ -79,13 +79,15 @@ async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_relea
     assert!(again.iter().all(|l| l.delivery_count == 2), "{again:?}");
 }
 
-/// A relay that backed off is woken by a producer's commit instead of its next poll (ADR 0051):
+/// A sleeping relay is woken by a producer's commit instead of its next poll (ADR 0051, 0063):
 /// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued` while a
-/// relay's request holds, and none while none does or after it lapsed (a notification on every
-/// commit would serialise producers' commits). The relay polls every 60 s here, so only the
-/// notification can relay the message within the bound.
+/// relay's request holds, and none while none does, after a pass that found work withdrew it, or
+/// after it lapsed (a notification on every commit would serialise producers' commits). The
+/// relay asks again each time it is about to sleep, so every quiet moment ends with the first
+/// commit. It polls every 60 s here, so only the notifications can relay the messages within
+/// the bound.
 #[tokio::test]
-async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_notified() {
+async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified() {
     use sqlx::postgres::PgListener;
     let db = TestDb::create().await.unwrap();
     let pg = PgStore::connect(&db.url, 4).await.unwrap();
@@ -140,6 +142,19 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert while no relay asked sent a notification");
     store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
 
+    // A request, then a pass that finds work withdraws it: while passes find work, inserts
+    // notify nobody.
+    assert!(!store.message_unrelayed_exists_asking_wakeup(0, Duration::from_secs(30)).await.unwrap());
+    assert!(wanted().await);
+    insert("asked").await;
+    assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
+    assert_eq!(store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap().messages, 1);
+    assert!(!wanted().await, "the relay pass that found work withdrew the request");
+    insert("busy").await;
+    marker().await;
+    assert_eq!(next_heard(&mut heard).await, "marker", "an insert while the relay was busy sent a notification");
+    store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
+
     // A relay that polls every 60 s, woken as outboxd wires it: watch → hint → the relay.
     let hub = Hub::default();
     let config =
@@ -162,24 +177,24 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
         }
     });
     let relaying = tokio::spawn(relay.run(cancel.clone()));
-    // Nothing to do since it started: its probe asks to be woken, and it sleeps.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !wanted().await {
-        assert!(std::time::Instant::now() < deadline, "the relay did not ask to be woken");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // Nothing to do since it started: its probe asks to be woken, and it sleeps. Woken and done,
+    // it asks again before it sleeps again: each insert below is relayed by its notification.
+    for type_ in ["wakes", "wakes again"] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !wanted().await {
+            assert!(std::time::Instant::now() < deadline, "the relay did not ask to be woken before {type_:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        insert(type_).await;
+        assert_eq!(next_heard(&mut heard).await, "", "the insert {type_:?} notified the relay that asked");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.message_unrelayed_exists(0).await.unwrap() {
+            assert!(std::time::Instant::now() < deadline, "the relay slept through the notification of {type_:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
-    insert("wakes").await;
-    assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.message_unrelayed_exists(0).await.unwrap() {
-        assert!(std::time::Instant::now() < deadline, "the relay slept through the insert's notification");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The pass that found it cleared the request: while the relay is busy, inserts notify nobody.
-    assert!(!wanted().await, "the relay pass that found work cleared the request");
-    insert("busy").await;
-    marker().await;
-    assert_eq!(next_heard(&mut heard).await, "marker", "an insert after the relay woke sent a notification");
+    cancel.cancel();
+    relaying.await.unwrap();
 
     // A request that lapsed (its relay died before renewing it) wakes nobody either.
     sqlx::query("SELECT setval('outbox.relay_wakeup', extract(epoch FROM now())::bigint - 1)")
@@ -190,8 +205,6 @@ async fn a_relay_that_backed_off_is_woken_by_a_producers_insert_and_only_then_no
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert under a lapsed request sent a notification");
 
-    cancel.cancel();
-    relaying.await.unwrap();
     watch.await.unwrap();
     wake.abort();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {writer}; DROP ROLE {writer};")))
