@@ -136,16 +136,18 @@ impl Window {
         })
     }
 
-    /// The free room for a lease while work may be pending. With none free while room is
-    /// lent, the lend is the room there is: a pass that holds it is asked for word at its
-    /// hand-over (after which the stream lends less); if no pass holds it any more (one handed
-    /// over since the stream last lent, with nothing for it and no word asked), the stream
-    /// takes the larger half back at once, instead of idling until a fallback poll.
+    /// The free room for a lease while work may be pending. Room lent to the relay is the
+    /// relay's only while a pass holds it: a lease takes back all of the lend that no pass holds
+    /// (the relay is lent half of what is free again once the lease is made), so that a stream
+    /// draining a backlog leases with its whole window, not with what a standing lend leaves
+    /// it. While a pass holds the lend and no room is free, the pass is asked for word at its
+    /// hand-over; if it handed over in between (with nothing for the stream, and no word
+    /// asked), the lend is taken back at once instead of idling until a fallback poll.
     pub fn room_for_pending(&mut self, lend: &Lend) -> usize {
-        // Each round either finds a pass holding the lend or adjusts it; a third is only
+        // Each round either takes the lend back or finds a pass holding it; a third is only
         // needed if passes take and hand over the lend between the two.
         for _ in 0..3 {
-            if self.room() > 0 || self.lent == 0 || lend.wake_when_handed().is_some() || self.lend(lend, true) {
+            if self.lent == 0 || self.withdraw(lend) || self.room() > 0 || lend.wake_when_handed().is_some() {
                 break;
             }
         }
@@ -406,14 +408,28 @@ mod tests {
     }
 
     #[test]
-    fn with_work_pending_and_every_slot_lent_a_stream_asks_the_pass_for_word_or_takes_room_back() {
+    fn a_lease_takes_back_the_lend_no_pass_holds_and_asks_a_pass_that_holds_it_for_word() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        // One slot, lent while nothing was pending (half rounded up: the whole slot).
+        // Half of the room is lent while nothing is pending; a lease takes all of it back.
+        let mut w = Window::new(8);
+        let lend = Lend::default();
+        assert!(w.lend(&lend, false));
+        assert_eq!((w.lent(), w.room()), (4, 4));
+        assert_eq!(w.room_for_pending(&lend), 8, "the whole window for a backlog");
+        assert_eq!(lend.take(10), None, "nothing lent until the stream lends again");
+        assert!(w.lend(&lend, true));
+        assert_eq!((w.lent(), w.room()), (4, 4), "after the lease: half of what is free");
+        // A pass holds the lend: the rest of the room is the lease's, the lend stays the pass's.
+        assert_eq!(lend.take(10), Some(4));
+        assert_eq!(w.room_for_pending(&lend), 4);
+        assert!(lend.hand_over(Vec::new(), &tx).is_ok());
+        assert!(rx.try_recv().is_err(), "no word asked while there was room");
+        // One slot, lent while nothing was pending (half rounded up: the whole slot), held by a
+        // pass: it is asked for word, and the room stays lent.
         let mut w = Window::new(1);
         let lend = Lend::default();
         assert!(w.lend(&lend, false));
         assert_eq!((w.lent(), w.room()), (1, 0));
-        // A pass holds the lend: it is asked for word, and the room stays lent.
         assert_eq!(lend.take(10), Some(1));
         assert_eq!(w.room_for_pending(&lend), 0);
         assert!(lend.hand_over(Vec::new(), &tx).is_ok());
@@ -423,9 +439,9 @@ mod tests {
         assert_eq!(lend.take(10), Some(1));
         assert!(lend.hand_over(Vec::new(), &tx).is_ok());
         assert!(rx.try_recv().is_err());
-        assert_eq!(w.room_for_pending(&lend), 1, "the larger half: the last slot");
+        assert_eq!(w.room_for_pending(&lend), 1);
         assert_eq!(w.lent(), 0);
-        // Nothing lent, or all of it on its way: nothing to take back, and no spinning.
+        // What is on its way is not room: held and travelling fill the window, and nothing spins.
         let mut full = Window::new(2);
         let lend = Lend::default();
         assert!(full.lend(&lend, false));
