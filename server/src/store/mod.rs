@@ -29,6 +29,8 @@ pub mod sqlite;
 mod statements_tests;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod transition_tests;
 
 use std::sync::Arc;
 
