@@ -610,8 +610,9 @@ mod tests {
         budget.give(100);
         assert!(!returned.has_changed().unwrap(), "once per refusal");
         assert_eq!(budget.available(), 250);
-        // A refusal that finds enough free right after it (a give raced with it) announces it
-        // at once: the refused taker must not wait for the next give.
+        // A refusal while too little is free announces nothing; the next give does. (A give
+        // that races with a refusal, between its take and its flag, is announced by the
+        // refusal itself, which looks at what is free once more: `take_units`.)
         assert_eq!(budget.take_units(1, 300), 0);
         assert!(!returned.has_changed().unwrap(), "250 free is no unit of 300");
         assert_eq!(budget.take_units(5, 50), 5);

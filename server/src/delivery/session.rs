@@ -475,7 +475,10 @@ impl Session {
     }
 
     /// Sends held deliveries; false when the client is gone.
-    async fn send_all(&self, leased: Vec<LeasedDelivery>, now: DateTime<Utc>, out: &Outbound) -> bool {
+    async fn send_all(&mut self, leased: Vec<LeasedDelivery>, now: DateTime<Utc>, out: &Outbound) -> bool {
+        // A lease whose deadline passed while it was staged, or during the round trip that
+        // brought the hand-over, is the sweeper's now: expired first, then left out.
+        self.window.expire(self.ctx.clock.now());
         for mut d in self.window.still_held(leased) {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
             // Open until the delivery is handed to the stream.

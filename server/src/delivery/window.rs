@@ -144,14 +144,13 @@ impl Window {
     /// hand-over; if it handed over in between (with nothing for the stream, and no word
     /// asked), the lend is taken back at once instead of idling until a fallback poll.
     pub fn room_for_pending(&mut self, lend: &Lend) -> usize {
-        // Each round either takes the lend back or finds a pass holding it; a third is only
-        // needed if passes take and hand over the lend between the two.
-        for _ in 0..3 {
+        // Each round either takes the lend back or finds a pass holding it; it goes round again
+        // only if that pass handed over between the two (each pass is a database round trip).
+        loop {
             if self.lent == 0 || self.withdraw(lend) || self.room() > 0 || lend.wake_when_handed().is_some() {
-                break;
+                return self.room();
             }
         }
-        self.room()
     }
 
     /// Of `deliveries` about to be sent, those the window still holds: one whose lease

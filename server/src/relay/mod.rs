@@ -77,34 +77,39 @@ const ASK_BELOW_PER_S: u64 = 2_000;
 /// The span over which [`Arrivals`] measures the rate.
 const RATE_SPAN: Duration = Duration::from_millis(100);
 
-/// The messages recent passes found, to tell a trickle from a flow.
+/// How fast messages are committed, as this process's passes see it, to tell a trickle from a
+/// flow. Several replicas split the passes, so what one replica's passes find says little of the
+/// flow: the log's seq, which every pass that finds work sees the latest of, says it for all of
+/// them (and counts rolled-back seqs too, which is close enough for a rate).
 #[derive(Debug, Default)]
 struct Arrivals {
-    passes: std::collections::VecDeque<(std::time::Instant, u64)>,
-    sum: u64,
+    /// The passes of the last [`RATE_SPAN`] that found work: when, how many, the highest seq.
+    passes: std::collections::VecDeque<(std::time::Instant, u64, i64)>,
 }
 
 impl Arrivals {
-    /// A pass at `at` found `n` messages.
-    fn found(&mut self, at: std::time::Instant, n: u64) {
+    /// A pass at `at` found `n` messages, up to seq `last_seq`.
+    fn found(&mut self, at: std::time::Instant, n: u64, last_seq: i64) {
         self.forget(at);
-        self.passes.push_back((at, n));
-        self.sum += n;
+        self.passes.push_back((at, n, last_seq));
     }
 
-    /// Messages per second over the last [`RATE_SPAN`] at `at`.
+    /// Messages per second over the last [`RATE_SPAN`] at `at`: how far the log's seq moved
+    /// between the first and the last pass in the span that found work, or what this process's
+    /// passes found, whichever is more.
     fn rate(&mut self, at: std::time::Instant) -> u64 {
         self.forget(at);
-        self.sum * 1000 / RATE_SPAN.as_millis() as u64
+        let found: u64 = self.passes.iter().map(|p| p.1).sum();
+        let moved = match (self.passes.front(), self.passes.back()) {
+            (Some(first), Some(last)) => u64::try_from(last.2 - first.2).unwrap_or(0) + first.1,
+            _ => 0,
+        };
+        found.max(moved) * 1000 / RATE_SPAN.as_millis() as u64
     }
 
     fn forget(&mut self, at: std::time::Instant) {
-        while let Some((t, n)) = self.passes.front().copied() {
-            if at.saturating_duration_since(t) < RATE_SPAN {
-                break;
-            }
+        while self.passes.front().is_some_and(|p| at.saturating_duration_since(p.0) >= RATE_SPAN) {
             self.passes.pop_front();
-            self.sum -= n;
         }
     }
 }
@@ -167,6 +172,8 @@ pub struct Relay {
     hub: Hub,
     config: RelayConfig,
     hint: Arc<Mutex<ScanHint>>,
+    /// What this process's passes (the main loop's and the helper's) found lately.
+    arrivals: Arc<Mutex<Arrivals>>,
     /// Until when this process's request to be woken by producers' commits holds, if it asked
     /// since a pass last found work (that pass cleared the request in the database).
     wakeup_asked_until: Arc<Mutex<Option<std::time::Instant>>>,
@@ -174,11 +181,29 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
-        Self { store, clock, hub, config, hint: Arc::default(), wakeup_asked_until: Arc::default() }
+        Self {
+            store,
+            clock,
+            hub,
+            config,
+            hint: Arc::default(),
+            arrivals: Arc::default(),
+            wakeup_asked_until: Arc::default(),
+        }
     }
 
     fn hint(&self) -> std::sync::MutexGuard<'_, ScanHint> {
         self.hint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arrivals(&self) -> std::sync::MutexGuard<'_, Arrivals> {
+        self.arrivals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether messages flow at [`ASK_BELOW_PER_S`] or more: a relay that caught up then polls
+    /// instead of asking producers' commits to wake it.
+    fn flowing(&self) -> bool {
+        self.arrivals().rate(std::time::Instant::now()) >= ASK_BELOW_PER_S
     }
 
     fn asked_until(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
@@ -221,6 +246,9 @@ impl Relay {
         self.release_unsent(unsent).await;
         if out.messages > 0 {
             *self.asked_until() = None;
+            if let Some(last) = out.last_seq {
+                self.arrivals().found(std::time::Instant::now(), out.messages, last);
+            }
             crate::metrics::relayed(out.messages, started.elapsed());
             self.hub.relayed().notify();
         }
@@ -296,15 +324,10 @@ impl Relay {
         // None until a pass finds work: a process that starts on a quiet outbox backs off at
         // once instead of probing every `poll_min` for its first `hot_for`.
         let mut last_work: Option<std::time::Instant> = None;
-        let mut arrivals = Arrivals::default();
         let mut probe = false;
         loop {
             // After an empty pass, a one-statement probe decides whether a pass is worth it.
-            let found = if probe {
-                self.probe(arrivals.rate(std::time::Instant::now()) >= ASK_BELOW_PER_S).await
-            } else {
-                Ok(true)
-            };
+            let found = if probe { self.probe(self.flowing()).await } else { Ok(true) };
             let pass = match found {
                 Ok(true) => self.run_once().await.map(|out| out.messages),
                 Ok(false) => Ok(0),
@@ -316,7 +339,6 @@ impl Relay {
                 Ok(n) if n > 0 => {
                     wait = self.config.poll_min;
                     last_work = Some(std::time::Instant::now());
-                    arrivals.found(std::time::Instant::now(), n);
                     probe = false;
                     if cancel.is_cancelled() {
                         return;
@@ -336,10 +358,7 @@ impl Relay {
                     // Not asked yet, and no flow that the next poll would find anyway: the probe
                     // that asks comes before any sleep, so that the first commit while the relay
                     // sleeps wakes it, not its next poll.
-                    if self.config.wake_on_commit
-                        && self.asked_until().is_none()
-                        && arrivals.rate(std::time::Instant::now()) < ASK_BELOW_PER_S
-                    {
+                    if self.config.wake_on_commit && self.asked_until().is_none() && !self.flowing() {
                         continue;
                     }
                 }
@@ -388,18 +407,25 @@ mod tests {
     }
 
     #[test]
-    fn the_rate_is_what_passes_found_over_the_last_span() {
+    fn the_rate_is_how_far_the_log_moved_over_the_last_span() {
         let mut a = Arrivals::default();
         let t0 = std::time::Instant::now();
+        let ms = Duration::from_millis;
         assert_eq!(a.rate(t0), 0);
-        a.found(t0, 50);
-        a.found(t0 + Duration::from_millis(40), 100);
-        assert_eq!(a.rate(t0 + Duration::from_millis(50)), 1_500, "150 in the last 100 ms");
-        assert!(a.rate(t0 + Duration::from_millis(50)) < ASK_BELOW_PER_S, "a trickle: ask to be woken");
-        a.found(t0 + Duration::from_millis(60), 100);
-        assert!(a.rate(t0 + Duration::from_millis(60)) >= ASK_BELOW_PER_S, "a flow: poll");
-        assert_eq!(a.rate(t0 + Duration::from_millis(120)), 2_000, "the first pass has left the span");
+        a.found(t0, 50, 1_050);
+        a.found(t0 + ms(40), 100, 1_150);
+        assert_eq!(a.rate(t0 + ms(50)), 1_500, "150 in the last 100 ms");
+        assert!(a.rate(t0 + ms(50)) < ASK_BELOW_PER_S, "a trickle: ask to be woken");
+        a.found(t0 + ms(60), 100, 1_250);
+        assert!(a.rate(t0 + ms(60)) >= ASK_BELOW_PER_S, "a flow: poll");
+        assert_eq!(a.rate(t0 + ms(120)), 2_000, "the first pass has left the span");
         assert_eq!(a.rate(t0 + Duration::from_secs(1)), 0, "and then all of them");
+        // Another replica relayed most of the flow: this one's passes found 2 messages each,
+        // but the log moved by 400 between them.
+        let mut b = Arrivals::default();
+        b.found(t0, 2, 5_000);
+        b.found(t0 + ms(50), 2, 5_400);
+        assert_eq!(b.rate(t0 + ms(60)), 4_020, "the flow of every replica");
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! it leaves: the state, the delivery count, the times and the error that `GetMessage` shows, and
 //! what a lease then takes. They go through [`Store`] and the SQL entry points only, so they hold
 //! whatever represents a delivery underneath: they are the contract a change of the model keeps.
+//!
+//! What a cause decides before the store moves a delivery (dead or pending, the retry time, the
+//! error) is its own and tested with it, above the store: `delivery::failed` for nacks and sink
+//! failures, the sweeper's `run_once` in `maintenance::store_tests`, a stream's end in the
+//! end-to-end `delivery` tests. Here each case passes the decision its cause makes and checks that
+//! the store makes exactly that transition, and no other.
 #![allow(clippy::unwrap_used)]
 
 use std::str::FromStr as _;
