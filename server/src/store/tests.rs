@@ -40,8 +40,25 @@ pub(crate) async fn sqlite() -> (Guard, SharedStore) {
 }
 
 /// Runs each named case (an `async fn(SharedStore)` of the calling module) once per store, as
-/// `on_postgres::NAME` and `on_sqlite::NAME`.
+/// `on_postgres::NAME` and `on_sqlite::NAME`; after `with_db:`, each case is an
+/// `async fn(Guard, SharedStore)`, for SQL of its own on the same database.
 macro_rules! on_every_store {
+    (with_db: $($case:ident),* $(,)?) => {
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $case() {
+                let (db, store) = $crate::store::tests::postgres().await;
+                super::$case(db, store).await;
+            })*
+        }
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $case() {
+                let (db, store) = $crate::store::tests::sqlite().await;
+                super::$case(db, store).await;
+            })*
+        }
+    };
     ($($case:ident),* $(,)?) => {
         mod on_postgres {
             $(#[tokio::test]

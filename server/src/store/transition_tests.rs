@@ -19,32 +19,12 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, Utc};
 use sqlx::Connection as _;
 
-use super::tests::{Guard, msg, spec};
+use super::tests::{Guard, msg, on_every_store, spec};
 use super::*;
 use crate::domain::{DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
 
-/// Runs each named case once per store, as `on_postgres::NAME` and `on_sqlite::NAME`, with the
-/// database's guard (for the SQL a consumer runs in its own transaction).
-macro_rules! on_every_store_with_db {
-    ($($case:ident),* $(,)?) => {
-        mod on_postgres {
-            $(#[tokio::test]
-            async fn $case() {
-                let (db, store) = $crate::store::tests::postgres().await;
-                super::$case(db, store).await;
-            })*
-        }
-        mod on_sqlite {
-            $(#[tokio::test]
-            async fn $case() {
-                let (db, store) = $crate::store::tests::sqlite().await;
-                super::$case(db, store).await;
-            })*
-        }
-    };
-}
-
-on_every_store_with_db!(
+on_every_store!(
+    with_db:
     t01_a_relay_pass_pushes_a_due_unkeyed_message_to_a_stream_leased_with_count_one,
     t02_a_relay_pass_leaves_what_it_cannot_push_pending_with_count_zero,
     t03_keyed_and_delayed_messages_are_pending_whatever_the_room,
