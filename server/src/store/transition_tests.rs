@@ -82,6 +82,16 @@ async fn enqueue(store: &SharedStore, m: NewMessage, at: DateTime<Utc>) -> Messa
     store.message_insert(&m, at).await.unwrap().message_id
 }
 
+/// Consumer `c` of topic `t` with `max_deliveries`, and one message the relay pushes to stream
+/// `s1`: its id and seq.
+async fn pushed_one(store: &SharedStore, max_deliveries: u32, at: DateTime<Utc>) -> (ConsumerName, MessageId, i64) {
+    let c = consumer(store, max_deliveries, at).await;
+    let id = enqueue(store, msg("t"), at).await;
+    let out = relay(store, at, &[offer("c", "s1", 10, at)]).await;
+    assert_eq!(out.pushed.len(), 1, "pushed to s1");
+    (c, id, out.pushed[0].2.message.seq)
+}
+
 fn keyed(key: &str) -> NewMessage {
     NewMessage { ordering_key: Some(key.into()), ..msg("t") }
 }
@@ -276,10 +286,7 @@ async fn t07_an_extend_moves_only_the_named_deliveries_deadline(_db: Guard, stor
 
 async fn t08_a_stream_ack_acks_a_leased_delivery_once(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    let out = relay(&store, at, &[offer("c", "s1", 10, at)]).await;
-    let seq = out.pushed[0].2.message.seq;
+    let (c, id, seq) = pushed_one(&store, 5, at).await;
     assert_eq!(store.delivery_ack_held(&c, &[(id, seq)], at + secs(1)).await.unwrap(), 1);
     let d = delivery(&store, id, "c").await.unwrap();
     assert_eq!((d.state, d.delivery_count, d.lease_expires_at), (DeliveryState::Acked, 1, None));
@@ -293,10 +300,7 @@ async fn t08_a_stream_ack_acks_a_leased_delivery_once(_db: Guard, store: SharedS
 
 async fn t09_a_transactional_ack_acks_a_leased_delivery_once(db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    let out = relay(&store, at, &[offer("c", "s1", 10, at)]).await;
-    let seq = out.pushed[0].2.message.seq;
+    let (c, id, seq) = pushed_one(&store, 5, at).await;
     assert!(ack_in_transaction(&db, "c", id, at).await);
     assert!(!ack_in_transaction(&db, "c", id, at).await, "acked already");
     assert_eq!(state(&store, id, "c").await, (DeliveryState::Acked, 1));
@@ -329,10 +333,7 @@ async fn t10_a_transactional_ack_acks_a_pending_delivery_never_sent(db: Guard, s
 
 async fn t11_a_late_stream_ack_acks_a_delivery_released_meanwhile(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    let out = relay(&store, at, &[offer("c", "s1", 10, at)]).await;
-    let seq = out.pushed[0].2.message.seq;
+    let (c, id, seq) = pushed_one(&store, 5, at).await;
     let back = release(&c, id, DeliveryState::Pending, at + LEASE, Some("ack deadline expired"));
     assert_eq!(store.delivery_release_many(&[back], ReleaseGuard::ExpiredAt(at + LEASE), at + LEASE).await.unwrap(), 1);
     assert_eq!(state(&store, id, "c").await, (DeliveryState::Pending, 1));
@@ -344,9 +345,7 @@ async fn t11_a_late_stream_ack_acks_a_delivery_released_meanwhile(_db: Guard, st
 
 async fn t12_a_nack_makes_a_delivery_pending_again_after_its_retry_time(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    relay(&store, at, &[offer("c", "s1", 10, at)]).await;
+    let (c, id, _) = pushed_one(&store, 5, at).await;
     let back = release(&c, id, DeliveryState::Pending, at + secs(5), Some("boom"));
     assert_eq!(
         store.delivery_release_many(std::slice::from_ref(&back), ReleaseGuard::Session("s2"), at).await.unwrap(),
@@ -363,9 +362,7 @@ async fn t12_a_nack_makes_a_delivery_pending_again_after_its_retry_time(_db: Gua
 
 async fn t13_a_nack_at_max_deliveries_makes_a_dead_letter(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 1, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    relay(&store, at, &[offer("c", "s1", 10, at)]).await;
+    let (c, id, _) = pushed_one(&store, 1, at).await;
     let dead = release(&c, id, DeliveryState::Dead, at, Some("poison"));
     assert_eq!(store.delivery_release_many(&[dead], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
     let d = delivery(&store, id, "c").await.unwrap();
@@ -398,9 +395,7 @@ async fn sweep(store: &SharedStore, at: DateTime<Utc>) -> usize {
 
 async fn t14_an_expired_lease_is_pending_again_after_the_backoff(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    relay(&store, at, &[offer("c", "s1", 10, at)]).await;
+    let (c, id, _) = pushed_one(&store, 5, at).await;
     assert_eq!(sweep(&store, at + LEASE - secs(1)).await, 0, "not before its deadline");
     assert_eq!(sweep(&store, at + LEASE).await, 1);
     let d = delivery(&store, id, "c").await.unwrap();
@@ -445,9 +440,7 @@ async fn t16_a_closed_stream_releases_what_it_held_due_now_and_counted_as_before
 
 async fn t17_a_broken_stream_at_max_deliveries_leaves_a_dead_letter(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 1, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    relay(&store, at, &[offer("c", "s1", 10, at)]).await;
+    let (c, id, _) = pushed_one(&store, 1, at).await;
     let broke = release(&c, id, DeliveryState::Dead, at, Some("stream broke before ack"));
     assert_eq!(store.delivery_release_many(&[broke], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
     let d = delivery(&store, id, "c").await.unwrap();
@@ -495,10 +488,8 @@ async fn t19_a_pending_delivery_becomes_leasable_when_due_its_key_free_and_resum
 
 async fn t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    let out = relay(&store, at, &[offer("c", "s1", 10, at)]).await;
-    store.delivery_ack_held(&c, &[(id, out.pushed[0].2.message.seq)], at).await.unwrap();
+    let (c, id, seq) = pushed_one(&store, 5, at).await;
+    store.delivery_ack_held(&c, &[(id, seq)], at).await.unwrap();
     assert_eq!(store.replay_apply(&c, &[id], at + secs(1)).await.unwrap(), 1);
     let d = delivery(&store, id, "c").await.unwrap();
     assert_eq!(
@@ -512,9 +503,7 @@ async fn t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count(_db: Gu
 
 async fn t21_a_replay_makes_a_dead_letter_pending_with_a_fresh_count(_db: Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 1, at).await;
-    let id = enqueue(&store, msg("t"), at).await;
-    relay(&store, at, &[offer("c", "s1", 10, at)]).await;
+    let (c, id, _) = pushed_one(&store, 1, at).await;
     let dead = release(&c, id, DeliveryState::Dead, at, Some("poison"));
     store.delivery_release_many(&[dead], ReleaseGuard::Session("s1"), at).await.unwrap();
     assert_eq!(store.replay_apply(&c, &[id], at + secs(1)).await.unwrap(), 1);
