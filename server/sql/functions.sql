@@ -1,4 +1,4 @@
--- revision: 7
+-- revision: 8
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -83,7 +83,7 @@ $$;
 
 -- ---- outbox.multirange_slice ----
 -- The seqs of `m` ranked `skip + 1` to `skip + take` in order (all after `skip` when `take` is
--- null): how a lease or a push takes the lowest seqs of a batch, range by range.
+-- null): how a lease or a push takes the lowest seqs of a range set, range by range.
 CREATE OR REPLACE FUNCTION outbox.multirange_slice(m int8multirange, skip bigint, take bigint) RETURNS int8multirange
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
@@ -276,7 +276,7 @@ $$;
 -- The transactional ack: a consumer acks in the transaction of its effect. The answer is exact
 -- (docs/sql-api.md):
 --  * true: this call acked the delivery (a row that is leased or pending, or a first delivery
---    held in a lease batch or waiting in a pending batch);
+--    held in a leased range or waiting in a pending range);
 --  * false: the delivery was acked already, or is dead (given up after `max_deliveries`: only a
 --    replay delivers it again, and the ack of the replayed delivery then takes), or there is no
 --    delivery of the message to this consumer (an unknown or pruned message or consumer, a topic
@@ -285,17 +285,17 @@ $$;
 -- So false never leaves a delivery that can still be delivered without its effect: whatever
 -- the consumer rolls back on false is either done already or still to come.
 --
--- A delivery's state is in one of four places: a row of its own, a seq in a lease batch
--- (ADR 0041), in a pending batch (ADR 0042), or in the ack log. Relay passes, leases, stream
--- acks, releases and the sweeper move it between them, each in a transaction of its own, while
--- this runs in the consumer's (READ COMMITTED: every statement sees the commits before it). So
--- the decision reads all four places in ONE statement, one snapshot, in which each mover's
+-- A first delivery's state is in a row of its own or in a range of `outbox.delivery_ranges`
+-- (pending, leased or acked: ADR 0041, 0042, 0065). Relay passes, leases, stream acks,
+-- releases and the sweeper move it between them, each in a transaction of its own, while this
+-- runs in the consumer's (READ COMMITTED: every statement sees the commits before it). So the
+-- decision reads the row and the ranges in ONE statement, one snapshot, in which each mover's
 -- transaction is wholly visible or not at all; the write that follows is checked again on the
 -- row it writes, and whatever a mover changed in between sends the call around the loop to
--- read again (ADR 0052). A first delivery held in a batch gets an acked row of its own here, so
--- that the consumer's transaction never locks a batch; the batch's own ack, a lease from a
--- pending batch, the sweeper and the prune's fold later find the row and leave it alone (a row
--- wins over a batch).
+-- read again (ADR 0052). A first delivery held in a range gets an acked row of its own here, so
+-- that the consumer's transaction never locks a range; the stream's own ack, a lease from a
+-- pending range, the sweeper and the prune's fold later find the row and leave it alone (a row
+-- decides over a range).
 CREATE OR REPLACE FUNCTION outbox.ack(consumer text, message_id uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -324,12 +324,12 @@ BEGIN
         IF v_rows > 0 THEN
             RETURN true;
         END IF;
-        -- The row and both kinds of batch, in one snapshot. (The ack log need not be read: a
+        -- The row and both kinds of range, in one snapshot. (An acked range need not be read: a
         -- seq in none of these is acked, dead, or not this consumer's delivery, and false is
         -- the answer for each.)
         SELECT (SELECT d.state FROM outbox.deliveries d WHERE d.consumer = $1 AND d.message_id = $2) AS row_state,
-               EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq) AS leased,
-               EXISTS (SELECT 1 FROM outbox.pending_batches p WHERE p.consumer = $1 AND p.seqs @> m.seq) AS waiting
+               EXISTS (SELECT 1 FROM outbox.delivery_ranges b WHERE b.consumer = $1 AND b.state = 'leased' AND b.seqs @> m.seq) AS leased,
+               EXISTS (SELECT 1 FROM outbox.delivery_ranges p WHERE p.consumer = $1 AND p.state = 'pending' AND p.seqs @> m.seq) AS waiting
           INTO v_seen
           FROM outbox.messages m WHERE m.message_id = $2;
         IF NOT FOUND OR v_seen.row_state IN ('acked', 'dead')
@@ -340,7 +340,7 @@ BEGIN
             -- state: a mover wrote the row meanwhile. Read again.
             CONTINUE;
         END IF;
-        -- Held in a batch: an acked row of its own. A row that a mover wrote meanwhile is acked
+        -- Held in a range: an acked row of its own. A row that a mover wrote meanwhile is acked
         -- instead if it is leased or pending; if it is acked or dead, nothing is written and
         -- the loop reads again, to answer from that row.
         INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
@@ -366,17 +366,17 @@ $$;
 -- ---- outbox.ack_seqs, outbox.ack_batch ----
 -- A stream's acks in one call, by the messages' seqs as runs `[p_seq_lo[i], p_seq_hi[i])` (the
 -- server knows the seq of every delivery it holds): rows that are leased or pending become
--- acked; the seqs are taken out of the consumer's lease batches (emptied batches go), and the
--- time of the ack of the batch-held ones is logged (`outbox.ack_log`). A seq still in a pending
--- batch (acked by a stream that was not sent it) leaves the batch for an acked row of its own
+-- acked; the seqs are taken out of the consumer's leased ranges (emptied ranges go), and the
+-- time of the ack of the range-held ones is logged (an acked range). A seq still in a pending
+-- range (acked by a stream that was not sent it) leaves the range for an acked row of its own
 -- with count 0. Returns how many deliveries changed.
 --
--- The places are read in the order in which deliveries move between them: pending batches,
--- then lease batches, then rows (a lease moves a seq from a pending batch to a lease batch; a
--- release, the sweeper and a transactional ack move it from a batch to a row). Each step locks
+-- The places are read in the order in which deliveries move between them: pending ranges,
+-- then leased ranges, then rows (a lease moves a seq from a pending range to a leased range; a
+-- release, the sweeper and a transactional ack move it from a range to a row). Each step locks
 -- what it takes, waiting for a mover that holds it, and each later step is a later snapshot,
 -- so a seq that a mover's commit takes out of one place is found in the next (ADR 0052). Read
--- the other way round, as before, a sweeper that turned an expired batch entry into a row
+-- the other way round, as before, a sweeper that turned an expired range's seq into a row
 -- between the steps made the ack miss both: acked on the wire, then delivered again.
 --
 -- Rows are the exception (ADR 0041): they are found by one range scan of `(consumer, seq)` per
@@ -398,27 +398,27 @@ BEGIN
     IF v_want IS NULL OR isempty(v_want) THEN
         RETURN 0;
     END IF;
-    -- 1. Pending batches (only a stream that was not sent a delivery acks one of these).
+    -- 1. Pending ranges (only a stream that was not sent a delivery acks one of these).
     WITH held AS (
-        SELECT p.id, p.seqs * v_want AS taken FROM outbox.pending_batches p
-         WHERE p.consumer = p_consumer AND p.seqs && v_want
+        SELECT p.id, p.seqs * v_want AS taken FROM outbox.delivery_ranges p
+         WHERE p.consumer = p_consumer AND p.state = 'pending' AND p.seqs && v_want
            FOR UPDATE
     ), moved AS (
-        UPDATE outbox.pending_batches p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id
+        UPDATE outbox.delivery_ranges p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id AND p.state = 'pending'
         RETURNING h.taken, isempty(p.seqs) AS emptied
     )
     SELECT (SELECT range_agg(r) FROM moved, unnest(moved.taken) r), (SELECT bool_or(moved.emptied) FROM moved)
       INTO v_pend, v_drained;
     IF v_drained THEN
-        DELETE FROM outbox.pending_batches p WHERE p.consumer = p_consumer AND isempty(p.seqs);
+        DELETE FROM outbox.delivery_ranges p WHERE p.consumer = p_consumer AND p.state = 'pending' AND isempty(p.seqs);
     END IF;
-    -- 2. Lease batches: the first deliveries a stream was pushed or leased.
+    -- 2. Leased ranges: the first deliveries a stream was pushed or leased.
     WITH held AS (
-        SELECT b.id, b.seqs * v_want AS taken FROM outbox.lease_batches b
-         WHERE b.consumer = p_consumer AND b.seqs && v_want
+        SELECT b.id, b.seqs * v_want AS taken FROM outbox.delivery_ranges b
+         WHERE b.consumer = p_consumer AND b.state = 'leased' AND b.seqs && v_want
            FOR UPDATE
     ), moved AS (
-        UPDATE outbox.lease_batches b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id
+        UPDATE outbox.delivery_ranges b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id AND b.state = 'leased'
         RETURNING b.id, h.taken, isempty(b.seqs) AS emptied
     )
     SELECT (SELECT range_agg(r) FROM moved, unnest(moved.taken) r),
@@ -426,7 +426,7 @@ BEGIN
       INTO v_taken, v_emptied;
     v_taken := coalesce(v_taken, '{}');
     IF v_emptied IS NOT NULL THEN
-        DELETE FROM outbox.lease_batches b WHERE b.id = ANY (v_emptied) AND isempty(b.seqs);
+        DELETE FROM outbox.delivery_ranges b WHERE b.id = ANY (v_emptied) AND b.state = 'leased' AND isempty(b.seqs);
     END IF;
     -- 3. Rows: leased or pending ones become acked.
     UPDATE outbox.deliveries d
@@ -447,11 +447,12 @@ BEGIN
                                         WHERE x.consumer = p_consumer
                                           AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x),
                       '{}'::int8multirange);
-    -- A seq with a row of its own (a transactional ack got there first) was not the batch's to
-    -- ack: it leaves the batch, but is neither logged nor counted.
+    -- A seq with a row of its own (a transactional ack got there first) was not the range's to
+    -- ack: it leaves the range, but is neither logged nor counted.
     v_taken := v_taken - v_own;
     IF NOT isempty(v_taken) THEN
-        INSERT INTO outbox.ack_log (consumer, seqs, at) VALUES (p_consumer, v_taken, p_at);
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        VALUES (p_consumer, 'acked', v_taken, range_merge(v_taken), p_at);
         v_rows := v_rows + (SELECT sum(upper(r) - lower(r)) FROM unnest(v_taken) r)::bigint;
     END IF;
     v_pend := coalesce(v_pend, '{}') - v_own;
@@ -486,9 +487,9 @@ LANGUAGE sql VOLATILE SET jit = off AS $$
 $$;
 
 -- ---- outbox.unbatch ----
--- Turns batch-held seqs into `leased` rows (count 1, the batch's holder and deadline), for a
+-- Turns range-held seqs into `leased` rows (count 1, the range's holder and deadline), for a
 -- release or the sweeper to run on: the pairs `(p_consumers[i], p_ids[i])`, or with null
--- arrays every seq of every batch whose deadline is at or before `p_expired_at`. Only batches
+-- arrays every seq of every leased range whose deadline is at or before `p_expired_at`. Only ranges
 -- held by `p_session` (when given) and expired by `p_expired_at` (when given) are touched.
 -- Returns how many rows it wrote.
 CREATE OR REPLACE FUNCTION outbox.unbatch(p_consumers text[], p_ids uuid[], p_session text, p_expired_at timestamptz)
@@ -503,22 +504,22 @@ BEGIN
           JOIN outbox.messages m ON m.message_id = w.message_id
          GROUP BY w.consumer
     ), held AS (
-        SELECT b.id, b.consumer, b.leased_by, b.lease_expires_at, b.created_at,
+        SELECT b.id, b.consumer, b.leased_by, b.lease_expires_at, b.at,
                CASE WHEN p_ids IS NULL THEN b.seqs ELSE b.seqs * w.seqs END AS taken
-          FROM outbox.lease_batches b
+          FROM outbox.delivery_ranges b
           LEFT JOIN want w ON w.consumer = b.consumer
-         WHERE (p_ids IS NULL OR b.seqs && w.seqs)
+         WHERE b.state = 'leased' AND (p_ids IS NULL OR b.seqs && w.seqs)
            AND (p_session IS NULL OR b.leased_by = p_session)
            AND (p_expired_at IS NULL OR b.lease_expires_at <= p_expired_at)
            FOR UPDATE OF b
     ), moved AS (
-        UPDATE outbox.lease_batches b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id
+        UPDATE outbox.delivery_ranges b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id AND b.state = 'leased'
         RETURNING h.*
     ), rows AS (
         INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
                                             available_at, lease_expires_at, leased_by, created_at, updated_at)
         SELECT m.message_id, h.consumer, m.seq, m.ordering_key, 'leased', 1, m.available_at,
-               h.lease_expires_at, h.leased_by, h.created_at, h.created_at
+               h.lease_expires_at, h.leased_by, h.at, h.at
           FROM moved h, unnest(h.taken) r,
                LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
         -- A row of its own wins (a transactional ack got there first).
@@ -526,18 +527,18 @@ BEGIN
         RETURNING 1
     )
     SELECT count(*) INTO v_rows FROM rows;
-    DELETE FROM outbox.lease_batches b WHERE isempty(b.seqs);
+    DELETE FROM outbox.delivery_ranges b WHERE b.state = 'leased' AND isempty(b.seqs);
     RETURN v_rows;
 END
 $$;
 
 -- ---- outbox.lease_pending_seqs, outbox.lease_pending ----
--- Leases up to `p_limit` of the consumer's batch-held pending deliveries to `p_session` until
--- `p_until`: the lowest seqs of its oldest pending batches, moved into one lease batch. Seqs
--- with a row of their own (a replay or a transactional ack got there first) leave the batch
+-- Leases up to `p_limit` of the consumer's range-held pending deliveries to `p_session` until
+-- `p_until`: the lowest seqs of its oldest pending ranges, moved into one leased range. Seqs
+-- with a row of their own (a replay or a transactional ack got there first) leave the range
 -- without being leased: the row decides them. Nothing is leased while the consumer is paused.
--- Only leases lock pending batches, each for one short statement: a lease waits for another
--- on the same batch instead of skipping it, so that no stream finds "nothing due" while a
+-- Only leases lock pending ranges, each for one short statement: a lease waits for another
+-- on the same range instead of skipping it, so that no stream finds "nothing due" while a
 -- backlog waits behind a lock.
 --
 -- Returns the leased seqs; the caller reads their messages in the same statement (LEASE_SQL in
@@ -545,11 +546,11 @@ $$;
 -- through an array and a function's result set (ADR 0048). Seqs with a row of their own are
 -- found by one range scan of `(consumer, seq)` per range, not by a look-up per message.
 --
--- `p_visible`: the ids of the consumer's pending batches that the caller's statement can see
+-- `p_visible`: the ids of the consumer's pending ranges that the caller's statement can see
 -- (ADR 0056). Only those are taken. The function's own statements take newer snapshots than the
--- caller's, so a batch that a relay pass committed after the caller's statement began is visible
+-- caller's, so a range that a relay pass committed after the caller's statement began is visible
 -- here, while its messages are not to the caller's read of them: taken, its seqs would be leased
--- and never sent, stuck until the lease expired. NULL: every batch (the release before).
+-- and never sent, stuck until the lease expired. NULL: every range (the release before).
 CREATE OR REPLACE FUNCTION outbox.lease_pending_visible(p_consumer text, p_now timestamptz, p_limit integer,
                                                         p_until timestamptz, p_session text, p_visible bigint[])
 RETURNS int8multirange
@@ -567,27 +568,27 @@ BEGIN
         RETURN '{}';
     END IF;
     WHILE v_need > 0 LOOP
-        SELECT b.id, b.seqs INTO v_id, v_seqs FROM outbox.pending_batches b
-         WHERE b.consumer = p_consumer AND b.id > v_last AND (p_visible IS NULL OR b.id = ANY (p_visible))
+        SELECT b.id, b.seqs INTO v_id, v_seqs FROM outbox.delivery_ranges b
+         WHERE b.consumer = p_consumer AND b.state = 'pending' AND b.id > v_last AND (p_visible IS NULL OR b.id = ANY (p_visible))
          ORDER BY b.id LIMIT 1
            FOR UPDATE;
         IF NOT FOUND THEN
             -- The row waited for was emptied by the lease that held it: look again.
-            EXIT WHEN NOT EXISTS (SELECT 1 FROM outbox.pending_batches b
-                                   WHERE b.consumer = p_consumer AND b.id > v_last
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM outbox.delivery_ranges b
+                                   WHERE b.consumer = p_consumer AND b.state = 'pending' AND b.id > v_last
                                      AND (p_visible IS NULL OR b.id = ANY (p_visible)));
             CONTINUE;
         END IF;
         v_last := v_id;
         v_part := outbox.multirange_slice(v_seqs, 0, v_need);
         IF isempty(v_part) THEN
-            DELETE FROM outbox.pending_batches b WHERE b.id = v_id;
+            DELETE FROM outbox.delivery_ranges b WHERE b.id = v_id AND b.state = 'pending';
             CONTINUE;
         END IF;
         IF v_part = v_seqs THEN
-            DELETE FROM outbox.pending_batches b WHERE b.id = v_id;
+            DELETE FROM outbox.delivery_ranges b WHERE b.id = v_id AND b.state = 'pending';
         ELSE
-            UPDATE outbox.pending_batches b SET seqs = b.seqs - v_part WHERE b.id = v_id;
+            UPDATE outbox.delivery_ranges b SET seqs = b.seqs - v_part WHERE b.id = v_id AND b.state = 'pending';
         END IF;
         v_taken := v_taken + v_part;
         v_need := v_need - (SELECT sum(upper(r) - lower(r)) FROM unnest(v_part) r)::bigint;
@@ -602,17 +603,17 @@ BEGIN
                                                       AND x.seq > 0 AND x.seq >= lower(r) AND x.seq < upper(r) OFFSET 0) x),
                                   '{}'::int8multirange);
     IF NOT isempty(v_taken) THEN
-        -- A seq whose message is gone (pruned) stays in the batch until the batch expires; the
+        -- A seq whose message is gone (pruned) stays in the range until it expires; the
         -- sweeper's unbatch then finds no message for it and drops it.
-        INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
-        VALUES (p_consumer, p_session, v_taken, p_until, p_now);
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+        VALUES (p_consumer, 'leased', v_taken, range_merge(v_taken), p_session, p_until, p_now);
     END IF;
     RETURN v_taken;
 END
 $$;
 
 -- As the releases before revision 7 called it (a replica of one, during a rolling upgrade):
--- every batch.
+-- every range.
 CREATE OR REPLACE FUNCTION outbox.lease_pending_seqs(p_consumer text, p_now timestamptz, p_limit integer,
                                                      p_until timestamptz, p_session text)
 RETURNS int8multirange
@@ -621,7 +622,7 @@ LANGUAGE sql VOLATILE SET jit = off AS $$
 $$;
 
 -- The same with the messages, as the release before called it (a replica of it, during a
--- rolling upgrade); the batches are those its statement can see.
+-- rolling upgrade); the ranges are those its statement can see.
 CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
                                      p_session text)
 RETURNS TABLE (
@@ -632,7 +633,7 @@ LANGUAGE sql VOLATILE SET jit = off AS $$
     SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
            m.enqueued_at, m.available_at, m.relayed_at, 1
       FROM unnest(outbox.lease_pending_visible(p_consumer, p_now, p_limit, p_until, p_session,
-                  ARRAY(SELECT b.id FROM outbox.pending_batches b WHERE b.consumer = p_consumer))) r,
+                  ARRAY(SELECT b.id FROM outbox.delivery_ranges b WHERE b.consumer = p_consumer AND b.state = 'pending'))) r,
            LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
      ORDER BY m.seq
 $$;
@@ -669,13 +670,13 @@ CREATE OR REPLACE TRIGGER wake_relay BEFORE INSERT ON outbox.messages FOR EACH S
 --  * fans out to every consumer whose topics match (topic patterns matched once per distinct
 --    topic of the pass). Unkeyed, due messages go by ranges: each offered stream (`push_*` are
 --    parallel arrays of consumer, session, room and lease deadline) gets the lowest seqs of its
---    consumer's share as one lease batch (ADR 0041), and the rest of the share becomes one
---    pending batch (ADR 0042). Keyed and delayed messages, and consumers whose EARLIEST backfill
+--    consumer's share as one leased range (ADR 0041), and the rest of the share becomes one
+--    pending range (ADR 0042). Keyed and delayed messages, and consumers whose EARLIEST backfill
 --    may have written rows in the pass's range, go message by message into rows; a message that
 --    already has a row for the consumer is never pushed;
 --  * notifies `notify` (when not null) once, naming the consumers that got waiting deliveries.
 -- Returns one row per message read (kind 'm'), one per pushed delivery ('p', with the payload),
--- one per pending row ('d') and one per pending batch ('b': its consumer, and in `seq` how many
+-- one per pending row ('d') and one per pending range ('b': its consumer, and in `seq` how many
 -- deliveries it holds).
 CREATE OR REPLACE FUNCTION outbox.relay_pass(
     batch          integer,
@@ -712,8 +713,8 @@ DECLARE
     v_found    int8multirange;
     v_missing  int8multirange;
     v_created  outbox.deliveries[];
-    v_batches  outbox.lease_batches[];
-    v_pending  outbox.pending_batches[];
+    v_batches  outbox.delivery_ranges[];
+    v_pending  outbox.delivery_ranges[];
     v_first    bigint;
     v_woken    text;
 BEGIN
@@ -798,7 +799,7 @@ BEGIN
           FROM (SELECT DISTINCT y.topic FROM claimed y) t, outbox.consumers c
          WHERE outbox.topic_matches(c.topics, t.topic)
     ), topic_seqs AS (
-        -- Per topic, the seqs a batch can hold (pushed or pending): unkeyed and due. A message
+        -- Per topic, the seqs a range can hold (pushed or pending): unkeyed and due. A message
         -- with no delay is due once committed, whatever the clocks: its `available_at` is its
         -- producer's `now()`, which can be a little after `at` (read by outboxd as the pass
         -- began) for a message committed just in time for the pass's read. Compared with `at`
@@ -808,7 +809,7 @@ BEGIN
           FROM claimed m WHERE m.ordering_key IS NULL AND m.available_at <= greatest(relay_pass.at, m.enqueued_at)
          GROUP BY m.topic
     ), fan AS (
-        -- Message by message, only what batches do not hold (keyed and delayed messages get
+        -- Message by message, only what ranges do not hold (keyed and delayed messages get
         -- rows) and the messages of probed consumers.
         SELECT c.name AS consumer, c.paused, m.message_id, m.seq, m.ordering_key, m.available_at,
                (m.ordering_key IS NULL AND m.available_at <= greatest(relay_pass.at, m.enqueued_at)
@@ -819,7 +820,7 @@ BEGIN
           JOIN subscribed c ON c.topic = m.topic AND m.seq > c.start_seq
          WHERE c.probed OR m.ordering_key IS NOT NULL OR m.available_at > greatest(relay_pass.at, m.enqueued_at)
     ), held AS (
-        -- Per consumer, every seq a batch holds: its topics' share, as ranges, never a row per
+        -- Per consumer, every seq a range holds: its topics' share, as ranges, never a row per
         -- message (ADR 0042).
         SELECT x.consumer, x.paused, range_agg(x.r) AS seqs FROM (
             SELECT c.name AS consumer, c.paused, r
@@ -840,16 +841,17 @@ BEGIN
         SELECT r.consumer, r.session, r.until, outbox.multirange_slice(h.seqs, r.upto - r.room, r.room) AS seqs
           FROM room r JOIN held h ON h.consumer = r.consumer AND NOT h.paused
     ), batched AS (
-        -- One lease batch per stream pushed to: the first delivery of each of its messages,
+        -- One leased range per stream pushed to: the first delivery of each of its messages,
         -- with no row of its own (ADR 0041).
-        INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
-        SELECT p.consumer, p.session, p.seqs, p.until, relay_pass.at FROM pushed p WHERE NOT isempty(p.seqs)
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+        SELECT p.consumer, 'leased', p.seqs, range_merge(p.seqs), p.session, p.until, relay_pass.at
+          FROM pushed p WHERE NOT isempty(p.seqs)
         RETURNING *
     ), pending AS (
-        -- One pending batch per consumer for the rest (count 0, due): what a lease takes from
+        -- One pending range per consumer for the rest (count 0, due): what a lease takes from
         -- later, lowest seq first (outbox.lease_pending).
-        INSERT INTO outbox.pending_batches (consumer, seqs, created_at)
-        SELECT w.consumer, w.seqs, relay_pass.at FROM (
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        SELECT w.consumer, 'pending', w.seqs, range_merge(w.seqs), relay_pass.at FROM (
             SELECT h.consumer,
                    outbox.multirange_slice(h.seqs, CASE WHEN h.paused THEN 0 ELSE coalesce(
                        (SELECT max(r.upto) FROM room r WHERE r.consumer = h.consumer), 0) END, NULL) AS seqs
@@ -865,8 +867,8 @@ BEGIN
         RETURNING d.*
     )
     SELECT (SELECT array_agg(ROW(d.*)::outbox.deliveries) FROM created d),
-           (SELECT array_agg(ROW(b.*)::outbox.lease_batches) FROM batched b),
-           (SELECT array_agg(ROW(q.*)::outbox.pending_batches) FROM pending q)
+           (SELECT array_agg(ROW(b.*)::outbox.delivery_ranges) FROM batched b),
+           (SELECT array_agg(ROW(q.*)::outbox.delivery_ranges) FROM pending q)
       INTO v_created, v_batches, v_pending;
 
     IF notify IS NOT NULL THEN

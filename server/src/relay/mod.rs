@@ -114,64 +114,12 @@ impl Arrivals {
     }
 }
 
-/// How often a pass looks for unrelayed messages from the start of the table rather than from
-/// where the last pass ended: the bound on the extra wait of a message whose transaction commits
-/// after later ones were relayed.
-const FULL_SCAN_EVERY: Duration = Duration::from_millis(200);
-
-/// How far behind its last claim a pass starts: messages whose transactions commit a little
-/// after later ones (concurrent producers do this all the time) are found by the next pass, not
-/// by the next full scan. Walking that many relayed index entries costs tens of microseconds.
-const SCAN_BEHIND: i64 = 10_000;
-
-/// Where passes start looking: a little behind the last claim, except for a scan from the start
-/// now and then. Starting near the last claim skips the index entries of relayed rows that
-/// vacuum has not removed yet; under steady load they pile up by the hundred thousand, and
-/// walking them made every pass cost milliseconds.
-#[derive(Debug, Default)]
-struct ScanHint {
-    next_seq: i64,
-    last_full: Option<std::time::Instant>,
-}
-
-impl ScanHint {
-    /// The `seq` the next pass would start from.
-    fn peek(&self) -> i64 {
-        match self.last_full {
-            Some(at) if at.elapsed() < FULL_SCAN_EVERY => self.next_seq,
-            _ => 0,
-        }
-    }
-
-    /// The `seq` this pass starts from; a full scan counts as done.
-    fn start(&mut self) -> i64 {
-        let from = self.peek();
-        if from == 0 {
-            self.last_full = Some(std::time::Instant::now());
-        }
-        from
-    }
-
-    /// After a pass from `from` that claimed up to `last_seq`, a whole batch if `full`.
-    fn claimed(&mut self, from: i64, last_seq: Option<i64>, full: bool) {
-        if let Some(last) = last_seq {
-            // A full batch entirely behind the hint: more late messages may wait there, so the
-            // next pass scans from the start again instead of in 200 ms.
-            if from < self.next_seq && full && last < self.next_seq {
-                self.last_full = None;
-            }
-            self.next_seq = self.next_seq.max(last + 1 - SCAN_BEHIND).max(1);
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Relay {
     store: SharedStore,
     clock: SharedClock,
     hub: Hub,
     config: RelayConfig,
-    hint: Arc<Mutex<ScanHint>>,
     /// What this process's passes (the main loop's and the helper's) found lately.
     arrivals: Arc<Mutex<Arrivals>>,
     /// Until when this process's request to be woken by producers' commits holds, if it asked
@@ -181,19 +129,7 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(store: SharedStore, clock: SharedClock, hub: Hub, config: RelayConfig) -> Self {
-        Self {
-            store,
-            clock,
-            hub,
-            config,
-            hint: Arc::default(),
-            arrivals: Arc::default(),
-            wakeup_asked_until: Arc::default(),
-        }
-    }
-
-    fn hint(&self) -> std::sync::MutexGuard<'_, ScanHint> {
-        self.hint.lock().unwrap_or_else(|e| e.into_inner())
+        Self { store, clock, hub, config, arrivals: Arc::default(), wakeup_asked_until: Arc::default() }
     }
 
     fn arrivals(&self) -> std::sync::MutexGuard<'_, Arrivals> {
@@ -216,17 +152,15 @@ impl Relay {
     /// request in place, so the first commit wakes it instead of its next poll (ADR 0063).
     /// While messages flow faster than [`ASK_BELOW_PER_S`] (`flowing`) it does not ask.
     async fn probe(&self, flowing: bool) -> Result<bool, StoreError> {
-        // Peek only: the pass that follows must start where the probe looked.
-        let from = self.hint().peek();
         let lease = wakeup_lease(&self.config);
         let now = std::time::Instant::now();
         let ask = self.config.wake_on_commit
             && !flowing
             && self.asked_until().is_none_or(|until| until.saturating_duration_since(now) < lease / 2);
         if !ask {
-            return self.store.message_unrelayed_exists(from).await;
+            return self.store.message_unrelayed_exists().await;
         }
-        let found = self.store.message_unrelayed_exists_asking_wakeup(from, lease).await?;
+        let found = self.store.message_unrelayed_exists_asking_wakeup(lease).await?;
         *self.asked_until() = Some(now + lease);
         Ok(found)
     }
@@ -235,13 +169,11 @@ impl Relay {
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
         let started = std::time::Instant::now();
         let slots = self.hub.push_slots();
-        let from = self.hint().start();
         let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
         // The lends of this process's streams; the guard ends the pass's hold on them whatever
         // happens to the pass.
         let offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
-        let mut out = self.store.relay_batch(batch, from, now, notify, offered.offers()).await?;
-        self.hint().claimed(from, out.last_seq, out.messages as i64 >= batch);
+        let mut out = self.store.relay_batch(batch, now, notify, offered.offers()).await?;
         let unsent = offered.hand_over(std::mem::take(&mut out.pushed));
         self.release_unsent(unsent).await;
         if out.messages > 0 {
@@ -380,31 +312,6 @@ impl Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passes_start_past_the_last_claim_and_from_the_start_now_and_then() {
-        let mut h = ScanHint::default();
-        assert_eq!(h.start(), 0, "the first pass scans from the start");
-        h.claimed(0, Some(41), false);
-        assert_eq!(h.start(), 1, "never behind the start");
-        h.claimed(1, Some(SCAN_BEHIND + 41), false);
-        assert_eq!(h.start(), 42, "a little behind the last claim");
-        h.claimed(42, None, false);
-        h.claimed(42, Some(7), false); // another loop's older claim never moves the hint back
-        assert_eq!(h.start(), 42);
-        h.last_full = Some(std::time::Instant::now() - FULL_SCAN_EVERY);
-        assert_eq!(h.peek(), 0, "a full scan is due");
-        assert_eq!(h.peek(), 0, "peeking does not use it up");
-        assert_eq!(h.start(), 0);
-        assert_eq!(h.start(), 42);
-        // A full scan that comes back with a whole batch of late messages goes on at once.
-        h.last_full = None;
-        assert_eq!(h.start(), 0);
-        h.claimed(0, Some(30), true);
-        assert_eq!(h.start(), 0, "more late messages may wait: scan from the start again");
-        h.claimed(0, Some(3 * SCAN_BEHIND), true);
-        assert_eq!(h.start(), 2 * SCAN_BEHIND + 1, "caught up: back to the hint");
-    }
 
     #[test]
     fn the_rate_is_how_far_the_log_moved_over_the_last_span() {

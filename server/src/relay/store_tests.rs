@@ -140,20 +140,20 @@ async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified(
     insert("quiet").await;
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert while no relay asked sent a notification");
-    store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
+    store.relay_batch(100, Utc::now(), false, &[]).await.unwrap();
 
     // A request, then a pass that finds work withdraws it: while passes find work, inserts
     // notify nobody.
-    assert!(!store.message_unrelayed_exists_asking_wakeup(0, Duration::from_secs(30)).await.unwrap());
+    assert!(!store.message_unrelayed_exists_asking_wakeup(Duration::from_secs(30)).await.unwrap());
     assert!(wanted().await);
     insert("asked").await;
     assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
-    assert_eq!(store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap().messages, 1);
+    assert_eq!(store.relay_batch(100, Utc::now(), false, &[]).await.unwrap().messages, 1);
     assert!(!wanted().await, "the relay pass that found work withdrew the request");
     insert("busy").await;
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert while the relay was busy sent a notification");
-    store.relay_batch(100, 0, Utc::now(), false, &[]).await.unwrap();
+    store.relay_batch(100, Utc::now(), false, &[]).await.unwrap();
 
     // A relay that polls every 60 s, woken as outboxd wires it: watch → hint → the relay.
     let hub = Hub::default();
@@ -188,7 +188,7 @@ async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified(
         insert(type_).await;
         assert_eq!(next_heard(&mut heard).await, "", "the insert {type_:?} notified the relay that asked");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while store.message_unrelayed_exists(0).await.unwrap() {
+        while store.message_unrelayed_exists().await.unwrap() {
             assert!(std::time::Instant::now() < deadline, "the relay slept through the notification of {type_:?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

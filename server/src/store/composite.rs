@@ -86,12 +86,11 @@ impl<D: Driver> Store for DriverStore<D> {
     async fn relay_batch(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         offers: &[PushOffer],
     ) -> Result<RelayOutcome> {
-        self.driver.relay_batch(limit, from_seq, now, notify, offers).await
+        self.driver.relay_batch(limit, now, notify, offers).await
     }
 
     /// Under the consumer-change lock: the same definition again returns the stored consumer, a
@@ -288,12 +287,12 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.message_list_after(after, limit).await
     }
 
-    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
-        self.driver.message_unrelayed_exists(from_seq).await
+    async fn message_unrelayed_exists(&self) -> Result<bool> {
+        self.driver.message_unrelayed_exists().await
     }
 
-    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
-        self.driver.message_unrelayed_exists_asking_wakeup(from_seq, wake_for).await
+    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool> {
+        self.driver.message_unrelayed_exists_asking_wakeup(wake_for).await
     }
 
     async fn message_last_seq(&self) -> Result<i64> {

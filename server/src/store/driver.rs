@@ -65,9 +65,9 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
     /// See [`super::Store::message_list_after`].
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
     /// See [`super::Store::message_unrelayed_exists`].
-    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
+    async fn message_unrelayed_exists(&self) -> Result<bool>;
     /// See [`super::Store::message_unrelayed_exists_asking_wakeup`].
-    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool>;
+    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool>;
     async fn message_last_seq(&self) -> Result<i64>;
     /// How many committed messages the relay has not read, and the oldest one's enqueue time.
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)>;
@@ -78,7 +78,6 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
     async fn relay_batch(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         offers: &[PushOffer],

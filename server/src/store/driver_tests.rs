@@ -301,7 +301,7 @@ async fn prune_batch_removes_finished_messages_before_the_cutoff_only<D: Driver>
     // acked, pending, nobody's.
     let sent = insert(&store, &["t", "t", "other"], at).await;
     let unrelayed = insert(&store, &["other"], at + chrono::Duration::seconds(1)).await;
-    assert_eq!(d.relay_batch(3, 0, at, false, &[]).await.unwrap().messages, 3);
+    assert_eq!(d.relay_batch(3, at, false, &[]).await.unwrap().messages, 3);
     assert_eq!(d.delivery_ack_many(&c, &[sent[0].message_id], at).await.unwrap(), 1);
 
     let later = at + chrono::Duration::hours(1);
@@ -329,7 +329,7 @@ async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: Driv
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t"], at).await;
-    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    d.relay_batch(10, at, false, &[]).await.unwrap();
     let soon = at + chrono::Duration::seconds(1);
     assert_eq!(d.delivery_lease_batch(&c, "s", 1, "", soon, at).await.unwrap().len(), 1);
     assert_eq!(d.delivery_next_expiry().await.unwrap(), Some(soon));
@@ -355,7 +355,7 @@ async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<D: Driver>(store:
     let held = |i: usize| (sent[i].message_id, sent[i].seq);
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 5, lease_until: until };
-    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 5, "the sixth waits");
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 5, "the sixth waits");
     // The second one nacked and leased again: a row of its own with count 2.
     let nack = Release {
         consumer: c.clone(),
@@ -398,7 +398,7 @@ async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<D: Dri
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 4, lease_until: until };
-    let out = d.relay_batch(10, 0, at, false, &[offer]).await.unwrap();
+    let out = d.relay_batch(10, at, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 4);
     assert!(
         out.pushed.iter().all(|(c, s, l)| c == "c" && s == "s1" && l.delivery_count == 1 && l.message.payload == b"{}")
@@ -485,7 +485,7 @@ async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
         room: 2,
         lease_until: at + chrono::Duration::seconds(30),
     };
-    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     let ack = |id: MessageId| {
         let pool = store.pool().clone();
         async move { sqlx::query_scalar::<_, bool>("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(&pool).await.unwrap() }
@@ -526,7 +526,7 @@ async fn a_postgres_replay_of_a_delivery_acked_while_batched_moves_it_out_of_the
     let sent = insert(&store, &["t", "t"], at).await;
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     let id = sent[0].message_id;
     let acked: bool =
         sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(store.pool()).await.unwrap();
@@ -537,7 +537,8 @@ async fn a_postgres_replay_of_a_delivery_acked_while_batched_moves_it_out_of_the
     assert_eq!(d.delivery_replay(&mut tx, "c", &[id], at).await.unwrap(), 1);
     tx.commit().await.unwrap();
     let batched: i64 = sqlx::query_scalar(
-        "SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM outbox.lease_batches b, unnest(b.seqs) r",
+        "SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM outbox.delivery_ranges b, unnest(b.seqs) r
+          WHERE b.state = 'leased'",
     )
     .fetch_one(store.pool())
     .await
@@ -566,7 +567,7 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t"], at).await;
-    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 2);
+    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 2);
     let leased = d.delivery_lease_batch(&c, "s", 1, "", at + chrono::Duration::seconds(30), at).await.unwrap();
     assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), [sent[0].message_id]);
     const ACK: &str = "UPDATE outbox_deliveries
@@ -620,7 +621,7 @@ async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<D: Driver>(sto
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    let out = d.relay_batch(10, 0, at, false, &[offer]).await.unwrap();
+    let out = d.relay_batch(10, at, false, &[offer]).await.unwrap();
     assert_eq!((out.pushed.len(), out.deliveries), (2, 5));
     assert_eq!(out.consumers, ["c"], "the consumer with pending work is woken");
     for id in &ids[2..] {
@@ -681,12 +682,14 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t", "t", "t", "nobodys"], at).await;
     let ids: Vec<MessageId> = sent[..4].iter().map(|e| e.message_id).collect();
-    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 4);
+    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 4);
     let pruned = d.prune_batch(at + chrono::Duration::hours(1), 10).await.unwrap().unwrap();
     assert_eq!(pruned.messages, 1, "a waiting backlog holds back its own messages only");
     assert!(d.message_find(sent[4].message_id).await.unwrap().is_none());
-    let batches: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     assert_eq!(batches, 1, "one pending batch, no row per message");
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.deliveries").fetch_one(store.pool()).await.unwrap();
     assert_eq!(rows, 0);
@@ -706,7 +709,7 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
 
     // A replay of an acked one and of a newer one that waits in a batch: each once.
     let more = insert(&store, &["t"], at).await;
-    assert_eq!(d.relay_batch(10, 0, at, false, &[]).await.unwrap().deliveries, 1);
+    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 1);
     let mut tx = d.begin().await.unwrap();
     assert_eq!(
         d.delivery_replay(&mut tx, "c", &[ids[2], more[0].message_id], at).await.unwrap(),
@@ -725,7 +728,7 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     // Acked in the consumer's transaction while it waits, and never leased: the prune folds the
     // acked row into the batch and takes the message.
     let waiting = insert(&store, &["t"], at).await;
-    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    d.relay_batch(10, at, false, &[]).await.unwrap();
     let acked: bool = sqlx::query_scalar("SELECT outbox.ack('c', $1)")
         .bind(waiting[0].message_id.0)
         .fetch_one(store.pool())
@@ -735,18 +738,22 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     let pruned = d.prune_batch(at + chrono::Duration::hours(1), 100).await.unwrap().unwrap();
     assert!(pruned.messages >= 1, "{pruned:?}");
     assert!(d.message_find(waiting[0].message_id).await.unwrap().is_none(), "pruned though never leased");
-    let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     assert_eq!(left, 0, "the folded batch is gone");
 
     let another = insert(&store, &["t"], at).await;
-    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    d.relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!(state_of(&store, another[0].message_id, "c").await, Some(("pending".to_owned(), 0)));
     let mut tx = d.begin_consumer_change().await.unwrap();
     assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
     tx.commit().await.unwrap();
-    let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches").fetch_one(store.pool()).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     assert_eq!(left, 0, "deleted with its consumer");
 }
 
@@ -784,7 +791,7 @@ async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_wa
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    assert_eq!(d.relay_batch(10, 0, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     // ids[0] acked by its stream, ids[1] still leased, ids[2] made a retry by a lease and a
     // nack, ids[3..] pending and never delivered.
     assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);

@@ -75,11 +75,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `offers` can take at once (due now, no ordering key, consumer not paused) is created
     /// leased to that stream instead of pending, never more than an offer's room, and returned
     /// in [`RelayOutcome::pushed`]. Room is the caller's: the store only reads the offers.
-    /// Only messages with `seq >= from_seq` are claimed (see [`crate::relay`]).
+    /// Both stores read after a cursor (PostgreSQL's with gaps for late commits, ADR 0027;
+    /// SQLite's needs none, ADR 0066).
     async fn relay_batch(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         offers: &[PushOffer],
@@ -160,14 +160,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
     /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
-    /// Whether a committed message with `seq >= from_seq` waits for the relay: one indexed probe.
-    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool>;
+    /// Whether a committed message waits for the relay: one indexed probe.
+    async fn message_unrelayed_exists(&self) -> Result<bool>;
     /// [`Store::message_unrelayed_exists`], for a relay that has backed off: the same statement
     /// asks producers' commits to wake the relay for the next `wake_for` or until a relay pass
     /// next finds work (PostgreSQL: a `NOTIFY outbox_enqueued` from their statement, which
     /// [`Store::watch`] turns into [`WorkHint::Enqueued`]; ADR 0051). SQLite's watcher notices
     /// every commit anyway: there it is the plain probe.
-    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool>;
+    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool>;
     /// The highest `seq` committed so far (0 when empty).
     async fn message_last_seq(&self) -> Result<i64>;
     /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`

@@ -85,7 +85,7 @@ async fn backlog(store: &SharedStore, now: DateTime<Utc>) -> std::collections::H
     {
         ids.insert(name, store.message_insert(&keyed(key), now).await.unwrap().message_id);
     }
-    store.relay_batch(100, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(100, now, false, &[]).await.unwrap();
     ids
 }
 

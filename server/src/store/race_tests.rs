@@ -40,11 +40,7 @@ BEGIN
 END $$;
 CREATE TRIGGER test_pause AFTER INSERT OR UPDATE OR DELETE ON outbox.deliveries
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.test_pause();
-CREATE TRIGGER test_pause AFTER INSERT OR UPDATE OR DELETE ON outbox.lease_batches
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.test_pause();
-CREATE TRIGGER test_pause AFTER INSERT OR UPDATE OR DELETE ON outbox.pending_batches
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.test_pause();
-CREATE TRIGGER test_pause AFTER INSERT OR UPDATE OR DELETE ON outbox.ack_log
+CREATE TRIGGER test_pause AFTER INSERT OR UPDATE OR DELETE ON outbox.delivery_ranges
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.test_pause();
 "#;
 
@@ -98,24 +94,25 @@ async fn enqueue(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
 async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 1, lease_until: until };
-    let out = store.driver().relay_batch(10, 0, at, false, &[offer]).await.unwrap();
+    let out = store.driver().relay_batch(10, at, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 1, "pushed");
-    assert!(held_in(store.pool(), "lease_batches", sent.seq).await, "in a lease batch");
+    assert!(held_in(store.pool(), "leased", sent.seq).await, "in a leased range");
     sent
 }
 
 /// One message, relayed with no stream to push to: waiting in a pending batch.
 async fn waiting(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
-    let out = store.driver().relay_batch(10, 0, at, false, &[]).await.unwrap();
+    let out = store.driver().relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!((out.pushed.len(), out.deliveries), (0, 1));
-    assert!(held_in(store.pool(), "pending_batches", sent.seq).await, "in a pending batch");
+    assert!(held_in(store.pool(), "pending", sent.seq).await, "in a pending range");
     sent
 }
 
-async fn held_in(pool: &PgPool, table: &str, seq: i64) -> bool {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT EXISTS (SELECT 1 FROM outbox.{table} WHERE seqs @> $1)")))
+async fn held_in(pool: &PgPool, state: &str, seq: i64) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox.delivery_ranges WHERE state = $2 AND seqs @> $1)")
         .bind(seq)
+        .bind(state)
         .fetch_one(pool)
         .await
         .unwrap()
@@ -438,7 +435,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
 
     let unrelayed = enqueue(&store, at).await;
     assert!(!ack(unrelayed.message_id.0, "c").await, "not relayed yet: no delivery to ack");
-    let out = d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    let out = d.relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!(out.messages, 1);
     let leased = d.delivery_lease_batch(&consumer(), "s3", 10, "", until, at).await.unwrap();
     assert_eq!(leased.len(), 1, "delivered after all");
@@ -467,7 +464,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     };
     let elsewhere = d.message_insert_one(&msg, at).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "a topic the consumer does not take, before the relay");
-    d.relay_batch(10, 0, at, false, &[]).await.unwrap();
+    d.relay_batch(10, at, false, &[]).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "and after");
     assert!(!ack(uuid::Uuid::new_v4(), "c").await, "an unknown message");
     assert!(!ack(in_lease_batch.message_id.0, "nobody").await, "an unknown consumer");
@@ -486,7 +483,7 @@ async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
     let first = waiting(&store, at).await;
     let until = at + chrono::Duration::seconds(15);
     // Paused right after it took the first batch (its DELETE), its snapshot already taken.
-    let (mut conn, paused) = pausable(&db, "pending_batches:DELETE").await;
+    let (mut conn, paused) = pausable(&db, "delivery_ranges:DELETE").await;
     let lease = tokio::spawn(async move {
         let rows = sqlx::query(postgres::q::DELIVERY_LEASE)
             .bind("c")
@@ -512,8 +509,8 @@ async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
     let returned = lease.await.unwrap();
     assert!(returned.contains(&first.seq), "the first batch's delivery is leased: {returned:?}");
     let batch: Vec<i64> = sqlx::query_scalar(
-        "SELECT s FROM outbox.lease_batches b, unnest(b.seqs) r, generate_series(lower(r), upper(r) - 1) s
-          WHERE b.leased_by = 's1' ORDER BY s",
+        "SELECT s FROM outbox.delivery_ranges b, unnest(b.seqs) r, generate_series(lower(r), upper(r) - 1) s
+          WHERE b.state = 'leased' AND b.leased_by = 's1' ORDER BY s",
     )
     .fetch_all(store.pool())
     .await

@@ -127,7 +127,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
     store.consumer_create(&c, now).await.unwrap();
     let a = store.message_insert(&msg("t"), now).await.unwrap().message_id;
     let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
-    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(store.delivery_lease_batch(&c.name, "s1", 1, "", later, now).await.unwrap().len(), 1);
     assert_eq!(store.delivery_lease_batch(&c.name, "s2", 1, "", later, now).await.unwrap().len(), 1);
@@ -203,14 +203,14 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     let third = store.message_insert(&msg("t"), now).await.unwrap();
     assert!(first.seq < second.seq && second.seq < third.seq);
 
-    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 2, "what is visible goes");
+    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 2, "what is visible goes");
     assert_eq!(gaps().await, 1, "the first message's seq is remembered");
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0, "nothing visible waits");
 
     late.commit().await.unwrap();
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 1, "the late commit waits in the gap");
     assert_eq!(lease(&c).await, [third.message_id], "the second waits for the first of its key, unrelayed in the gap");
-    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(first.seq)), "the late commit is relayed");
     assert_eq!(gaps().await, 0);
     assert_eq!(lease(&c).await, [first.message_id]);
@@ -223,19 +223,19 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     let mut doomed = pg.pool().begin().await.unwrap();
     let gone = postgres::message_insert(&mut *doomed, &msg("t"), None).await.unwrap();
     let after = store.message_insert(&msg("t"), now).await.unwrap();
-    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 1);
+    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 1);
     doomed.rollback().await.unwrap();
-    assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 0);
     assert_eq!(gaps().await, 1, "the transaction elsewhere may still be one that writes it");
     let newer = store.message_insert(&msg("t"), now).await.unwrap();
-    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(newer.seq)), "an open gap holds back no delivery");
     elsewhere.commit().await.unwrap();
     // Transaction ids are the cluster's: other databases' transactions (other tests) that were
     // running when the gap was read keep it open too, until they end.
     let closed = async {
         loop {
-            store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+            store.relay_batch(10, now, false, &[]).await.unwrap();
             if gaps().await == 0 {
                 break;
             }
@@ -253,7 +253,7 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
 
     // A sequence set back would hand out seq values the cursor has passed: the relay refuses.
     sqlx::query("SELECT setval('outbox.messages_seq', 1)").execute(pg.pool()).await.unwrap();
-    let err = store.relay_batch(10, 0, now, false, &[]).await.unwrap_err();
+    let err = store.relay_batch(10, now, false, &[]).await.unwrap_err();
     assert!(err.to_string().contains("behind the relay cursor"), "{err}");
 }
 
@@ -287,11 +287,11 @@ async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_complet
     assert!(late.seq < early.seq);
     b.commit().await.unwrap();
 
-    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(early.seq)));
     // More passes while `a` runs: none may give its seq up.
     for _ in 0..3 {
-        assert_eq!(store.relay_batch(10, 0, now, false, &[]).await.unwrap().messages, 0);
+        assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 0);
     }
     let open: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.relay_gaps WHERE seqs @> $1")
         .bind(late.seq)
@@ -300,7 +300,7 @@ async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_complet
         .unwrap();
     assert_eq!(open, 1, "the gap stays open while its holder runs");
     a.commit().await.unwrap();
-    let out = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(late.seq)), "the late commit is relayed");
 }
 
@@ -320,6 +320,29 @@ async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
     assert!(err.to_string().contains("transaction of its own"), "{err}");
 }
 
+/// A fresh database with the PostgreSQL migrations before `version` applied, as a release of
+/// that time left it (without the SQL functions file, which later migrations do not need).
+async fn postgres_migrated_below(db: &TestDb, version: i64) -> sqlx::PgPool {
+    let old = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            super::postgres::MIGRATOR.migrations.iter().filter(|m| m.version < version).cloned().collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    old.run(&pool).await.unwrap();
+    pool
+}
+
+/// Consumer `consumer`'s deliveries through `outbox.inbox`: seq, state and count, in seq order.
+async fn inbox_of(pool: &sqlx::PgPool, consumer: &str) -> Vec<(i64, String, i32)> {
+    sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = $1 ORDER BY seq")
+        .bind(consumer)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
 /// `outboxd migrate` takes a PostgreSQL database written before the relay cursor, with relayed
 /// and unrelayed messages interleaved (a late commit below the highest relayed seq) and
 /// deliveries in every state, to the cursor: every unrelayed message is relayed once, nothing
@@ -329,14 +352,7 @@ async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
 async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     let db = TestDb::create().await.unwrap();
     {
-        let old = sqlx::migrate::Migrator {
-            migrations: std::borrow::Cow::Owned(
-                super::postgres::MIGRATOR.migrations.iter().filter(|m| m.version < 10).cloned().collect(),
-            ),
-            ..sqlx::migrate::Migrator::DEFAULT
-        };
-        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
-        old.run(&pool).await.unwrap();
+        let pool = postgres_migrated_below(&db, 10).await;
         sqlx::raw_sql(
             "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
              VALUES ('c', ARRAY['t'], 5, 1000, 10000, 30000, 'earliest');
@@ -363,7 +379,7 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     let store: SharedStore = Arc::new(pg.clone());
     let now = Utc::now();
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 2, "the two unrelayed, one below the position");
-    let out = store.relay_batch(100, 0, now, false, &[]).await.unwrap();
+    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
     let mut relayed: Vec<i64> = out.pushed.iter().map(|(_, _, d)| d.message.seq).collect();
     relayed.extend(
         sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.inbox WHERE created_at >= $1 ORDER BY seq")
@@ -374,14 +390,10 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     );
     assert_eq!((out.messages, out.deliveries), (2, 2));
     assert_eq!(relayed, [3, 7], "each unrelayed message once, nothing relayed before");
-    assert_eq!(store.relay_batch(100, 0, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(store.relay_batch(100, now, false, &[]).await.unwrap().messages, 0);
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
 
-    let rows: Vec<(i64, String, i32)> =
-        sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = 'c' ORDER BY seq")
-            .fetch_all(pg.pool())
-            .await
-            .unwrap();
+    let rows = inbox_of(pg.pool(), "c").await;
     let expect = [
         (1, "acked", 1),
         (2, "dead", 5),
@@ -405,6 +417,227 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
         .await
         .unwrap();
     assert!(m.relayed_at.is_some(), "rows relayed before keep their time");
+}
+
+/// Migration 0022 (ADR 0065) takes a database of the release before, holding a delivery in
+/// every state in every place it had (acked in the ack log, leased in a lease batch, pending in
+/// pending batches, rows that decide over a batch, keyed in flight, retrying, dead), to
+/// `outbox.delivery_ranges`: every delivery keeps its state and count, nothing acked is leased
+/// again, what was held stays held by its holder (its stream's ack still takes), what waited is
+/// leased in order, and the previous release's reads and writes of the old tables still work.
+#[tokio::test]
+async fn a_postgres_schema_with_every_state_in_batches_and_rows_migrates_to_delivery_ranges() {
+    let db = TestDb::create().await.unwrap();
+    let at = Utc::now().trunc_subsecs(3);
+    {
+        let pool = postgres_migrated_below(&db, 22).await;
+        sqlx::query(
+            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
+                                           ack_deadline_ms, start_from)
+             VALUES ('c', ARRAY['t'], 5, 1000, 10000, 30000, 'earliest')",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO outbox.messages (message_id, topic, type, payload, ordering_key, enqueued_at, available_at)
+             SELECT gen_random_uuid(), 't', 'T' || g, '\\x00', CASE WHEN g IN (9, 10) THEN 'k' END, $1, $1
+               FROM generate_series(1, 12) g ORDER BY g",
+        )
+        .bind(at)
+        .execute(&pool)
+        .await
+        .unwrap();
+        // Seqs 1-2 acked from a lease batch (the ack log); 3 in a lease batch but acked in the
+        // consumer's transaction (its row decides); 4-5 in a lease batch; 6 and 7 in two pending
+        // batches, 8 in the second but acked in the consumer's transaction; 9 keyed and leased
+        // (a row), 10 keyed and waiting behind it; 11 retrying; 12 dead.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "UPDATE outbox.relay_cursor SET position = 12;
+             INSERT INTO outbox.ack_log (consumer, seqs, at) VALUES ('c', '{{[1,3)}}', '{at}');
+             INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+             VALUES ('c', 'old-session', '{{[3,6)}}', '{at}'::timestamptz + interval '1 hour', '{at}');
+             INSERT INTO outbox.pending_batches (consumer, seqs, created_at) VALUES ('c', '{{[6,7)}}', '{at}');
+             INSERT INTO outbox.pending_batches (consumer, seqs, created_at) VALUES ('c', '{{[7,9)}}', '{at}');
+             INSERT INTO outbox.deliveries (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                            available_at, lease_expires_at, leased_by, last_error,
+                                            created_at, updated_at, acked_at, dead_at)
+             SELECT m.message_id, 'c', m.seq, m.ordering_key,
+                    CASE m.seq WHEN 3 THEN 'acked' WHEN 8 THEN 'acked' WHEN 9 THEN 'leased' WHEN 12 THEN 'dead'
+                               ELSE 'pending' END,
+                    CASE m.seq WHEN 3 THEN 1 WHEN 8 THEN 0 WHEN 9 THEN 1 WHEN 10 THEN 0 WHEN 11 THEN 2 ELSE 5 END,
+                    CASE m.seq WHEN 11 THEN '{at}'::timestamptz + interval '1 hour' ELSE '{at}' END,
+                    CASE m.seq WHEN 9 THEN '{at}'::timestamptz + interval '1 hour' END,
+                    CASE m.seq WHEN 9 THEN 'old-session' END,
+                    CASE WHEN m.seq IN (11, 12) THEN 'boom' END,
+                    '{at}', '{at}', CASE WHEN m.seq IN (3, 8) THEN '{at}'::timestamptz END,
+                    CASE m.seq WHEN 12 THEN '{at}'::timestamptz END
+               FROM outbox.messages m WHERE m.seq IN (3, 8, 9, 10, 11, 12);",
+            at = at.to_rfc3339()
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let c = ConsumerName::parse("consumer", "c").unwrap();
+    let ids: Vec<(i64, uuid::Uuid)> =
+        sqlx::query_as("SELECT seq, message_id FROM outbox.messages ORDER BY seq").fetch_all(pg.pool()).await.unwrap();
+    let id = |seq: i64| MessageId(ids[usize::try_from(seq - 1).unwrap()].1);
+
+    // Every delivery where it was, with its state and count, through the one definition.
+    let seen = inbox_of(pg.pool(), "c").await;
+    let expect = [
+        (1, "acked", 1),
+        (2, "acked", 1),
+        (3, "acked", 1),
+        (4, "leased", 1),
+        (5, "leased", 1),
+        (6, "pending", 0),
+        (7, "pending", 0),
+        (8, "acked", 0),
+        (9, "leased", 1),
+        (10, "pending", 0),
+        (11, "pending", 2),
+        (12, "dead", 5),
+    ];
+    assert_eq!(seen.iter().map(|(s, st, n)| (*s, st.as_str(), *n)).collect::<Vec<_>>(), expect);
+    let places: Vec<(String, String)> =
+        sqlx::query_as("SELECT state, seqs::text FROM outbox.delivery_ranges ORDER BY id")
+            .fetch_all(pg.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        places.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect::<Vec<_>>(),
+        [("pending", "{[6,7)}"), ("pending", "{[7,9)}"), ("leased", "{[3,6)}"), ("acked", "{[1,3)}")],
+        "the pending ranges in their order, and the tables gone"
+    );
+    let s = store.stats(Some(&c), true).await.unwrap().consumers.remove(0);
+    assert_eq!((s.backlog, s.in_flight, s.retrying, s.dead, s.acked), (4, 3, 1, 1, 4), "{s:?}");
+    let (_, timeline) = store.message_get(id(1)).await.unwrap();
+    assert_eq!(timeline[0].acked_at, Some(at), "the ack log's time");
+    let (_, timeline) = store.message_get(id(11)).await.unwrap();
+    assert_eq!(
+        (timeline[0].delivery_count, timeline[0].last_error.as_deref(), timeline[0].available_at),
+        (2, Some("boom"), at + chrono::Duration::hours(1))
+    );
+
+    // What waited is leased in order; nothing acked, nothing behind its key, nothing not yet due.
+    let leased = store.delivery_lease_batch(&c, "s2", 10, "", at + chrono::Duration::seconds(30), at).await.unwrap();
+    assert_eq!(
+        leased.iter().map(|d| (d.message.seq, d.delivery_count)).collect::<Vec<_>>(),
+        [(6, 1), (7, 1)],
+        "the pending ranges, lowest first"
+    );
+    // The old holder's acks take, once; the acked one is not acked twice.
+    assert_eq!(store.delivery_ack_held(&c, &[(id(4), 4), (id(5), 5)], at).await.unwrap(), 2);
+    assert_eq!(store.delivery_ack_held(&c, &[(id(3), 3)], at).await.unwrap(), 0, "acked already");
+    assert_eq!(store.delivery_ack_held(&c, &[(id(9), 9)], at).await.unwrap(), 1);
+    let later = at + chrono::Duration::hours(2);
+    let leased =
+        store.delivery_lease_batch(&c, "s3", 10, "", later + chrono::Duration::seconds(30), later).await.unwrap();
+    assert_eq!(
+        leased.iter().map(|d| (d.message.seq, d.delivery_count)).collect::<Vec<_>>(),
+        [(10, 1), (11, 3)],
+        "the key's next once its head is acked, and the retry once due; never an acked one"
+    );
+
+    // The previous release, during the roll, reads and writes the old tables' names.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.pending_batches WHERE consumer = 'c'")
+        .fetch_one(pg.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "both pending ranges were leased");
+    let held: Vec<String> = sqlx::query_scalar("SELECT seqs::text FROM outbox.lease_batches WHERE leased_by = 's2'")
+        .fetch_all(pg.pool())
+        .await
+        .unwrap();
+    assert_eq!(held, ["{[6,8)}"]);
+    sqlx::query("UPDATE outbox.lease_batches SET seqs = seqs - '{[6,7)}' WHERE leased_by = 's2'")
+        .execute(pg.pool())
+        .await
+        .unwrap();
+    let logged: i64 = sqlx::query_scalar("DELETE FROM outbox.ack_log WHERE consumer = 'c' AND at < $1 RETURNING 1")
+        .bind(at - chrono::Duration::hours(1))
+        .fetch_optional(pg.pool())
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(logged, 0);
+    let left: String =
+        sqlx::query_scalar("SELECT seqs::text FROM outbox.delivery_ranges WHERE state = 'leased' AND leased_by = 's2'")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, "{[7,8)}", "written through the view");
+}
+
+/// SQLite migration 0011 (ADR 0066) takes a file whose relay claimed messages one by one
+/// (`relayed_at`) to the relay cursor: the unrelayed messages are relayed once, the relayed ones
+/// get no second delivery (one relayed out of order above an unrelayed one is read again and
+/// writes nothing), the old relay times stay, new ones come from the relay log, and a seq that
+/// the cursor has passed is refused rather than never relayed.
+#[tokio::test]
+async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
+    let db = TestSqlite::create().unwrap();
+    {
+        let old = sqlx::migrate::Migrator {
+            migrations: std::borrow::Cow::Owned(
+                super::sqlite::MIGRATOR.migrations.iter().filter(|m| m.version < 11).cloned().collect(),
+            ),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        let pool = sqlx::SqlitePool::connect(&format!("{}?mode=rwc", db.url)).await.unwrap();
+        old.run(&pool).await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from, created_at)
+             VALUES ('c', '[\"t\"]', 5, 1000, 10000, 30000, 'earliest', 0);
+             INSERT INTO outbox_messages (topic, type, payload, enqueued_at, relayed_at) VALUES
+                 ('t', 'T', x'01', 1, 1000), ('t', 'T', x'02', 2, 2000), ('t', 'T', x'03', 3, NULL),
+                 ('t', 'T', x'04', 4, NULL), ('t', 'T', x'05', 5, 5000);
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at, acked_at)
+             SELECT message_id, 'c', seq, 'acked', 1, 1, 1, 1, 1 FROM outbox_messages WHERE seq = 1;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at)
+             SELECT message_id, 'c', seq, 'pending', 2, 2, 2, 2 FROM outbox_messages WHERE seq IN (2, 5);",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 3, "3, 4, and 5 above them");
+    let now = Utc::now().trunc_subsecs(6);
+    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.deliveries), (3, 2), "5 had its delivery: none twice");
+    assert_eq!(store.relay_batch(100, now, false, &[]).await.unwrap().messages, 0, "each once");
+    assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
+    let messages = store.message_list_after(0, 10).await.unwrap();
+    let relayed: Vec<Option<i64>> = messages.iter().map(|m| m.relayed_at.map(|t| t.timestamp_micros())).collect();
+    let at = Some(now.timestamp_micros());
+    assert_eq!(relayed, [Some(1000), Some(2000), at, at, Some(5000)], "old times kept, new ones logged");
+    let (_, rows) = store.message_get(messages[4].message_id).await.unwrap();
+    assert_eq!((rows.len(), rows[0].delivery_count), (1, 2), "5's delivery as it was");
+    let c = ConsumerName::parse("consumer", "c").unwrap();
+    let leased = store.delivery_lease_batch(&c, "s", 10, "", now + chrono::Duration::seconds(30), now).await.unwrap();
+    assert_eq!(leased.iter().map(|d| d.message.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
+
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    let err = sqlx::query("INSERT INTO outbox_messages (seq, topic, type, payload) VALUES (0, 't', 'T', x'00')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("above the relay cursor"), "{err}");
+    sqlx::query("INSERT INTO outbox_messages (topic, type, payload) VALUES ('t', 'T', x'06')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.last_seq), (1, Some(6)));
 }
 
 /// PostgreSQL only: the SQL functions come from `server/sql/functions.sql` alone (ADR 0043).
@@ -546,7 +779,7 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
         lease_until: now + chrono::Duration::seconds(30),
     };
     let offers = [offer("c", "s1", 2), offer("paused", "s2", 10)];
-    let out = store.relay_batch(10, 0, now, false, &offers).await.unwrap();
+    let out = store.relay_batch(10, now, false, &offers).await.unwrap();
 
     assert_eq!((out.messages, out.deliveries), (5, 10));
     let pushed: Vec<_> = out.pushed.iter().map(|(c, s, d)| (c.as_str(), s.as_str(), d.message.message_id)).collect();
@@ -581,7 +814,7 @@ async fn a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_
         room: 10,
         lease_until: now + chrono::Duration::seconds(30),
     };
-    let out = store.relay_batch(10, 0, now, false, &[offer]).await.unwrap();
+    let out = store.relay_batch(10, now, false, &[offer]).await.unwrap();
     let pushed: Vec<_> = out.pushed.iter().map(|(_, _, d)| d.message.message_id).collect();
     assert_eq!(pushed, [due], "due at commit, though its enqueue time is after the pass's clock");
     let s = store.stats(None, true).await.unwrap();
@@ -606,7 +839,7 @@ async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_ti
             seqs_of.entry(key).or_default().push(e.seq);
         }
     }
-    store.relay_batch(100, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(100, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
 
     let mut cursor = String::new();
@@ -899,8 +1132,8 @@ async fn a_lease_from_pending_batches_costs_what_it_returns_not_the_backlog_behi
                 INSERT INTO outbox.messages (message_id, topic, type, payload, relayed_at)
                 SELECT gen_random_uuid(), 't', 'T', '\\x00', now() FROM generate_series(1, $2) g
                 RETURNING seq)
-             INSERT INTO outbox.pending_batches (consumer, seqs, created_at)
-             SELECT $1, range_agg(int8range(seq, seq + 1)), now()
+             INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+             SELECT $1, 'pending', range_agg(int8range(seq, seq + 1)), int8range(min(seq), max(seq) + 1), now()
                FROM (SELECT seq, (row_number() OVER (ORDER BY seq) - 1) / 500 AS chunk FROM m) x
               GROUP BY chunk ORDER BY chunk",
         )
@@ -910,7 +1143,7 @@ async fn a_lease_from_pending_batches_costs_what_it_returns_not_the_backlog_behi
         .await
         .unwrap();
     }
-    leases_cost_alike(&pool, "ANALYZE outbox.messages, outbox.pending_batches", 1_500).await;
+    leases_cost_alike(&pool, "ANALYZE outbox.messages, outbox.delivery_ranges", 1_500).await;
     // Through the store: the 64 lowest seqs, in order, and the next lease goes on after them.
     let now = Utc::now();
     let c = ConsumerName::parse("c", "deep").unwrap();
@@ -991,15 +1224,16 @@ async fn a_lease_and_an_ack_of_batch_held_deliveries_cost_per_run_not_per_delive
         let range = format!("'{{[{first},{})}}'::int8multirange", first + n);
         let (lease, leased) = call_buffers(
             &mut conn,
-            &format!("INSERT INTO outbox.pending_batches (consumer, seqs, created_at) VALUES ('c', {range}, now())"),
+            &format!("INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at) VALUES ('c', 'pending', {range}, range_merge({range}), now())"),
             &format!("SELECT outbox.lease_pending_seqs('c', now(), {n}::integer, now() + interval '30 seconds', 's')::text AS seqs"),
         )
         .await;
         let (ack, acked) = call_buffers(
             &mut conn,
             &format!(
-                "INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
-                 VALUES ('c', 's', {range} - '{{[{own},{})}}', now() + interval '30 seconds', now())",
+                "INSERT INTO outbox.delivery_ranges (consumer, state, leased_by, seqs, span, lease_expires_at, at)
+                 VALUES ('c', 'leased', 's', {range} - '{{[{own},{})}}', range_merge({range}),
+                         now() + interval '30 seconds', now())",
                 own + 1
             ),
             &format!("SELECT outbox.ack_seqs('c', '{{{first}}}', '{{{}}}', now()) AS changed", first + n),
@@ -1094,7 +1328,7 @@ with conn:
 
     // And they are delivered.
     let c = ConsumerName::parse("c", "c").unwrap();
-    store.relay_batch(500, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(500, now, false, &[]).await.unwrap();
     let leased = store
         .delivery_lease_batch(&c, "s", 10, "", crate::clock::add(now, Duration::from_secs(30)), now)
         .await
@@ -1116,7 +1350,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     store.message_insert(&msg("t"), now).await.unwrap();
-    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap();
     assert_eq!(leased.len(), 1);
@@ -1135,7 +1369,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     assert_eq!(acked, 1, "the ack waited for the lock and applied");
     // The lock was free only once the producer had committed: its row is there.
     assert_eq!(store.message_list_after(0, 10).await.unwrap().len(), 2, "the ack went after the producer's commit");
-    let relayed = store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    let relayed = store.relay_batch(10, now, false, &[]).await.unwrap();
     assert_eq!(relayed.messages, 1, "the producer's row");
     holder.await.unwrap();
 }
@@ -1150,7 +1384,7 @@ async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: Share
         let m = NewMessage { type_: type_.into(), ..msg(topic) };
         ids.push(store.message_insert(&m, now).await.unwrap().message_id);
     }
-    store.relay_batch(10, 0, now, false, &[]).await.unwrap();
+    store.relay_batch(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(store.delivery_lease_batch(&c.name, "s", 10, "", later, now).await.unwrap().len(), 4);
     let errors = ["card declined", "card declined", "card declined", "timeout"];

@@ -98,7 +98,7 @@ fn keyed(key: &str) -> NewMessage {
 
 /// One relay pass of up to 100 messages at `at`.
 async fn relay(store: &SharedStore, at: DateTime<Utc>, offers: &[PushOffer]) -> RelayOutcome {
-    store.relay_batch(100, 0, at, false, offers).await.unwrap()
+    store.relay_batch(100, at, false, offers).await.unwrap()
 }
 
 /// A lease of up to `n` for `session` at `at`, the ids in the order leased, with their counts.

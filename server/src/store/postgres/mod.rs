@@ -96,7 +96,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 7;
+pub(crate) const FUNCTIONS_REVISION: i32 = 8;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -393,7 +393,6 @@ impl Driver for PgDriver {
     async fn relay_batch(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         notify: bool,
         offers: &[PushOffer],
@@ -405,7 +404,8 @@ impl Driver for PgDriver {
         // durable; so do acks and every admin change.
         let rows = sqlx::query(q::RELAY_PASS)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .bind(from_seq)
+            // `from_seq`: unused, the cursor says where (kept in the function's signature).
+            .bind(0_i64)
             .bind(now)
             .bind(CONSUMERS_LOCK)
             .bind(notify.then_some(WORK_CHANNEL))
@@ -775,42 +775,42 @@ impl Driver for PgDriver {
             // pending work, not the history. Only `acked` reads history, and only when asked.
             "SELECT c.name, c.paused,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending')
-                    + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.pending_batches p, unnest(p.seqs) r
-                                 WHERE p.consumer = c.name), 0)::bigint
-                    -- Acked in the consumer's transaction while still in a pending batch:
-                    -- acked, not pending (migration 0014).
-                    - (SELECT count(*) FROM outbox.deliveries d
-                        WHERE d.consumer = c.name AND d.state = 'acked' AND d.delivery_count = 0
-                          AND d.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
-                                          FROM outbox.pending_batches p, unnest(p.seqs) r
-                                         WHERE p.consumer = c.name)) AS backlog,
+                    + r.pending AS backlog,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased')
-                    + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.lease_batches b, unnest(b.seqs) r
-                                 WHERE b.consumer = c.name), 0)::bigint
-                    -- Acked in the consumer's transaction while still in a lease batch (the
-                    -- stream's own ack or release takes the seq out later): acked, not in flight.
-                    - (SELECT count(*) FROM outbox.deliveries d
-                        WHERE d.consumer = c.name AND d.state = 'acked'
-                          AND d.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
-                                          FROM outbox.lease_batches b, unnest(b.seqs) r
-                                         WHERE b.consumer = c.name)) AS in_flight,
+                    + r.leased AS in_flight,
                     (SELECT count(*) FROM outbox.deliveries d
                       WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
                     (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
                     (SELECT count(*) FROM outbox.held_keys h WHERE h.consumer = c.name) AS held_keys,
                     CASE WHEN $2 THEN (SELECT count(*) FROM outbox.deliveries d
-                                        WHERE d.consumer = c.name AND d.state = 'acked')
-                                      + coalesce((SELECT sum(upper(r) - lower(r)) FROM outbox.ack_log a, unnest(a.seqs) r
-                                                   WHERE a.consumer = c.name), 0)::bigint
+                                        WHERE d.consumer = c.name AND d.state = 'acked') + r.acked
                          ELSE 0 END AS acked,
                     (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq = least(
                         (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending'),
                         (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'),
-                        (SELECT min(lower(b.seqs)) FROM outbox.lease_batches b WHERE b.consumer = c.name),
-                        (SELECT min(lower(p.seqs)) FROM outbox.pending_batches p WHERE p.consumer = c.name))
+                        r.lowest)
                     ) AS oldest
-               FROM outbox.consumers c
-              WHERE $1::text IS NULL OR c.name = $1
+               FROM outbox.consumers c,
+                    -- The consumer's ranges, each counted as what it holds once rows have
+                    -- decided: its seqs less those with a row of the consumer's own (a row
+                    -- decides over a range; one range scan of (consumer, seq) per range).
+                    LATERAL (SELECT coalesce(sum(x.n) FILTER (WHERE x.state = 'pending'), 0)::bigint AS pending,
+                                    coalesce(sum(x.n) FILTER (WHERE x.state = 'leased'), 0)::bigint AS leased,
+                                    coalesce(sum(x.n) FILTER (WHERE x.state = 'acked'), 0)::bigint AS acked,
+                                    min(x.lowest) FILTER (WHERE x.state <> 'acked') AS lowest
+                               FROM (SELECT g.state, lower(g.seqs) AS lowest,
+                                            (SELECT sum(upper(s) - lower(s)) FROM unnest(g.seqs) s)
+                                            - (SELECT count(*) FROM outbox.deliveries d
+                                                WHERE d.consumer = g.consumer AND d.seq > 0
+                                                  AND d.seq >= lower(g.seqs) AND d.seq < upper(g.seqs)
+                                                  AND d.seq <@ g.seqs) AS n
+                                       FROM (SELECT * FROM outbox.delivery_ranges g
+                                              WHERE g.consumer = c.name AND g.state IN ('pending', 'leased')
+                                             UNION ALL
+                                             -- Acked ranges are history: read only when asked.
+                                             SELECT * FROM outbox.delivery_ranges g
+                                              WHERE $2 AND g.consumer = c.name AND g.state = 'acked') g) x) r
+            WHERE $1::text IS NULL OR c.name = $1
               ORDER BY c.name",
         )
         .bind(only)
@@ -952,14 +952,11 @@ impl Driver for PgDriver {
         rows.iter().map(message_from_row).collect()
     }
 
-    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
-        // The cursor knows where the relay stands; `from_seq` is the SQLite relay's hint.
-        let _ = from_seq;
+    async fn message_unrelayed_exists(&self) -> Result<bool> {
         Ok(sqlx::query_scalar(q::MESSAGE_UNRELAYED_EXISTS).fetch_one(&self.pool).await?)
     }
 
-    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
-        let _ = from_seq;
+    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool> {
         // The request holds until the database's clock passes it (the trigger compares with
         // the database's clock too), or until a relay pass that finds work sets it back to 0
         // (server/sql/functions.sql). One statement: the probe costs no extra query.
@@ -1027,14 +1024,12 @@ impl Driver for PgDriver {
             return Ok(0);
         }
         let (lo, hi) = seq_runs(seqs.into_iter());
-        // The batches that hold any of them, locked in the order `outbox.ack_seqs` locks them
-        // (pending, then lease batches): a lease cannot move one of these seqs out of a pending
-        // batch, nor an ack out of a lease batch, between the statement below reading the
-        // batches and this transaction's end. The statement below takes its snapshot after
-        // these locks are held.
-        for lock in [q::PENDING_BATCHES_LOCK_HOLDING, q::LEASE_BATCHES_LOCK_HOLDING] {
-            sqlx::query(lock).bind(consumer).bind(&lo).bind(&hi).execute(&mut *conn).await?;
-        }
+        // The ranges that hold any of them, locked in the order `outbox.ack_seqs` locks them
+        // (pending, then leased ranges): a lease cannot move one of these seqs out of a pending
+        // range, nor an ack out of a leased one, between the statement below reading the ranges
+        // and this transaction's end. The statement below takes its snapshot after these locks
+        // are held.
+        sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING).bind(consumer).bind(&lo).bind(&hi).execute(&mut *conn).await?;
         let done: i64 =
             sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
         Ok(u64::try_from(done).unwrap_or(0))
@@ -1081,11 +1076,11 @@ impl Driver for PgDriver {
             return Ok(None);
         }
         // Folds the acked rows that transactional acks wrote for messages still waiting in a
-        // pending batch into the batches (ADR 0042): those seqs leave their batch, so that
+        // pending range into the ranges (ADR 0042): those seqs leave their range, so that
         // nothing holds their messages back from the prune below.
         let folded = sqlx::query(q::PRUNE_FOLD_ACKED_ROWS).execute(&mut *tx).await?;
         if folded.rows_affected() > 0 {
-            sqlx::query(q::PRUNE_EMPTY_PENDING_BATCHES).execute(&mut *tx).await?;
+            sqlx::query(q::PRUNE_EMPTY_RANGES).execute(&mut *tx).await?;
         }
         let row = sqlx::query(q::PRUNE_MESSAGES).bind(cutoff).bind(batch).fetch_one(&mut *tx).await?;
         let messages: i64 = row.try_get("messages")?;
@@ -1093,7 +1088,7 @@ impl Driver for PgDriver {
             // The relay log's rows that name only pruned messages.
             sqlx::query(q::PRUNE_RELAY_LOG).execute(&mut *tx).await?;
             // Ack times older than the retention that name no message any more.
-            sqlx::query(q::PRUNE_ACK_LOG).bind(cutoff).execute(&mut *tx).await?;
+            sqlx::query(q::PRUNE_ACKED_RANGES).bind(cutoff).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(Some(Pruned { messages, deliveries: row.try_get("deliveries")? }))

@@ -281,14 +281,13 @@ impl SqliteDriver {
     async fn relay_pass(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         offers: &[PushOffer],
         used: &mut [usize],
     ) -> Result<RelayOutcome> {
         let mut conn = self.writer.acquire().await?;
         sqlx::query(q::SYNCHRONOUS_NORMAL).execute(&mut *conn).await?;
-        let out = relay_pass_on(&mut conn, limit, from_seq, now, offers, used).await;
+        let out = relay_pass_on(&mut conn, limit, now, offers, used).await;
         if out.is_err() {
             // Whatever the error left open; an error here only means there was none.
             let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
@@ -307,19 +306,21 @@ impl SqliteDriver {
 async fn relay_pass_on(
     conn: &mut SqliteConnection,
     limit: i64,
-    from_seq: i64,
     now: DateTime<Utc>,
     offers: &[PushOffer],
     used: &mut [usize],
 ) -> Result<RelayOutcome> {
     begin_immediate(conn).await?;
-    let mut claimed =
-        sqlx::query(q::MESSAGE_MARK_RELAYED).bind(limit).bind(us(now)).bind(from_seq).fetch_all(&mut *conn).await?;
-    if claimed.is_empty() {
+    // After the cursor, in seq order: under the write lock, no seq below the highest committed
+    // one can commit later (one writer at a time; ADR 0066).
+    let claimed = sqlx::query(q::RELAY_READ).bind(limit).fetch_all(&mut *conn).await?;
+    let (Some(first), Some(last)) = (claimed.first(), claimed.last()) else {
         sqlx::query(q::ROLLBACK).execute(&mut *conn).await?;
         return Ok(RelayOutcome::default());
-    }
-    claimed.sort_by_key(|r| r.try_get::<i64, _>("seq").unwrap_or_default());
+    };
+    let (lo, hi): (i64, i64) = (first.try_get("seq")?, last.try_get("seq")?);
+    sqlx::query(q::RELAY_ADVANCE).bind(hi).execute(&mut *conn).await?;
+    sqlx::query(q::RELAY_LOG).bind(hi).bind(lo).bind(us(now)).execute(&mut *conn).await?;
     let consumers = consumers_on(conn).await?;
     let mut rows = Vec::new();
     let mut traced = Vec::new();
@@ -327,7 +328,7 @@ async fn relay_pass_on(
     // Where each consumer's next push goes: the first of its offers with room left.
     let mut next_offer: std::collections::HashMap<&str, usize> = Default::default();
     for row in &claimed {
-        let m = message_from_row(row)?;
+        let m = StoredMessage { relayed_at: Some(now), ..message_from_row(row)? };
         // A message with no delay is due once committed, even if its producer's clock read a
         // little after `now` (see `outbox.relay_pass`).
         let pushable = m.ordering_key.is_none() && m.available_at <= now.max(m.enqueued_at);
@@ -580,13 +581,12 @@ impl Driver for SqliteDriver {
     async fn relay_batch(
         &self,
         limit: i64,
-        from_seq: i64,
         now: DateTime<Utc>,
         _notify: bool,
         offers: &[PushOffer],
     ) -> Result<RelayOutcome> {
         let mut used = vec![0usize; offers.len()];
-        self.relay_pass(limit, from_seq, now, offers, &mut used).await
+        self.relay_pass(limit, now, offers, &mut used).await
     }
 
     async fn consumer_find(&self, conn: &mut SqliteConnection, name: &str) -> Result<Option<ConsumerRecord>> {
@@ -918,14 +918,14 @@ impl Driver for SqliteDriver {
         rows.iter().map(message_from_row).collect()
     }
 
-    async fn message_unrelayed_exists(&self, from_seq: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar(q::MESSAGE_UNRELAYED_EXISTS).bind(from_seq).fetch_one(&self.pool).await?)
+    async fn message_unrelayed_exists(&self) -> Result<bool> {
+        Ok(sqlx::query_scalar(q::MESSAGE_UNRELAYED_EXISTS).fetch_one(&self.pool).await?)
     }
 
-    async fn message_unrelayed_exists_asking_wakeup(&self, from_seq: i64, wake_for: Duration) -> Result<bool> {
+    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool> {
         // The watcher wakes the relay on every commit to the file (`PRAGMA data_version`).
         let _ = wake_for;
-        self.message_unrelayed_exists(from_seq).await
+        self.message_unrelayed_exists().await
     }
 
     async fn message_last_seq(&self) -> Result<i64> {
@@ -1101,6 +1101,9 @@ impl Driver for SqliteDriver {
         let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
         let deliveries = sqlx::query(q::PRUNE_DELIVERIES).bind(&ids).execute(&mut *tx).await?.rows_affected();
         let messages = sqlx::query(q::PRUNE_MESSAGES).bind(&ids).execute(&mut *tx).await?.rows_affected();
+        if messages > 0 {
+            sqlx::query(q::PRUNE_RELAY_LOG).execute(&mut *tx).await?;
+        }
         tx.commit().await?;
         Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 }))
     }

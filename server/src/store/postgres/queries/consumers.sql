@@ -20,9 +20,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7,
 RETURNING *;
 
 -- name: consumer_delete
-WITH b AS (DELETE FROM outbox.lease_batches WHERE consumer = $1),
-     p AS (DELETE FROM outbox.pending_batches WHERE consumer = $1),
-     a AS (DELETE FROM outbox.ack_log WHERE consumer = $1)
+WITH r AS (DELETE FROM outbox.delivery_ranges WHERE consumer = $1)
 DELETE FROM outbox.consumers WHERE name = $1;
 
 -- name: consumer_set_paused

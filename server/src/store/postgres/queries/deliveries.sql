@@ -56,7 +56,7 @@ ORDER BY d.lease_expires_at LIMIT $2;
 
 -- name: delivery_next_expiry
 SELECT least((SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'),
-(SELECT min(lease_expires_at) FROM outbox.lease_batches));
+(SELECT min(lease_expires_at) FROM outbox.delivery_ranges WHERE state = 'leased'));
 
 -- name: delivery_unbatch_to_extend
 SELECT outbox.unbatch($1, $2, $3, NULL);
@@ -84,31 +84,12 @@ SELECT g.*, s.topics, s.types
  ORDER BY g.n DESC, g.last_error NULLS LAST;
 
 -- name: delivery_list_of_message
-WITH m AS (SELECT * FROM outbox.messages WHERE message_id = $1),
-own AS (SELECT d.consumer, d.state, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error,
-               d.created_at, d.updated_at, d.acked_at, d.dead_at
-          FROM outbox.deliveries d WHERE d.message_id = $1),
-batched AS (SELECT b.consumer, 'leased'::text AS state, 1 AS delivery_count, m.available_at,
-                   b.lease_expires_at, NULL::text AS last_error, b.created_at, b.created_at AS updated_at,
-                   NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
-              FROM m JOIN outbox.lease_batches b ON b.seqs @> m.seq
-             WHERE b.consumer NOT IN (SELECT consumer FROM own)),
-waiting AS (SELECT p.consumer, 'pending'::text AS state, 0 AS delivery_count, m.available_at,
-                   NULL::timestamptz AS lease_expires_at, NULL::text AS last_error, p.created_at,
-                   p.created_at AS updated_at, NULL::timestamptz AS acked_at, NULL::timestamptz AS dead_at
-              FROM m JOIN outbox.pending_batches p ON p.seqs @> m.seq
-             WHERE p.consumer NOT IN (SELECT consumer FROM own)),
-logged AS (SELECT DISTINCT ON (a.consumer) a.consumer, 'acked'::text AS state, 1 AS delivery_count,
-                  m.available_at, NULL::timestamptz AS lease_expires_at, NULL::text AS last_error,
-                  coalesce(outbox.message_relayed_at(m.seq, m.relayed_at), a.at) AS created_at,
-                  a.at AS updated_at, a.at AS acked_at, NULL::timestamptz AS dead_at
-             FROM m JOIN outbox.ack_log a ON a.seqs @> m.seq
-            WHERE a.consumer NOT IN (SELECT consumer FROM own)
-              AND a.consumer NOT IN (SELECT consumer FROM batched)
-            ORDER BY a.consumer, a.at)
-SELECT * FROM own UNION ALL SELECT * FROM batched UNION ALL SELECT * FROM waiting
- UNION ALL SELECT * FROM logged
- ORDER BY consumer;
+-- Every consumer's delivery of message $1, wherever it is held: through `outbox.inbox`, the one
+-- definition of "a row decides over a range" (migration 0022).
+SELECT i.consumer, i.state, i.delivery_count, i.available_at, i.lease_expires_at, i.last_error,
+       i.created_at, i.updated_at, i.acked_at, i.dead_at
+  FROM outbox.inbox i WHERE i.message_id = $1
+ ORDER BY i.consumer;
 
 -- name: delivery_replay
 WITH unheld AS (
@@ -126,9 +107,10 @@ replayed AS (
 INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)
 SELECT m.message_id, $1, m.seq, m.ordering_key, 'pending', $3, $3, $3
   FROM outbox.messages m WHERE m.message_id = ANY($2)
-   -- Held in a lease batch with no row of its own: leased, left alone as leased
+   -- Held in a leased range with no row of its own: leased, left alone as leased
    -- rows are. With a row (acked in the consumer's transaction), the row decides.
-   AND (NOT EXISTS (SELECT 1 FROM outbox.lease_batches b WHERE b.consumer = $1 AND b.seqs @> m.seq)
+   AND (NOT EXISTS (SELECT 1 FROM outbox.delivery_ranges b
+                     WHERE b.consumer = $1 AND b.state = 'leased' AND b.seqs @> m.seq)
         OR EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.message_id = m.message_id))
 ON CONFLICT (message_id, consumer) DO UPDATE
    SET state = 'pending', delivery_count = 0, available_at = $3, last_error = NULL,
@@ -136,26 +118,14 @@ ON CONFLICT (message_id, consumer) DO UPDATE
  WHERE d.state <> 'leased'
 RETURNING d.seq),
 gone AS (SELECT coalesce(range_agg(int8range(r.seq, r.seq + 1)), '{}'::int8multirange) AS seqs FROM replayed r),
--- The replayed seqs leave every other place: batches and log entries they emptied
--- go, the others lose them (two sibling statements on disjoint rows of each table).
-pending_gone AS (
-   DELETE FROM outbox.pending_batches p USING gone g
-    WHERE p.consumer = $1 AND p.seqs && g.seqs AND p.seqs <@ g.seqs),
-pending_cut AS (
-   UPDATE outbox.pending_batches p SET seqs = p.seqs - g.seqs FROM gone g
-    WHERE p.consumer = $1 AND p.seqs && g.seqs AND NOT p.seqs <@ g.seqs),
-lease_gone AS (
-   DELETE FROM outbox.lease_batches b USING gone g
-    WHERE b.consumer = $1 AND b.seqs && g.seqs AND b.seqs <@ g.seqs),
-lease_cut AS (
-   UPDATE outbox.lease_batches b SET seqs = b.seqs - g.seqs FROM gone g
-    WHERE b.consumer = $1 AND b.seqs && g.seqs AND NOT b.seqs <@ g.seqs),
-log_gone AS (
-   DELETE FROM outbox.ack_log a USING gone g
-    WHERE a.seqs && g.seqs AND a.consumer = $1 AND a.seqs <@ g.seqs),
-log_cut AS (
-   UPDATE outbox.ack_log a SET seqs = a.seqs - g.seqs FROM gone g
-    WHERE a.seqs && g.seqs AND a.consumer = $1 AND NOT a.seqs <@ g.seqs)
+-- The replayed seqs leave every range: ranges they emptied go, the others lose them
+-- (two sibling statements on disjoint rows).
+ranges_gone AS (
+   DELETE FROM outbox.delivery_ranges r USING gone g
+    WHERE r.consumer = $1 AND r.span && range_merge(g.seqs) AND r.seqs && g.seqs AND r.seqs <@ g.seqs),
+ranges_cut AS (
+   UPDATE outbox.delivery_ranges r SET seqs = r.seqs - g.seqs FROM gone g
+    WHERE r.consumer = $1 AND r.span && range_merge(g.seqs) AND r.seqs && g.seqs AND NOT r.seqs <@ g.seqs)
 SELECT count(*) FROM replayed;
 
 -- name: dead_letter_page
@@ -175,19 +145,13 @@ SELECT {{message_columns_without_bodies}}, d.consumer, d.delivery_count, d.last_
    AND ($4::text IS NULL OR d.last_error = $4)
  ORDER BY d.seq LIMIT $3;
 
--- name: pending_batches_lock_holding
--- Locks consumer $1's pending batches that hold any seq of the runs [$2[i], $3[i]), in id order.
-SELECT b.id FROM outbox.pending_batches b
- WHERE b.consumer = $1
-   AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
- ORDER BY b.id FOR UPDATE;
-
--- name: lease_batches_lock_holding
--- Locks consumer $1's lease batches that hold any seq of the runs [$2[i], $3[i]), in id order.
-SELECT b.id FROM outbox.lease_batches b
- WHERE b.consumer = $1
-   AND b.seqs && (SELECT range_agg(int8range(r.lo, r.hi)) FROM unnest($2::int8[], $3::int8[]) r(lo, hi))
- ORDER BY b.id FOR UPDATE;
+-- name: delivery_ranges_lock_holding
+-- Locks consumer $1's pending and leased ranges that hold any seq of the runs [$2[i], $3[i]):
+-- pending ones first, each kind in id order (the order of `outbox.ack_seqs`).
+SELECT r.id FROM outbox.delivery_ranges r
+ WHERE r.consumer = $1 AND r.state IN ('pending', 'leased')
+   AND r.seqs && (SELECT range_agg(int8range(x.lo, x.hi)) FROM unnest($2::int8[], $3::int8[]) x(lo, hi))
+ ORDER BY r.state DESC, r.id FOR UPDATE;
 
 -- name: replay_candidates_dead
 -- Consumer $1's dead letters after seq $2 that pass the filters (`replay_filters`), at most $8,
@@ -200,14 +164,15 @@ SELECT m.message_id, m.seq, m.topic, m.enqueued_at
 
 -- name: replay_candidates_any
 -- Consumer $1's messages after seq $2 that pass the filters (`replay_filters`) and are not
--- leased, at most $8. Without a row, a seq held in a lease batch is leased: not a candidate, as a
--- leased row is not. A row decides for itself, and a seq in a pending batch is pending: a
--- candidate, as a pending row is on SQLite (`delivery_replay` moves it out of the batch).
+-- leased, at most $8: read through `outbox.inbox`, so that a seq held in a leased range without
+-- a row is leased (not a candidate, as a leased row is not), a row decides for itself, and a seq
+-- in a pending range is pending (a candidate, as a pending row is on SQLite; `delivery_replay`
+-- takes it out of the range).
 SELECT m.message_id, m.seq, m.topic, m.enqueued_at
+  -- The row, for the filter on its last error.
   FROM outbox.messages m LEFT JOIN outbox.deliveries d ON d.message_id = m.message_id AND d.consumer = $1
- WHERE (d.state IS NULL OR d.state <> 'leased')
-   AND (d.state IS NOT NULL OR NOT EXISTS (SELECT 1 FROM outbox.lease_batches b
-                                            WHERE b.consumer = $1 AND b.seqs @> m.seq))
+ WHERE NOT EXISTS (SELECT 1 FROM outbox.inbox i
+                    WHERE i.consumer = $1 AND i.message_id = m.message_id AND i.state = 'leased')
    AND m.seq > $2
    {{replay_filters}}
  ORDER BY m.seq LIMIT $8;

@@ -118,7 +118,7 @@ UNION ALL
 SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
        m.enqueued_at, m.available_at, m.relayed_at, 1
   FROM unnest(outbox.lease_pending_visible($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5,
-              ARRAY(SELECT b.id FROM outbox.pending_batches b WHERE b.consumer = $1))) r,
+              ARRAY(SELECT b.id FROM outbox.delivery_ranges b WHERE b.consumer = $1 AND b.state = 'pending'))) r,
        LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m;
 
 -- name: delivery_next_due
@@ -131,5 +131,5 @@ SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,
            (SELECT d.available_at FROM outbox.deliveries d
              WHERE d.consumer = $1 AND d.state = 'pending' AND d.ordering_key IS NULL
              ORDER BY d.available_at, d.seq LIMIT 1),
-           (SELECT b.created_at FROM outbox.pending_batches b WHERE b.consumer = $1 ORDER BY b.id LIMIT 1),
+           (SELECT b.at FROM outbox.delivery_ranges b WHERE b.consumer = $1 AND b.state = 'pending' ORDER BY b.id LIMIT 1),
            (SELECT min(h.available_at) FROM after_heads h WHERE h.state = 'pending')) AS due;

@@ -38,15 +38,16 @@ SELECT pg_try_advisory_xact_lock($1);
 -- name: prune_fold_acked_rows
 WITH folded AS (
    SELECT p.id, range_agg(int8range(d.seq, d.seq + 1)) AS seqs
-     FROM outbox.pending_batches p
+     FROM outbox.delivery_ranges p
      JOIN outbox.deliveries d
        ON d.consumer = p.consumer AND d.state = 'acked' AND d.delivery_count = 0
       AND d.seq >= lower(p.seqs) AND d.seq < upper(p.seqs) AND d.seq <@ p.seqs
+    WHERE p.state = 'pending'
     GROUP BY p.id)
-UPDATE outbox.pending_batches p SET seqs = p.seqs - f.seqs FROM folded f WHERE p.id = f.id;
+UPDATE outbox.delivery_ranges p SET seqs = p.seqs - f.seqs FROM folded f WHERE p.id = f.id AND p.state = 'pending';
 
--- name: prune_empty_pending_batches
-DELETE FROM outbox.pending_batches WHERE isempty(seqs);
+-- name: prune_empty_ranges
+DELETE FROM outbox.delivery_ranges WHERE isempty(seqs);
 
 -- name: prune_messages
 WITH doomed AS (
@@ -58,10 +59,10 @@ WITH doomed AS (
       -- Below every seq a lease batch holds (they are short-lived), and in no
       -- pending batch (a detached consumer's backlog holds back its own messages
       -- only); each computed once.
-      AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.lease_batches b),
+      AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.delivery_ranges b WHERE b.state = 'leased'),
                            9223372036854775807)
       AND NOT m.seq <@ (SELECT coalesce(range_agg(r), '{}'::int8multirange)
-                          FROM outbox.pending_batches p, unnest(p.seqs) r)
+                          FROM outbox.delivery_ranges p, unnest(p.seqs) r WHERE p.state = 'pending')
     ORDER BY m.enqueued_at LIMIT $2
     FOR UPDATE SKIP LOCKED),
 del AS (DELETE FROM outbox.deliveries d USING doomed
@@ -70,7 +71,8 @@ msg AS (DELETE FROM outbox.messages m USING doomed
          WHERE m.message_id = doomed.message_id RETURNING 1),
 -- Deliveries acked out of a batch have no row: the ack log says who acked them.
 logged AS (SELECT count(DISTINCT (a.consumer, doomed.seq)) AS n
-             FROM doomed JOIN outbox.ack_log a ON a.seqs @> doomed.seq)
+             FROM doomed JOIN outbox.delivery_ranges a
+               ON a.state = 'acked' AND a.span @> doomed.seq AND a.seqs @> doomed.seq)
 SELECT (SELECT count(*) FROM msg) AS messages,
        (SELECT count(*) FROM del) + (SELECT n FROM logged) AS deliveries;
 
@@ -79,9 +81,9 @@ DELETE FROM outbox.relay_log l
 WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
                                 (SELECT c.position + 1 FROM outbox.relay_cursor c));
 
--- name: prune_ack_log
-DELETE FROM outbox.ack_log a
-WHERE a.at < $1
+-- name: prune_acked_ranges
+DELETE FROM outbox.delivery_ranges a
+WHERE a.state = 'acked' AND a.at < $1
   AND NOT EXISTS (SELECT 1 FROM unnest(a.seqs) r,
                   LATERAL (SELECT 1 FROM outbox.messages m
                             WHERE m.seq >= lower(r) AND m.seq < upper(r) LIMIT 1) x);

@@ -2,7 +2,7 @@
 LOCK TABLE outbox.function_source IN EXCLUSIVE MODE;
 
 -- name: tables_analyze
-ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.lease_batches, outbox.ack_log, outbox.pending_batches;
+ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.delivery_ranges;
 
 -- name: settings_write
 UPDATE outbox.settings SET max_payload_bytes = $1 WHERE max_payload_bytes <> $1;

@@ -110,9 +110,11 @@ SELECT g.*,
 SELECT EXISTS (SELECT 1 FROM outbox_deliveries l INDEXED BY outbox_deliveries_keyed_leased
             WHERE l.consumer = ?1 AND l.state = 'leased' AND l.ordering_key IS NOT NULL
               AND l.ordering_key = ?2)
-OR EXISTS (SELECT 1 FROM outbox_messages u
-            WHERE u.relayed_at IS NULL AND u.ordering_key IS NOT NULL
-              AND u.ordering_key = ?2 AND u.seq < ?3)
+-- An earlier message of the key that the relay has not read yet (a backfill's row can come
+-- before the relay).
+OR EXISTS (SELECT 1 FROM outbox_messages u INDEXED BY outbox_messages_keyed
+            WHERE u.ordering_key IS NOT NULL AND u.ordering_key = ?2 AND u.seq < ?3
+              AND u.seq > (SELECT c.position FROM outbox_relay_cursor c WHERE c.id = 1))
 -- Held after a dead letter (ADR 0057): one primary-key probe.
 OR EXISTS (SELECT 1 FROM outbox_held_keys h WHERE h.consumer = ?1 AND h.ordering_key = ?2);
 

@@ -1,14 +1,20 @@
 -- Pieces of SQL that several statements share, included as {{name}}.
 
+-- fragment: relayed_at
+-- When message m was relayed: the relay log's pass that read it (ADR 0066), or the time an older
+-- release wrote into the row; NULL while it waits for the relay.
+coalesce(m.relayed_at, (SELECT l.at FROM outbox_relay_log l WHERE l.hi >= m.seq AND l.lo <= m.seq
+                         ORDER BY l.hi LIMIT 1)) AS relayed_at
+
 -- fragment: message_columns
 -- A message as `message_from_row` reads it.
 m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at
+m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, {{relayed_at}}
 
 -- fragment: message_columns_without_bodies
 -- A message as `message_from_row` reads it, with an empty payload and no headers.
 m.message_id, m.seq, m.topic, m.type, x'' AS payload, '{}' AS headers, m.ordering_key,
-m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, m.relayed_at
+m.enqueued_at, coalesce(m.available_at, m.enqueued_at) AS available_at, {{relayed_at}}
 
 -- fragment: search_window
 -- The `?3` newest seqs below `?1` and from `?2`, by primary key.

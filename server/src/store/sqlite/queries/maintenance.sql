@@ -5,7 +5,7 @@ SELECT (SELECT page_count FROM pragma_page_count()) AS pages,
 
 -- name: prune_candidates
 SELECT m.message_id FROM outbox_messages m
-WHERE m.enqueued_at < ?1 AND m.relayed_at IS NOT NULL
+WHERE m.enqueued_at < ?1 AND m.seq <= (SELECT c.position FROM outbox_relay_cursor c WHERE c.id = 1)
   AND NOT EXISTS (SELECT 1 FROM outbox_deliveries d
                    WHERE d.message_id = m.message_id AND d.state <> 'acked')
 ORDER BY m.enqueued_at LIMIT ?2;
@@ -15,3 +15,9 @@ DELETE FROM outbox_deliveries WHERE message_id IN (SELECT value FROM json_each(?
 
 -- name: prune_messages
 DELETE FROM outbox_messages WHERE message_id IN (SELECT value FROM json_each(?1));
+
+-- name: prune_relay_log
+-- The relay log's rows that name only pruned messages.
+DELETE FROM outbox_relay_log
+ WHERE hi < coalesce((SELECT min(seq) FROM outbox_messages),
+                     (SELECT c.position + 1 FROM outbox_relay_cursor c WHERE c.id = 1));

@@ -12,13 +12,14 @@ SELECT message_id, seq, topic, ordering_key, coalesce(available_at, enqueued_at)
 FROM outbox_messages WHERE seq > ?1 ORDER BY seq LIMIT ?2;
 
 -- name: message_unrelayed_summary
-SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages WHERE relayed_at IS NULL;
+SELECT count(*) AS unrelayed, min(enqueued_at) AS oldest FROM outbox_messages
+ WHERE seq > (SELECT c.position FROM outbox_relay_cursor c WHERE c.id = 1);
 
 -- name: message_enqueued_at
 SELECT enqueued_at FROM outbox_messages WHERE seq = ?1;
 
 -- name: message_unrelayed_exists
-SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE relayed_at IS NULL AND seq >= ?1);
+SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE seq > (SELECT c.position FROM outbox_relay_cursor c WHERE c.id = 1));
 
 -- name: message_last_seq
 SELECT coalesce(max(seq), 0) FROM outbox_messages;
