@@ -1,7 +1,8 @@
 -- The relay reads after a cursor instead of claiming each message (ADR 0066), as PostgreSQL's
 -- relay does (its migration 0010), without the gaps: SQLite lets one writer commit at a time and
--- hands out seq values inside the writer's transaction, so the committed messages are always
--- every seq up to the highest committed one. A message is relayed once its seq is at or below
+-- hands out seq values inside the writer's transaction, so no seq at or below the highest
+-- committed one can commit later (values a duplicate insert used up are skipped for good).
+-- A message is relayed once its seq is at or below
 -- `position`; when it was relayed is in `outbox_relay_log`, one row per pass (the seqs `lo` to
 -- `hi`). A relay pass no longer rewrites every message it reads (its payload with it) to set
 -- `relayed_at`, and producers' inserts no longer maintain an index of unrelayed messages.
@@ -37,4 +38,11 @@ CREATE TRIGGER outbox_messages_seq_after_cursor AFTER INSERT ON outbox_messages
     WHEN NEW.seq <= (SELECT c.position FROM outbox_relay_cursor c WHERE c.id = 1)
 BEGIN
     SELECT RAISE(ABORT, 'outbox_messages: seq must be above the relay cursor (outbox_relay_cursor.position): leave seq to SQLite');
+END;
+-- Nor may a message's seq change: below the cursor it would never be relayed, above it it would
+-- be relayed again.
+CREATE TRIGGER outbox_messages_seq_fixed AFTER UPDATE OF seq ON outbox_messages
+    WHEN NEW.seq <> OLD.seq
+BEGIN
+    SELECT RAISE(ABORT, 'outbox_messages: seq cannot change once a message is written');
 END;

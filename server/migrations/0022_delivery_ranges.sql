@@ -51,16 +51,12 @@ CREATE TABLE outbox.delivery_ranges_leased PARTITION OF outbox.delivery_ranges
     FOR VALUES IN ('leased') WITH (fillfactor = 50);
 CREATE TABLE outbox.delivery_ranges_acked PARTITION OF outbox.delivery_ranges
     FOR VALUES IN ('acked');
--- A consumer's ranges of one state in the order they were written: a lease takes the oldest
--- pending ones first; acks, releases and stats find a consumer's leased ones.
-CREATE INDEX delivery_ranges_consumer ON outbox.delivery_ranges (consumer, id);
-CREATE INDEX delivery_ranges_expiry ON outbox.delivery_ranges (lease_expires_at) WHERE state = 'leased';
--- The ranges that may hold a seq (`GetMessage` through `outbox.inbox`, the prune's count).
-CREATE INDEX delivery_ranges_span ON outbox.delivery_ranges USING gist (span);
-CREATE INDEX delivery_ranges_acked_at ON outbox.delivery_ranges (at) WHERE state = 'acked';
-
--- No writer of the old tables may commit between the copy and the drop.
-LOCK TABLE outbox.pending_batches, outbox.lease_batches, outbox.ack_log IN ACCESS EXCLUSIVE MODE;
+-- No writer of the old tables may commit between the copy and the drop. The lock waits for
+-- open transactions that wrote them (a consumer's transactional ack holds its lock until the
+-- consumer commits), and everything of the release before queues behind it meanwhile: bounded,
+-- so that a long transaction fails the migration (run it again) instead of stalling delivery.
+SET LOCAL lock_timeout = '10s';
+LOCK TABLE outbox.lease_batches, outbox.pending_batches, outbox.ack_log IN ACCESS EXCLUSIVE MODE;
 
 -- Pending ranges keep their order (a lease takes the oldest first).
 INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
@@ -73,16 +69,17 @@ SELECT b.consumer, 'leased', b.seqs, range_merge(b.seqs), b.leased_by, b.lease_e
 INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
 SELECT a.consumer, 'acked', a.seqs, range_merge(a.seqs), a.at FROM outbox.ack_log a WHERE NOT isempty(a.seqs) ORDER BY a.at;
 
-DROP VIEW outbox.inbox;
-DROP TABLE outbox.pending_batches, outbox.lease_batches, outbox.ack_log;
-
-CREATE VIEW outbox.pending_batches AS
-    SELECT r.id, r.consumer, r.seqs, r.at AS created_at FROM outbox.delivery_ranges r WHERE r.state = 'pending';
-CREATE VIEW outbox.lease_batches AS
-    SELECT r.id, r.consumer, r.leased_by, r.seqs, r.lease_expires_at, r.at AS created_at
-      FROM outbox.delivery_ranges r WHERE r.state = 'leased';
-CREATE VIEW outbox.ack_log AS
-    SELECT r.consumer, r.seqs, r.at FROM outbox.delivery_ranges r WHERE r.state = 'acked';
+-- Indexes after the copy (built once, not row by row).
+-- A consumer's ranges of one state in the order they were written: a lease takes the oldest
+-- pending ones first; acks, releases and stats find a consumer's leased ones.
+CREATE INDEX delivery_ranges_consumer ON outbox.delivery_ranges (consumer, id);
+CREATE INDEX delivery_ranges_expiry ON outbox.delivery_ranges (lease_expires_at) WHERE state = 'leased';
+-- The ranges that may hold a seq (`GetMessage` through `outbox.inbox`, acks, the prune's count).
+CREATE INDEX delivery_ranges_span ON outbox.delivery_ranges USING gist (span);
+CREATE INDEX delivery_ranges_acked_at ON outbox.delivery_ranges (at) WHERE state = 'acked';
+-- Acked ranges by their seqs, as `ack_log` had them, for the previous release's readers of it
+-- during the roll (its `GetMessage` and prune). Only a replay updates an acked range.
+CREATE INDEX delivery_ranges_acked_seqs ON outbox.delivery_ranges_acked USING gist (seqs);
 
 -- Every delivery of every message to every consumer, wherever it is held: the one definition of
 -- "a row decides over a range" for reads that go message by message (`GetMessage`'s timeline,
@@ -90,7 +87,7 @@ CREATE VIEW outbox.ack_log AS
 -- consumer has a row for its message. A query for one message finds the ranges that may hold
 -- its seq by their span's index; a scan of every delivery reads each range's messages by a
 -- range scan of the primary key.
-CREATE VIEW outbox.inbox AS
+CREATE OR REPLACE VIEW outbox.inbox AS
     SELECT d.message_id, d.consumer, d.seq, d.ordering_key, d.state, d.delivery_count, d.available_at,
            d.lease_expires_at, d.leased_by, d.last_error, d.created_at, d.updated_at, d.acked_at, d.dead_at
       FROM outbox.deliveries d
@@ -103,3 +100,44 @@ CREATE VIEW outbox.inbox AS
       JOIN outbox.messages m
         ON m.seq >= lower(r.seqs) AND m.seq < upper(r.seqs) AND r.span @> m.seq AND r.seqs @> m.seq
      WHERE NOT EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.message_id = m.message_id AND x.consumer = r.consumer);
+
+-- The view now reads the new table (same columns, so grants on it stay); the old tables go.
+DROP TABLE outbox.pending_batches, outbox.lease_batches, outbox.ack_log;
+
+CREATE VIEW outbox.pending_batches AS
+    SELECT r.id, r.consumer, r.seqs, r.at AS created_at FROM outbox.delivery_ranges r WHERE r.state = 'pending';
+CREATE VIEW outbox.lease_batches AS
+    SELECT r.id, r.consumer, r.leased_by, r.seqs, r.lease_expires_at, r.at AS created_at
+      FROM outbox.delivery_ranges r WHERE r.state = 'leased';
+CREATE VIEW outbox.ack_log AS
+    SELECT r.consumer, r.seqs, r.at FROM outbox.delivery_ranges r WHERE r.state = 'acked';
+
+-- The previous release's SQL functions insert into the old names until this release's replace
+-- them (right after the migrations, in a transaction of its own): the views take those inserts
+-- too. The one function a migration defines since 0015; server/sql/functions.sql holds the same
+-- body (its test allows this one), and it goes with the views.
+CREATE FUNCTION outbox.delivery_ranges_insert_through_view() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'pending_batches' THEN
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        VALUES (NEW.consumer, 'pending', NEW.seqs, range_merge(NEW.seqs), NEW.created_at)
+        RETURNING id INTO NEW.id;
+    ELSIF TG_TABLE_NAME = 'lease_batches' THEN
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+        VALUES (NEW.consumer, 'leased', NEW.seqs, range_merge(NEW.seqs), NEW.leased_by, NEW.lease_expires_at,
+                NEW.created_at)
+        RETURNING id INTO NEW.id;
+    ELSE
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        VALUES (NEW.consumer, 'acked', NEW.seqs, range_merge(NEW.seqs), NEW.at);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER insert_through_view INSTEAD OF INSERT ON outbox.pending_batches
+    FOR EACH ROW EXECUTE FUNCTION outbox.delivery_ranges_insert_through_view();
+CREATE TRIGGER insert_through_view INSTEAD OF INSERT ON outbox.lease_batches
+    FOR EACH ROW EXECUTE FUNCTION outbox.delivery_ranges_insert_through_view();
+CREATE TRIGGER insert_through_view INSTEAD OF INSERT ON outbox.ack_log
+    FOR EACH ROW EXECUTE FUNCTION outbox.delivery_ranges_insert_through_view();

@@ -328,8 +328,10 @@ BEGIN
         -- seq in none of these is acked, dead, or not this consumer's delivery, and false is
         -- the answer for each.)
         SELECT (SELECT d.state FROM outbox.deliveries d WHERE d.consumer = $1 AND d.message_id = $2) AS row_state,
-               EXISTS (SELECT 1 FROM outbox.delivery_ranges b WHERE b.consumer = $1 AND b.state = 'leased' AND b.seqs @> m.seq) AS leased,
-               EXISTS (SELECT 1 FROM outbox.delivery_ranges p WHERE p.consumer = $1 AND p.state = 'pending' AND p.seqs @> m.seq) AS waiting
+               EXISTS (SELECT 1 FROM outbox.delivery_ranges b
+                        WHERE b.consumer = $1 AND b.state = 'leased' AND b.span @> m.seq AND b.seqs @> m.seq) AS leased,
+               EXISTS (SELECT 1 FROM outbox.delivery_ranges p
+                        WHERE p.consumer = $1 AND p.state = 'pending' AND p.span @> m.seq AND p.seqs @> m.seq) AS waiting
           INTO v_seen
           FROM outbox.messages m WHERE m.message_id = $2;
         IF NOT FOUND OR v_seen.row_state IN ('acked', 'dead')
@@ -401,7 +403,7 @@ BEGIN
     -- 1. Pending ranges (only a stream that was not sent a delivery acks one of these).
     WITH held AS (
         SELECT p.id, p.seqs * v_want AS taken FROM outbox.delivery_ranges p
-         WHERE p.consumer = p_consumer AND p.state = 'pending' AND p.seqs && v_want
+         WHERE p.consumer = p_consumer AND p.state = 'pending' AND p.span && range_merge(v_want) AND p.seqs && v_want
            FOR UPDATE
     ), moved AS (
         UPDATE outbox.delivery_ranges p SET seqs = p.seqs - h.taken FROM held h WHERE p.id = h.id AND p.state = 'pending'
@@ -415,7 +417,7 @@ BEGIN
     -- 2. Leased ranges: the first deliveries a stream was pushed or leased.
     WITH held AS (
         SELECT b.id, b.seqs * v_want AS taken FROM outbox.delivery_ranges b
-         WHERE b.consumer = p_consumer AND b.state = 'leased' AND b.seqs && v_want
+         WHERE b.consumer = p_consumer AND b.state = 'leased' AND b.span && range_merge(v_want) AND b.seqs && v_want
            FOR UPDATE
     ), moved AS (
         UPDATE outbox.delivery_ranges b SET seqs = b.seqs - h.taken FROM held h WHERE b.id = h.id AND b.state = 'leased'
@@ -902,6 +904,30 @@ BEGIN
           FROM unnest(v_batches) b, unnest(b.seqs) r,
                LATERAL generate_series(lower(r), upper(r) - 1) s(seq)
                JOIN unnest(v_claimed) m ON m.seq = s.seq;
+END
+$$;
+
+-- ---- outbox.delivery_ranges_insert_through_view ----
+-- Inserts through the views `outbox.pending_batches`, `outbox.lease_batches` and `outbox.ack_log`
+-- (migration 0022), for the functions of the release before while a migration is replacing them.
+-- Migration 0022 defines it too, with this body, because it needs it before this file runs.
+CREATE OR REPLACE FUNCTION outbox.delivery_ranges_insert_through_view() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'pending_batches' THEN
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        VALUES (NEW.consumer, 'pending', NEW.seqs, range_merge(NEW.seqs), NEW.created_at)
+        RETURNING id INTO NEW.id;
+    ELSIF TG_TABLE_NAME = 'lease_batches' THEN
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+        VALUES (NEW.consumer, 'leased', NEW.seqs, range_merge(NEW.seqs), NEW.leased_by, NEW.lease_expires_at,
+                NEW.created_at)
+        RETURNING id INTO NEW.id;
+    ELSE
+        INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
+        VALUES (NEW.consumer, 'acked', NEW.seqs, range_merge(NEW.seqs), NEW.at);
+    END IF;
+    RETURN NEW;
 END
 $$;
 

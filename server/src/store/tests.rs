@@ -573,6 +573,40 @@ async fn a_postgres_schema_with_every_state_in_batches_and_rows_migrates_to_deli
             .await
             .unwrap();
     assert_eq!(left, "{[7,8)}", "written through the view");
+    // Its SQL functions insert through them too, until this release's replace them.
+    let (id, seqs): (i64, String) = sqlx::query_as(
+        "INSERT INTO outbox.lease_batches (consumer, leased_by, seqs, lease_expires_at, created_at)
+         VALUES ('c', 'old', '{[20,22)}', now() + interval '1 minute', now()) RETURNING id, seqs::text",
+    )
+    .fetch_one(pg.pool())
+    .await
+    .unwrap();
+    assert_eq!(seqs, "{[20,22)}");
+    sqlx::raw_sql(
+        "INSERT INTO outbox.pending_batches (consumer, seqs, created_at) VALUES ('c', '{[22,23)}', now());
+         INSERT INTO outbox.ack_log (consumer, seqs, at) VALUES ('c', '{[23,24)}', now());",
+    )
+    .execute(pg.pool())
+    .await
+    .unwrap();
+    let written: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT state, seqs::text, span::text FROM outbox.delivery_ranges WHERE lower(span) >= 20 ORDER BY lower(span)",
+    )
+    .fetch_all(pg.pool())
+    .await
+    .unwrap();
+    let written: Vec<(&str, &str, &str)> =
+        written.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+    assert_eq!(
+        written,
+        [("leased", "{[20,22)}", "[20,22)"), ("pending", "{[22,23)}", "[22,23)"), ("acked", "{[23,24)}", "[23,24)")]
+    );
+    let held: i64 =
+        sqlx::query_scalar("SELECT id FROM outbox.delivery_ranges WHERE state = 'leased' AND leased_by = 'old'")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap();
+    assert_eq!(held, id, "RETURNING names the range written");
 }
 
 /// SQLite migration 0011 (ADR 0066) takes a file whose relay claimed messages one by one
@@ -632,6 +666,8 @@ async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("above the relay cursor"), "{err}");
+    let err = sqlx::query("UPDATE outbox_messages SET seq = seq + 100 WHERE seq = 5").execute(&pool).await.unwrap_err();
+    assert!(err.to_string().contains("seq cannot change"), "{err}");
     sqlx::query("INSERT INTO outbox_messages (topic, type, payload) VALUES ('t', 'T', x'06')")
         .execute(&pool)
         .await
@@ -717,6 +753,9 @@ async fn the_sql_functions_come_from_their_one_source_file() {
 
     for m in MIGRATOR.migrations.iter().filter(|m| m.version > LAST_MIGRATION_WITH_FUNCTIONS) {
         let sql = m.sql.as_str().split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_uppercase();
+        // The one exception: migration 0022's trigger function for the old names' views, which
+        // it needs before the file runs (the file holds the same body, checked above).
+        let sql = sql.replace("CREATE FUNCTION OUTBOX.DELIVERY_RANGES_INSERT_THROUGH_VIEW()", "");
         assert!(
             !sql.contains("CREATE FUNCTION") && !sql.contains("CREATE OR REPLACE FUNCTION"),
             "migration {} defines a function: define it in server/sql/functions.sql",

@@ -1029,7 +1029,15 @@ impl Driver for PgDriver {
         // range, nor an ack out of a leased one, between the statement below reading the ranges
         // and this transaction's end. The statement below takes its snapshot after these locks
         // are held.
-        sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING).bind(consumer).bind(&lo).bind(&hi).execute(&mut *conn).await?;
+        for state in ["pending", "leased"] {
+            sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING)
+                .bind(consumer)
+                .bind(&lo)
+                .bind(&hi)
+                .bind(state)
+                .execute(&mut *conn)
+                .await?;
+        }
         let done: i64 =
             sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
         Ok(u64::try_from(done).unwrap_or(0))

@@ -146,12 +146,13 @@ SELECT {{message_columns_without_bodies}}, d.consumer, d.delivery_count, d.last_
  ORDER BY d.seq LIMIT $3;
 
 -- name: delivery_ranges_lock_holding
--- Locks consumer $1's pending and leased ranges that hold any seq of the runs [$2[i], $3[i]):
--- pending ones first, each kind in id order (the order of `outbox.ack_seqs`).
+-- Locks consumer $1's ranges of state $4 that hold any seq of the runs [$2[i], $3[i]), in id
+-- order. Run for pending, then leased ranges (the order of `outbox.ack_seqs`), each in a
+-- snapshot of its own: a leased range that a lease wrote while the first waited is seen.
 SELECT r.id FROM outbox.delivery_ranges r
- WHERE r.consumer = $1 AND r.state IN ('pending', 'leased')
+ WHERE r.consumer = $1 AND r.state = $4
    AND r.seqs && (SELECT range_agg(int8range(x.lo, x.hi)) FROM unnest($2::int8[], $3::int8[]) x(lo, hi))
- ORDER BY r.state DESC, r.id FOR UPDATE;
+ ORDER BY r.id FOR UPDATE;
 
 -- name: replay_candidates_dead
 -- Consumer $1's dead letters after seq $2 that pass the filters (`replay_filters`), at most $8,

@@ -47,7 +47,8 @@ WITH folded AS (
 UPDATE outbox.delivery_ranges p SET seqs = p.seqs - f.seqs FROM folded f WHERE p.id = f.id AND p.state = 'pending';
 
 -- name: prune_empty_ranges
-DELETE FROM outbox.delivery_ranges WHERE isempty(seqs);
+-- The pending ranges the fold emptied (every other writer deletes what it empties).
+DELETE FROM outbox.delivery_ranges WHERE state = 'pending' AND isempty(seqs);
 
 -- name: prune_messages
 WITH doomed AS (
