@@ -39,7 +39,6 @@ CREATE TABLE outbox.delivery_ranges (
     lease_expires_at timestamptz,
     -- When the range was written (pending, leased) or its seqs acked (acked).
     at               timestamptz    NOT NULL,
-    PRIMARY KEY (id, state),
     CONSTRAINT delivery_ranges_lease CHECK ((state = 'leased') = (leased_by IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CONSTRAINT delivery_ranges_span CHECK (span @> range_merge(seqs))
 ) PARTITION BY LIST (state);
@@ -69,17 +68,24 @@ SELECT b.consumer, 'leased', b.seqs, range_merge(b.seqs), b.leased_by, b.lease_e
 INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at)
 SELECT a.consumer, 'acked', a.seqs, range_merge(a.seqs), a.at FROM outbox.ack_log a WHERE NOT isempty(a.seqs) ORDER BY a.at;
 
--- Indexes after the copy (built once, not row by row).
--- A consumer's ranges of one state in the order they were written: a lease takes the oldest
--- pending ones first; acks, releases and stats find a consumer's leased ones.
-CREATE INDEX delivery_ranges_consumer ON outbox.delivery_ranges (consumer, id);
-CREATE INDEX delivery_ranges_expiry ON outbox.delivery_ranges (lease_expires_at) WHERE state = 'leased';
--- The ranges that may hold a seq (`GetMessage` through `outbox.inbox`, acks, the prune's count).
-CREATE INDEX delivery_ranges_span ON outbox.delivery_ranges USING gist (span);
-CREATE INDEX delivery_ranges_acked_at ON outbox.delivery_ranges (at) WHERE state = 'acked';
--- Acked ranges by their seqs, as `ack_log` had them, for the previous release's readers of it
--- during the roll (its `GetMessage` and prune). Only a replay updates an acked range.
+-- Indexes after the copy (built once, not row by row), each partition its own. An acked range
+-- is written once per stream ack and read only by history's readers: it has the two indexes
+-- `ack_log` had, no more (each is one more write per ack). Pending and leased ranges are found
+-- by id (unique per partition; no key spans the partitions).
+CREATE UNIQUE INDEX delivery_ranges_pending_id ON outbox.delivery_ranges_pending (id);
+CREATE UNIQUE INDEX delivery_ranges_leased_id ON outbox.delivery_ranges_leased (id);
+-- A consumer's ranges in the order they were written: a lease takes the oldest pending ones
+-- first; acks, releases and stats find a consumer's leased ones.
+CREATE INDEX delivery_ranges_pending_consumer ON outbox.delivery_ranges_pending (consumer, id);
+CREATE INDEX delivery_ranges_leased_consumer ON outbox.delivery_ranges_leased (consumer, id);
+CREATE INDEX delivery_ranges_leased_expiry ON outbox.delivery_ranges_leased (lease_expires_at);
+-- The pending and leased ranges that may hold a seq (acks, `outbox.inbox`), by their span.
+CREATE INDEX delivery_ranges_pending_span ON outbox.delivery_ranges_pending USING gist (span);
+CREATE INDEX delivery_ranges_leased_span ON outbox.delivery_ranges_leased USING gist (span);
+-- Acked ranges by their seqs (only a replay updates one): when a seq was acked (`GetMessage`
+-- through `outbox.inbox`, the prune's count, and the previous release's readers of `ack_log`).
 CREATE INDEX delivery_ranges_acked_seqs ON outbox.delivery_ranges_acked USING gist (seqs);
+CREATE INDEX delivery_ranges_acked_at ON outbox.delivery_ranges_acked (at);
 
 -- Every delivery of every message to every consumer, wherever it is held: the one definition of
 -- "a row decides over a range" for reads that go message by message (`GetMessage`'s timeline,
