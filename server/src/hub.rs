@@ -38,7 +38,7 @@ struct Entry {
 ///
 /// A wake-up reaches every stream of the consumer. Were they all to lease at once, each would
 /// hold its room out of the relay's pushes while it waits on the others' leases (they queue on
-/// the same pending batches), so the relay would park the next messages as pending work too,
+/// the same pending ranges), so the relay would park the next messages as pending work too,
 /// whose wake-up starts it all again: a cycle that, under steady load, cost more than the
 /// relay itself. So the streams of a consumer lease one at a time, and a stream whose wake-up
 /// came before the start of a lease that drained everything due skips its own: that lease

@@ -67,7 +67,7 @@ enum RelayRowKind {
     Pushed,
     /// `d`: a pending row (a keyed or delayed message, or a consumer probed message by message).
     PendingRow,
-    /// `b`: a pending batch; `seq` carries how many deliveries it holds.
+    /// `b`: a pending range; `seq` carries how many deliveries it holds.
     PendingBatch,
 }
 
@@ -486,7 +486,7 @@ impl Driver for PgDriver {
         consumer_from_row(&row)
     }
 
-    /// Its inbox rows go by cascade; its batches and ack log entries are deleted here.
+    /// Its inbox rows go by cascade; its ranges are deleted here.
     async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
         let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
         Ok(done.rows_affected() > 0)
@@ -560,7 +560,7 @@ impl Driver for PgDriver {
     /// Acks deliveries; acking an acked delivery changes nothing. Returns how many changed.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        // Rows and lease batches alike, in one call (ADR 0041).
+        // Rows and leased ranges alike, in one call (ADR 0041, 0065).
         let changed: i64 = sqlx::query_scalar(q::DELIVERY_ACK_BATCH)
             .bind(consumer.as_str())
             .bind(&ids)
@@ -634,7 +634,7 @@ impl Driver for PgDriver {
 
     /// Leases whose deadline has passed, oldest first.
     async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
-        // Expired lease batches become leased rows (count 1) that the query below finds.
+        // Expired leased ranges become leased rows (count 1) that the query below finds.
         sqlx::query(q::DELIVERY_UNBATCH_EXPIRED).bind(now).execute(&self.pool).await?;
         let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(now).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
@@ -942,7 +942,7 @@ impl Driver for PgDriver {
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
-        // Its rows, then what lease batches and the ack log say for the consumers without one.
+        // Through `outbox.inbox`: its rows, then what ranges say for the consumers without one.
         let rows = sqlx::query(q::DELIVERY_LIST_OF_MESSAGE).bind(id.0).fetch_all(&self.pool).await?;
         rows.iter().map(delivery_from_row).collect()
     }
@@ -1008,8 +1008,8 @@ impl Driver for PgDriver {
     }
 
     /// Upserts: bypasses the inbox on purpose and restarts the delivery count. The replayed
-    /// delivery's row becomes its one place: its seq leaves the consumer's pending batches, lease
-    /// batches (where a row already decided it) and ack log in the same transaction, so that no
+    /// delivery's row becomes its one place: its seq leaves the consumer's ranges (a leased one
+    /// only where a row already decided it) in the same transaction, so that no
     /// reader counts it twice (docs/delivery-states.md, T5, T20–T22).
     async fn delivery_replay(
         &self,
