@@ -1,4 +1,4 @@
--- revision: 8
+-- revision: 9
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -661,49 +661,23 @@ CREATE OR REPLACE TRIGGER wake_relay BEFORE INSERT ON outbox.messages FOR EACH S
           > pg_catalog.date_part('epoch', pg_catalog.statement_timestamp()))
     EXECUTE FUNCTION outbox.wake_relay();
 
--- ---- outbox.relay_pass ----
--- One relay pass, in the caller's transaction (autocommit: one round trip):
+-- ---- outbox.relay_claim ----
+-- The read of a relay pass, in a transaction of its own that has not written yet (ADR 0067).
+-- The rest of the pass (which consumer gets what, pushed or pending: `domain::fanout` in the
+-- server) writes in the same transaction, with the named statements `relay_*`, and commits.
 --  * takes the consumers lock shared (consumer changes take it exclusively), so that the fan-out
---    sees every consumer created before, then the cursor row (relays take turns on it);
+--    sees every consumer created before, then the relays' turn on the cursor, both until the
+--    transaction ends;
 --  * reads, in seq order and up to `batch`, the visible messages in open gaps and after the
 --    cursor's position (ADR 0027); records the seq values it skipped below the highest one read
 --    as a new gap; moves the position; logs what it relayed; closes the gaps whose holders have
---    all ended. `from_seq` is not used (the cursor says where);
---  * fans out to every consumer whose topics match (topic patterns matched once per distinct
---    topic of the pass). Unkeyed, due messages go by ranges: each offered stream (`push_*` are
---    parallel arrays of consumer, session, room and lease deadline) gets the lowest seqs of its
---    consumer's share as one leased range (ADR 0041), and the rest of the share becomes one
---    pending range (ADR 0042). Keyed and delayed messages, and consumers whose EARLIEST backfill
---    may have written rows in the pass's range, go message by message into rows; a message that
---    already has a row for the consumer is never pushed;
---  * notifies `notify` (when not null) once, naming the consumers that got waiting deliveries.
--- Returns one row per message read (kind 'm'), one per pushed delivery ('p', with the payload),
--- one per pending row ('d') and one per pending range ('b': its consumer, and in `seq` how many
--- deliveries it holds).
-CREATE OR REPLACE FUNCTION outbox.relay_pass(
-    batch          integer,
-    from_seq       bigint,
-    at             timestamptz,
-    lock_key       bigint,
-    notify         text,
-    push_consumers text[],
-    push_sessions  text[],
-    push_room      integer[],
-    push_until     timestamptz[]
-) RETURNS TABLE (
-    kind text, consumer text, session text, lease_expires_at timestamptz,
-    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
-    ordering_key text, enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz
-)
+--    all ended.
+-- One function, one round trip: the gap rule needs the snapshot read before, and the
+-- transaction id taken after, the read of the messages.
+CREATE OR REPLACE FUNCTION outbox.relay_claim(batch integer, at timestamptz, lock_key bigint)
+RETURNS SETOF outbox.messages
 LANGUAGE plpgsql VOLATILE
--- Its statements are short; JIT would compile them on every call (100 ms and more) whenever an
--- estimate runs high. outboxd's connections turn it off too; this holds behind poolers that
--- drop connection options.
 SET jit = off
--- Planned once per connection, not at every pass: the fan-out statement's custom plan looked
--- cheaper than its generic one (it knows how many messages the arrays hold), so PostgreSQL
--- planned it anew each time, about 1.5 ms of a 2.4 ms pass of two messages (0.9 ms generic).
--- Its plan does not depend on the values: every part reads the arrays or one index (ADR 0047).
 SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -714,17 +688,12 @@ DECLARE
     v_read_to  bigint;
     v_found    int8multirange;
     v_missing  int8multirange;
-    v_created  outbox.deliveries[];
-    v_batches  outbox.delivery_ranges[];
-    v_pending  outbox.delivery_ranges[];
-    v_first    bigint;
-    v_woken    text;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(lock_key);
     -- Relays take turns on the cursor under an advisory lock, not the row's lock: a row lock
     -- would give this transaction its id now, and the gap rule needs an id taken after the read.
     IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox.relay_pass must run in a transaction of its own (this one has written already)';
+        RAISE EXCEPTION 'outbox.relay_claim must run in a transaction of its own (this one has written already)';
     END IF;
     PERFORM pg_advisory_xact_lock(1869903970, 1);
     SELECT c.position INTO v_position FROM outbox.relay_cursor c;
@@ -775,16 +744,69 @@ BEGIN
                 VALUES ((pg_current_xact_id()::text::bigint + 1)::text::xid8, v_missing)
                 ON CONFLICT (open_until) DO UPDATE SET seqs = g.seqs + excluded.seqs;
             END IF;
-            UPDATE outbox.relay_cursor SET position = v_read_to, moved_at = relay_pass.at;
+            UPDATE outbox.relay_cursor SET position = v_read_to, moved_at = relay_claim.at;
         END IF;
-        INSERT INTO outbox.relay_log (seqs, at) VALUES (v_found, relay_pass.at);
+        INSERT INTO outbox.relay_log (seqs, at) VALUES (v_found, relay_claim.at);
     END IF;
     -- A read cut short by the batch may have left rows of a gap unread: close gaps only after a
     -- read that took everything visible.
     DELETE FROM outbox.relay_gaps g
      WHERE isempty(g.seqs) OR (v_read < batch AND g.open_until <= v_xmin);
 
-    IF v_read = 0 THEN
+    RETURN QUERY SELECT * FROM unnest(v_claimed);
+END
+$$;
+
+-- ---- outbox.relay_pass ----
+-- One relay pass as the release before ran it, for its replicas during a rolling upgrade (this
+-- release claims with `outbox.relay_claim` and fans out in the server, ADR 0067); to be dropped
+-- by the release after this one. In the caller's transaction (autocommit: one round trip):
+--  * claims with `outbox.relay_claim` (`from_seq` is not used: the cursor says where);
+--  * fans out to every consumer whose topics match, with the rule `domain::fanout` states:
+--    each offered stream (`push_*` are parallel arrays of consumer, session, room and lease
+--    deadline) gets the lowest seqs of its consumer's unkeyed, due share as one leased range,
+--    the rest of the share becomes one pending range; keyed and delayed messages get rows; a
+--    message that already has a row for the consumer gets nothing;
+--  * notifies `notify` (when not null) once, naming the consumers that got waiting deliveries.
+-- Returns one row per message read (kind 'm'), one per pushed delivery ('p', with the payload),
+-- one per pending row ('d') and one per pending range ('b': its consumer, and in `seq` how many
+-- deliveries it holds).
+CREATE OR REPLACE FUNCTION outbox.relay_pass(
+    batch          integer,
+    from_seq       bigint,
+    at             timestamptz,
+    lock_key       bigint,
+    notify         text,
+    push_consumers text[],
+    push_sessions  text[],
+    push_room      integer[],
+    push_until     timestamptz[]
+) RETURNS TABLE (
+    kind text, consumer text, session text, lease_expires_at timestamptz,
+    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb,
+    ordering_key text, enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+-- Its statements are short; JIT would compile them on every call (100 ms and more) whenever an
+-- estimate runs high. outboxd's connections turn it off too; this holds behind poolers that
+-- drop connection options.
+SET jit = off
+-- Planned once per connection, not at every pass: the fan-out statement's custom plan looked
+-- cheaper than its generic one (it knows how many messages the arrays hold), so PostgreSQL
+-- planned it anew each time, about 1.5 ms of a 2.4 ms pass of two messages (0.9 ms generic).
+-- Its plan does not depend on the values: every part reads the arrays or one index (ADR 0047).
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    v_claimed  outbox.messages[];
+    v_created  outbox.deliveries[];
+    v_batches  outbox.delivery_ranges[];
+    v_pending  outbox.delivery_ranges[];
+    v_first    bigint;
+    v_woken    text;
+BEGIN
+    SELECT array_agg(c ORDER BY c.seq) INTO v_claimed FROM outbox.relay_claim(batch, at, lock_key) c;
+    IF v_claimed IS NULL THEN
         RETURN;
     END IF;
 

@@ -19,7 +19,8 @@
 //! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states, and
 //!   the vocabulary of deliveries that the layers above share: a message as stored, a leased
 //!   delivery, a release and which leases it may touch, a stream's push offer, a relay pass's
-//!   outcome.
+//!   outcome; and the relay's policy, once for both stores ([`domain::fanout`]: who gets which
+//!   message, pushed to a stream or pending, as a range or a row).
 //! - `testing`: fresh PostgreSQL databases and SQLite files for tests (built for this crate's
 //!   tests and with the `testing` feature).
 //! - [`telemetry`]: logs and their format, OTLP trace export, the `traceparent` that messages
@@ -41,7 +42,8 @@
 //!   [`delivery::window`] (held leases, room and its lend, expiry, late acks), its
 //!   [`delivery::pace`], and the
 //!   [`delivery::Command`]s a client gives it.
-//! - [`relay`]: fans committed messages out to matching consumers' inboxes, in batches.
+//! - [`relay`]: the loop that runs relay passes (the store claims and writes, [`domain::fanout`]
+//!   decides), hands pushed deliveries to streams and wakes the rest, in batches.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
 //!   managed replay, the vacuum of outboxd's own tables, and the gauges read from the store.
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file

@@ -6,6 +6,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 mod delivery;
+pub mod fanout;
 pub mod sink;
 pub use delivery::{LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
 pub use sink::{REDACTED, Sink, SinkKind, SinkTarget, Template, WebhookSecret, redact_url};

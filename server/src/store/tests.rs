@@ -304,20 +304,99 @@ async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_complet
     assert_eq!((out.messages, out.last_seq), (1, Some(late.seq)), "the late commit is relayed");
 }
 
-/// relay_pass refuses to run inside a transaction that has written already: its gap bound is
-/// the transaction id it takes after its read.
+/// The claim of a relay pass (and the pass of the release before, which claims with it) refuses
+/// to run inside a transaction that has written already: its gap bound is the transaction id it
+/// takes after its read.
 #[tokio::test]
-async fn a_relay_pass_refuses_a_transaction_that_has_an_id_already() {
+async fn a_relay_claim_refuses_a_transaction_that_has_an_id_already() {
     let db = TestDb::create().await.unwrap();
     let pg = PgStore::connect(&db.url, 4).await.unwrap();
     pg.migrate().await.unwrap();
-    let mut tx = pg.pool().begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *tx).await.unwrap();
-    let err = sqlx::query("SELECT * FROM outbox.relay_pass(10, 0, now(), 1, NULL, '{}', '{}', '{}', '{}')")
-        .execute(&mut *tx)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("transaction of its own"), "{err}");
+    for sql in [
+        "SELECT * FROM outbox.relay_claim(10, now(), 1)",
+        "SELECT * FROM outbox.relay_pass(10, 0, now(), 1, NULL, '{}', '{}', '{}', '{}')",
+    ] {
+        let mut tx = pg.pool().begin().await.unwrap();
+        sqlx::query("SELECT pg_current_xact_id()").execute(&mut *tx).await.unwrap();
+        let err = sqlx::query(sql).execute(&mut *tx).await.unwrap_err();
+        assert!(err.to_string().contains("outbox.relay_claim must run in a transaction of its own"), "{sql}: {err}");
+    }
+}
+
+/// `outbox.relay_claim` on its own: it returns the committed messages after the cursor in seq
+/// order, up to its batch, moves the cursor past them and logs them; a second claim returns
+/// the rest; nothing is fanned out (that is the server's part).
+#[tokio::test]
+async fn a_relay_claim_returns_each_committed_message_once_in_seq_order_and_writes_no_delivery() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    store.consumer_create(&spec("c", &["t"], 5), now).await.unwrap();
+    for _ in 0..5 {
+        store.message_insert(&msg("t"), now).await.unwrap();
+    }
+    let claim = |n: i32| {
+        let pool = pg.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.relay_claim($1, now(), 1)")
+                .bind(n)
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let first = claim(3).await;
+    assert_eq!(first.len(), 3);
+    assert!(first.windows(2).all(|w| w[0] < w[1]), "{first:?}");
+    let rest = claim(10).await;
+    assert_eq!(rest.len(), 2);
+    assert!(rest[0] > first[2], "{first:?} then {rest:?}");
+    assert!(claim(10).await.is_empty(), "each message is claimed once");
+    let position: i64 =
+        sqlx::query_scalar("SELECT position FROM outbox.relay_cursor").fetch_one(pg.pool()).await.unwrap();
+    assert_eq!(position, rest[1]);
+    let (logged, deliveries, ranges): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT sum(upper(r) - lower(r))::int8 FROM outbox.relay_log l, unnest(l.seqs) r),
+                (SELECT count(*) FROM outbox.deliveries), (SELECT count(*) FROM outbox.delivery_ranges)",
+    )
+    .fetch_one(pg.pool())
+    .await
+    .unwrap();
+    assert_eq!((logged, deliveries, ranges), (5, 0, 0));
+}
+
+/// The pass of the release before (`outbox.relay_pass`, one statement) still fans out as this
+/// release does, for its replicas during a rolling upgrade: the offered stream's room as a
+/// leased range, the rest of the unkeyed messages as a pending range, the keyed one as a row.
+#[tokio::test]
+async fn the_relay_pass_of_the_release_before_still_fans_out_during_a_rolling_upgrade() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    store.consumer_create(&spec("c", &["t"], 5), now).await.unwrap();
+    for i in 0..4 {
+        let m = if i == 3 { NewMessage { ordering_key: Some("k".into()), ..msg("t") } } else { msg("t") };
+        store.message_insert(&m, now).await.unwrap();
+    }
+    let kinds: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT kind, CASE WHEN kind = 'b' THEN seq END FROM outbox.relay_pass(10, 0, now(), 1, NULL,
+                '{c}', '{s1}', '{2}', ARRAY[now() + interval '30 seconds']) ORDER BY kind, seq",
+    )
+    .fetch_all(pg.pool())
+    .await
+    .unwrap();
+    let kinds: Vec<(&str, Option<i64>)> = kinds.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    assert_eq!(
+        kinds,
+        [("b", Some(1)), ("d", None), ("m", None), ("m", None), ("m", None), ("m", None), ("p", None), ("p", None)]
+    );
+    let s = store.stats(None, true).await.unwrap();
+    let c = s.consumers.iter().find(|c| c.consumer == "c").unwrap();
+    assert_eq!((c.in_flight, c.backlog), (2, 2), "{c:?}");
 }
 
 /// A fresh database with the PostgreSQL migrations before `version` applied, as a release of
@@ -693,7 +772,7 @@ async fn the_sql_functions_come_from_their_one_source_file() {
     .fetch_all(pg.pool())
     .await
     .unwrap();
-    assert!(bodies.iter().any(|(n, _)| n == "relay_pass") && bodies.len() >= 13, "{bodies:?}");
+    assert!(bodies.iter().any(|(n, _)| n == "relay_claim") && bodies.len() >= 13, "{bodies:?}");
     for (name, body) in &bodies {
         assert!(FUNCTIONS.contains(body.as_str()), "outbox.{name} is not defined as server/sql/functions.sql says");
     }

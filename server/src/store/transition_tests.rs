@@ -237,7 +237,8 @@ async fn t04_an_earliest_consumer_starts_with_every_retained_message_pending(_db
         assert!(delivery(&store, id, "fresh").await.is_none(), "a NEW consumer starts after them");
     }
     // The relay pass that reads the second message adds nothing: the backfill made its delivery.
-    relay(&store, at, &[offer("early", "s1", 10, at)]).await;
+    let out = relay(&store, at, &[offer("early", "s1", 10, at)]).await;
+    assert!(out.pushed.is_empty() && out.deliveries == 0, "a row decides: {out:?}");
     let got = lease(&store, &name("early"), "s1", 10, at).await;
     assert_eq!(got.len(), 2, "each once: {got:?}");
     assert!(lease(&store, &name("fresh"), "s2", 10, at).await.is_empty());

@@ -19,8 +19,9 @@ use super::records::{
 use super::{
     ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, MessageSummary,
     NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
-    SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon,
+    SearchPage, StoredMessage, TableHealth, VacuumHorizon,
 };
+use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
 
@@ -58,45 +59,13 @@ pub(crate) const LEASE_SETTINGS: &[(&str, &str)] =
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// What a row of `outbox.relay_pass` reports, by its `kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RelayRowKind {
-    /// `m`: a message the pass read.
-    Message,
-    /// `p`: a delivery pushed to a stream, with the message.
-    Pushed,
-    /// `d`: a pending row (a keyed or delayed message, or a consumer probed message by message).
-    PendingRow,
-    /// `b`: a pending range; `seq` carries how many deliveries it holds.
-    PendingBatch,
-}
-
-impl TryFrom<&str> for RelayRowKind {
-    type Error = StoreError;
-
-    /// An unknown kind means the SQL function and this decoder disagree (a schema newer than the
-    /// server): the pass fails. The relay's guard gives the offered room back, and leases it
-    /// made expire.
-    fn try_from(kind: &str) -> Result<Self> {
-        match kind {
-            "m" => Ok(Self::Message),
-            "p" => Ok(Self::Pushed),
-            "d" => Ok(Self::PendingRow),
-            "b" => Ok(Self::PendingBatch),
-            other => {
-                Err(StoreError::InvalidValue(format!("outbox.relay_pass returned a row of unknown kind {other:?}")))
-            }
-        }
-    }
-}
-
 /// Every SQL function of schema `outbox`, as it is now (ADR 0043): applied after the migrations
 /// when the database holds an older revision, or this revision with another digest.
 pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 8;
+pub(crate) const FUNCTIONS_REVISION: i32 = 9;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -181,6 +150,73 @@ fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
         available_at: row.try_get("available_at")?,
         relayed_at: row.try_get("relayed_at")?,
     })
+}
+
+/// Seqs in ascending order as an `int8multirange` literal: `{[1,4),[7,8)}`.
+fn multirange(seqs: &[i64]) -> String {
+    let (lo, hi) = seq_runs(seqs.iter().copied());
+    let parts: Vec<String> = lo.iter().zip(&hi).map(|(lo, hi)| format!("[{lo},{hi})")).collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// The consumers that subscribe to the topics of a pass whose first seq is `first`, each with
+/// the rows it has already for the pass's messages (only an `EARLIEST` consumer whose backfill
+/// reached `first` can have any: the pass asks for those alone).
+async fn relay_subscribers(
+    tx: &mut Transaction<'_, Postgres>,
+    messages: &[StoredMessage],
+    first: i64,
+) -> Result<Vec<Subscriber>> {
+    let mut topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
+    topics.sort_unstable();
+    topics.dedup();
+    let rows = sqlx::query(q::RELAY_SUBSCRIBERS).bind(&topics).fetch_all(&mut **tx).await?;
+    let mut subscribers: Vec<Subscriber> = Vec::new();
+    let mut probed: Vec<(String, i64)> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for row in &rows {
+        let name: String = row.try_get("name")?;
+        let i = match index.get(&name) {
+            Some(i) => *i,
+            None => {
+                let backfill_seq: i64 = row.try_get("backfill_seq")?;
+                if backfill_seq >= first {
+                    probed.push((name.clone(), backfill_seq));
+                }
+                subscribers.push(Subscriber {
+                    name: name.clone(),
+                    paused: row.try_get("paused")?,
+                    start_seq: row.try_get("start_seq")?,
+                    ..Subscriber::default()
+                });
+                index.insert(name, subscribers.len() - 1);
+                subscribers.len() - 1
+            }
+        };
+        subscribers[i].topics.insert(row.try_get("topic")?);
+    }
+    if !probed.is_empty() {
+        let (mut names, mut ids) = (Vec::new(), Vec::new());
+        for (name, backfill_seq) in &probed {
+            let s = &subscribers[index[name]];
+            for m in messages.iter().filter(|m| m.seq <= *backfill_seq && s.topics.contains(&m.topic)) {
+                names.push(name.as_str());
+                ids.push(m.message_id.0);
+            }
+        }
+        let seq_of: std::collections::HashMap<Uuid, i64> = messages.iter().map(|m| (m.message_id.0, m.seq)).collect();
+        let there = sqlx::query(q::RELAY_ROWS_OF).bind(&names).bind(&ids).fetch_all(&mut **tx).await?;
+        for row in &there {
+            let name: String = row.try_get("consumer")?;
+            let id: Uuid = row.try_get("message_id")?;
+            if let (Some(i), Some(seq)) = (index.get(&name), seq_of.get(&id)) {
+                subscribers[*i].has_row.insert(*seq);
+            }
+        }
+    }
+    // In name order: the fan-out writes in this order.
+    subscribers.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(subscribers)
 }
 
 fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
@@ -383,12 +419,13 @@ impl Driver for PgDriver {
         Ok((row.try_get("unrelayed")?, row.try_get("oldest")?))
     }
 
-    /// One relay pass: claims up to `limit` unrelayed messages (skipping rows another relay has
-    /// locked), fans each out to every consumer whose topics match, and marks them relayed, all
-    /// in one transaction.
+    /// One relay pass, in one transaction on the relay's pool (ADR 0067): `outbox.relay_claim`
+    /// claims up to `limit` committed messages after the cursor and in open gaps;
+    /// [`fanout::plan`] decides who gets what (pushed to an offered stream as a leased range,
+    /// pending as a range, or a row); the named `relay_*` statements write it.
     ///
     /// With `notify`, the transaction also sends one `NOTIFY outbox_work` naming the consumers
-    /// that got deliveries, so the streams of other replicas wake at once. It costs this
+    /// that got waiting deliveries, so the streams of other replicas wake at once. It costs this
     /// transaction, never a producer's.
     async fn relay_batch(
         &self,
@@ -402,54 +439,93 @@ impl Driver for PgDriver {
         // unrelayed again, as the claim is lost with it), and any later durable commit, such
         // as an ack of one of its deliveries, flushes it first. Producers' commits stay
         // durable; so do acks and every admin change.
-        let rows = sqlx::query(q::RELAY_PASS)
+        let mut tx = self.relay_pool.begin().await?;
+        let claimed = sqlx::query(q::RELAY_CLAIM)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            // `from_seq`: unused, the cursor says where (kept in the function's signature).
-            .bind(0_i64)
             .bind(now)
             .bind(CONSUMERS_LOCK)
-            .bind(notify.then_some(WORK_CHANNEL))
-            .bind(offers.iter().map(|o| o.consumer.as_str()).collect::<Vec<_>>())
-            .bind(offers.iter().map(|o| o.session.as_str()).collect::<Vec<_>>())
-            .bind(offers.iter().map(|o| i32::try_from(o.room).unwrap_or(i32::MAX)).collect::<Vec<_>>())
-            .bind(offers.iter().map(|o| o.lease_until).collect::<Vec<_>>())
-            .fetch_all(&self.relay_pool)
+            .bind(offers.iter().any(|o| o.room > 0))
+            .fetch_all(&mut *tx)
             .await?;
-        let mut out = RelayOutcome::default();
-        for row in &rows {
-            match RelayRowKind::try_from(row.try_get::<&str, _>("kind")?)? {
-                RelayRowKind::Message => {
-                    out.messages += 1;
-                    out.last_seq = out.last_seq.max(Some(row.try_get("seq")?));
-                    let headers = headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0);
-                    if let Some(tp) = headers.get(crate::telemetry::TRACEPARENT) {
-                        out.traced.push((row.try_get::<Uuid, _>("message_id")?.to_string(), tp.clone()));
-                    }
-                }
-                RelayRowKind::Pushed => {
-                    out.deliveries += 1;
-                    let consumer: String = row.try_get("consumer")?;
-                    let session: String = row.try_get("session")?;
-                    let d = LeasedDelivery {
-                        message: message_from_row(row)?,
-                        delivery_count: 1,
-                        lease_expires_at: row.try_get("lease_expires_at")?,
-                    };
-                    out.pushed.push((consumer, session, d));
-                }
-                RelayRowKind::PendingRow => {
-                    out.deliveries += 1;
-                    out.consumers.push(row.try_get("consumer")?);
-                }
-                RelayRowKind::PendingBatch => {
-                    out.deliveries += u64::try_from(row.try_get::<i64, _>("seq")?).unwrap_or(0);
-                    out.consumers.push(row.try_get("consumer")?);
+        let messages = claimed.iter().map(message_from_row).collect::<Result<Vec<_>>>()?;
+        let Some(first) = messages.first().map(|m| m.seq) else {
+            // The claim may have closed gaps.
+            tx.commit().await?;
+            return Ok(RelayOutcome::default());
+        };
+        let subscribers = relay_subscribers(&mut tx, &messages, first).await?;
+        let plan = fanout::plan(&messages.iter().map(PassMessage::from).collect::<Vec<_>>(), &subscribers, offers, now);
+
+        let mut ranges: (Vec<&str>, Vec<Option<&str>>, Vec<Option<DateTime<Utc>>>, Vec<String>) = Default::default();
+        for (i, seqs) in &plan.leased {
+            let o = &offers[*i];
+            ranges.0.push(&o.consumer);
+            ranges.1.push(Some(&o.session));
+            ranges.2.push(Some(o.lease_until));
+            ranges.3.push(multirange(seqs));
+        }
+        for (consumer, seqs) in &plan.pending {
+            ranges.0.push(consumer);
+            ranges.1.push(None);
+            ranges.2.push(None);
+            ranges.3.push(multirange(seqs));
+        }
+        if !ranges.0.is_empty() {
+            sqlx::query(q::RELAY_INSERT_RANGES)
+                .bind(&ranges.0)
+                .bind(&ranges.1)
+                .bind(&ranges.2)
+                .bind(&ranges.3)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let mut waiting: Vec<String> = plan.pending.iter().map(|(c, _)| c.clone()).collect();
+        let mut created_rows = 0;
+        if !plan.rows.is_empty() {
+            let created: Vec<String> = sqlx::query_scalar(q::RELAY_INSERT_ROWS)
+                .bind(plan.rows.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>())
+                .bind(plan.rows.iter().map(|(_, s)| *s).collect::<Vec<_>>())
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?;
+            created_rows = created.len() as u64;
+            waiting.extend(created);
+        }
+        waiting.sort_unstable();
+        waiting.dedup();
+        if notify && !waiting.is_empty() {
+            let names = waiting.join(",");
+            // Too long a list for a notification: empty means "every consumer".
+            let names = if names.len() > 7900 { String::new() } else { names };
+            sqlx::query(q::RELAY_NOTIFY).bind(WORK_CHANNEL).bind(names).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+
+        let mut out = RelayOutcome {
+            messages: messages.len() as u64,
+            last_seq: messages.last().map(|m| m.seq),
+            deliveries: (plan.deliveries() - plan.rows.len()) as u64 + created_rows,
+            consumers: waiting,
+            ..RelayOutcome::default()
+        };
+        for m in &messages {
+            if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
+                out.traced.push((m.message_id.to_string(), tp.clone()));
+            }
+        }
+        let by_seq: std::collections::HashMap<i64, &StoredMessage> = messages.iter().map(|m| (m.seq, m)).collect();
+        for (i, seqs) in &plan.leased {
+            let o = &offers[*i];
+            for seq in seqs {
+                if let Some(m) = by_seq.get(seq) {
+                    let d =
+                        LeasedDelivery { message: (*m).clone(), delivery_count: 1, lease_expires_at: o.lease_until };
+                    out.pushed.push((o.consumer.clone(), o.session.clone(), d));
                 }
             }
         }
         out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
-        out.consumers.sort_unstable();
-        out.consumers.dedup();
         Ok(out)
     }
 
@@ -1111,27 +1187,13 @@ impl DriverStore<PgDriver> {
 }
 
 #[cfg(test)]
-mod relay_row_kind_tests {
-    use super::RelayRowKind;
-
-    #[test]
-    fn relay_rows_decode_by_kind_and_an_unknown_kind_is_an_error() {
-        let kinds: Vec<_> = ["m", "p", "d", "b"].into_iter().map(|k| RelayRowKind::try_from(k).unwrap()).collect();
-        assert_eq!(
-            kinds,
-            [RelayRowKind::Message, RelayRowKind::Pushed, RelayRowKind::PendingRow, RelayRowKind::PendingBatch]
-        );
-        let err = RelayRowKind::try_from("x").unwrap_err().to_string();
-        assert!(err.contains("unknown kind \"x\""), "{err}");
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::seq_runs;
+    use super::{multirange, seq_runs};
 
     #[test]
     fn seqs_become_sorted_runs_of_consecutive_values() {
+        assert_eq!(multirange(&[1, 2, 3, 5, 7, 8]), "{[1,4),[5,6),[7,9)}");
+        assert_eq!(multirange(&[]), "{}");
         assert_eq!(seq_runs([7, 3, 4, 9, 8, 3, 1].into_iter()), (vec![1, 3, 7], vec![2, 5, 10]));
         assert_eq!(seq_runs(std::iter::empty()), (vec![], vec![]));
         assert_eq!(seq_runs([5].into_iter()), (vec![5], vec![6]));

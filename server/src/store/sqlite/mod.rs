@@ -33,6 +33,7 @@ use super::{
     NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
     SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
+use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
@@ -322,41 +323,58 @@ async fn relay_pass_on(
     sqlx::query(q::RELAY_ADVANCE).bind(hi).execute(&mut *conn).await?;
     sqlx::query(q::RELAY_LOG).bind(hi).bind(lo).bind(us(now)).execute(&mut *conn).await?;
     let consumers = consumers_on(conn).await?;
-    let mut rows = Vec::new();
     let mut traced = Vec::new();
     let mut messages = Vec::with_capacity(claimed.len());
-    // Where each consumer's next push goes: the first of its offers with room left.
-    let mut next_offer: std::collections::HashMap<&str, usize> = Default::default();
     for row in &claimed {
         let m = StoredMessage { relayed_at: Some(now), ..message_from_row(row)? };
-        // A message with no delay is due once committed, even if its producer's clock read a
-        // little after `now` (see `outbox.relay_pass`).
-        let pushable = m.ordering_key.is_none() && m.available_at <= now.max(m.enqueued_at);
-        for c in consumers.iter().filter(|c| m.seq > c.start_seq && c.spec.matches(&m.topic)) {
-            let name = c.spec.name.as_str();
-            let mut target = None;
-            if pushable && !c.paused {
-                let mut i = next_offer.get(name).copied().unwrap_or(0);
-                while i < offers.len() && (offers[i].consumer != name || used[i] >= offers[i].room) {
-                    i += 1;
-                }
-                next_offer.insert(name, i);
-                if i < offers.len() {
-                    used[i] += 1;
-                    target = Some(i);
-                }
-            }
-            let mut d = new_delivery(&m, name);
-            if let Some(i) = target {
-                d["l"] = json!(offers[i].session);
-                d["u"] = json!(us(offers[i].lease_until));
-            }
-            rows.push(d);
-        }
         if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
             traced.push((m.message_id.to_string(), tp.clone()));
         }
         messages.push(m);
+    }
+    let pass: Vec<PassMessage> = messages.iter().map(PassMessage::from).collect();
+    let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
+    // No probe for rows already there: the insert leaves them alone, and what it did not
+    // create gives its room back below.
+    let subscribers: Vec<Subscriber> = consumers
+        .iter()
+        .filter_map(|c| {
+            let topics: std::collections::HashSet<String> =
+                topics.iter().filter(|t| c.spec.matches(t)).map(|t| (*t).to_owned()).collect();
+            (!topics.is_empty()).then(|| Subscriber {
+                name: c.spec.name.as_str().to_owned(),
+                paused: c.paused,
+                start_seq: c.start_seq,
+                topics,
+                has_row: Default::default(),
+            })
+        })
+        .collect();
+    let plan = fanout::plan(&pass, &subscribers, offers, now);
+    // SQLite keeps a row per delivery: its documented transactional ack is an `UPDATE` whose
+    // changed-row count is the answer (ADR 0064).
+    let by_seq: std::collections::HashMap<i64, &StoredMessage> = messages.iter().map(|m| (m.seq, m)).collect();
+    let mut rows = Vec::with_capacity(plan.deliveries());
+    for (i, seqs) in &plan.leased {
+        used[*i] += seqs.len();
+        for seq in seqs {
+            if let Some(m) = by_seq.get(seq) {
+                let mut d = new_delivery(m, &offers[*i].consumer);
+                d["l"] = json!(offers[*i].session);
+                d["u"] = json!(us(offers[*i].lease_until));
+                rows.push(d);
+            }
+        }
+    }
+    for (consumer, seq) in plan
+        .pending
+        .iter()
+        .flat_map(|(c, seqs)| seqs.iter().map(move |s| (c, *s)))
+        .chain(plan.rows.iter().map(|(c, s)| (c, *s)))
+    {
+        if let Some(m) = by_seq.get(&seq) {
+            rows.push(new_delivery(m, consumer));
+        }
     }
     let created = delivery_insert_many_returning(conn, &rows, now).await?;
     sqlx::query(q::COMMIT).execute(&mut *conn).await?;

@@ -1,2 +1,49 @@
--- name: relay_pass
-SELECT * FROM outbox.relay_pass($1, $2, $3, $4, $5, $6, $7, $8, $9);
+-- The statements of one relay pass, in one transaction on the relay's pool (ADR 0067): the
+-- claim, who subscribes, what rows are there already, then the writes of the plan that
+-- `domain::fanout` made.
+
+-- name: relay_claim
+-- The messages the pass claims (`outbox.relay_claim`); the payload only when some stream
+-- offered room ($4), as only pushed deliveries carry it.
+SELECT c.message_id, c.seq, c.topic, c.type, CASE WHEN $4 THEN c.payload ELSE ''::bytea END AS payload,
+       c.headers, c.ordering_key, c.enqueued_at, c.available_at, $2::timestamptz AS relayed_at
+  FROM outbox.relay_claim($1, $2, $3) c;
+
+-- name: relay_subscribers
+-- For each topic of the pass ($1), the consumers whose patterns match it. The consumers lock
+-- that the claim took keeps the list as it is until the pass commits.
+SELECT c.name, c.paused, c.start_seq, c.backfill_seq, t.topic
+  FROM unnest($1::text[]) AS t(topic), outbox.consumers c
+ WHERE outbox.topic_matches(c.topics, t.topic);
+
+-- name: relay_rows_of
+-- Of the (consumer, message) pairs given, those with a row already (written by an EARLIEST
+-- consumer's backfill): the row decides, the pass writes nothing for them.
+SELECT p.consumer, p.message_id
+  FROM unnest($1::text[], $2::uuid[]) AS p(consumer, message_id)
+ WHERE EXISTS (SELECT 1 FROM outbox.deliveries d WHERE d.message_id = p.message_id AND d.consumer = p.consumer);
+
+-- name: relay_insert_ranges
+-- One range per element: leased to `session` until `until` when it has a session, else pending.
+-- `seqs` is an int8multirange in its text form.
+INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+SELECT r.consumer, CASE WHEN r.session IS NULL THEN 'pending' ELSE 'leased' END,
+       r.seqs::int8multirange, range_merge(r.seqs::int8multirange), r.session, r.until, $5
+  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(consumer, session, until, seqs);
+
+-- name: relay_insert_rows
+-- A pending row (count 0) per (consumer, seq); a row already there stays as it is. Returns the
+-- consumer of each row written.
+INSERT INTO outbox.deliveries AS d (message_id, consumer, seq, ordering_key, state, delivery_count,
+                                    available_at, created_at, updated_at)
+SELECT m.message_id, r.consumer, m.seq, m.ordering_key, 'pending', 0, m.available_at, $3, $3
+  FROM unnest($1::text[], $2::int8[]) AS r(consumer, seq)
+  JOIN outbox.messages m ON m.seq = r.seq
+ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
+RETURNING d.consumer;
+
+-- name: relay_notify
+-- Wakes the streams of other replicas: the consumers that got waiting deliveries ($2, comma
+-- separated; empty for every consumer).
+SELECT pg_notify($1, $2);
+
