@@ -17,6 +17,8 @@ pub mod driver;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
+mod functions_tests;
+#[cfg(test)]
 mod limits_tests;
 pub mod postgres;
 #[cfg(test)]

@@ -1,0 +1,230 @@
+//! PostgreSQL only: each PL/pgSQL function of the delivery path on its own, called as the server
+//! calls it, on ranges and rows written by hand, so that a change of one function is checked
+//! without the statements around it. (`outbox.relay_claim`, `outbox.relay_pass`, `outbox.ack`
+//! and `outbox.topic_matches` have theirs in `tests.rs`, `race_tests.rs` and `limits_tests.rs`.)
+use std::sync::Arc;
+
+use chrono::Utc;
+use sqlx::PgPool;
+
+use super::postgres::PgStore;
+use super::tests::{msg, spec};
+use super::{Enqueued, SharedStore, Store};
+use crate::testing::TestDb;
+
+/// A migrated database with consumer `c` (topic `t`) and `n` messages, none relayed.
+async fn setup(n: usize) -> (TestDb, PgPool, SharedStore, Vec<Enqueued>) {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let pool = pg.pool().clone();
+    let store: SharedStore = Arc::new(pg);
+    store.consumer_create(&spec("c", &["t"], 5), Utc::now()).await.unwrap();
+    let mut messages = Vec::new();
+    for _ in 0..n {
+        messages.push(store.message_insert(&msg("t"), Utc::now()).await.unwrap());
+    }
+    (db, pool, store, messages)
+}
+
+/// Writes a range of consumer `c` and returns its id.
+async fn range(pool: &PgPool, state: &str, seqs: &[i64], session: Option<&str>) -> i64 {
+    let literal = format!("{{{}}}", seqs.iter().map(|s| format!("[{s},{})", s + 1)).collect::<Vec<_>>().join(","));
+    sqlx::query_scalar(
+        "INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
+         VALUES ('c', $1, $2::int8multirange, range_merge($2::int8multirange), $3,
+                 CASE WHEN $3 IS NULL THEN NULL ELSE now() + interval '30 seconds' END, now())
+         RETURNING id",
+    )
+    .bind(state)
+    .bind(literal)
+    .bind(session)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `(seq, state, count)` of every delivery of `c`, through the one definition of the rule.
+async fn inbox(pool: &PgPool) -> Vec<(i64, String, i32)> {
+    sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = 'c' ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// The ranges of `c` in `state`, as text, lowest first.
+async fn ranges(pool: &PgPool, state: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT seqs::text FROM outbox.delivery_ranges WHERE consumer = 'c' AND state = $1 ORDER BY lower(span)",
+    )
+    .bind(state)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn mr(runs: &[(i64, i64)]) -> String {
+    format!("{{{}}}", runs.iter().map(|(lo, hi)| format!("[{lo},{hi})")).collect::<Vec<_>>().join(","))
+}
+
+#[tokio::test]
+async fn multirange_slice_takes_the_seqs_ranked_after_skip_range_by_range() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 2).await.unwrap();
+    pg.migrate().await.unwrap();
+    for (skip, take, want) in [
+        (0_i64, Some(2_i64), "{[1,3)}"),
+        (2, Some(3), "{[3,4),[10,12)}"),
+        (1, None, "{[2,4),[10,12)}"),
+        (5, Some(1), "{}"),
+        (0, Some(0), "{}"),
+    ] {
+        let got: String = sqlx::query_scalar("SELECT outbox.multirange_slice('{[1,4),[10,12)}', $1, $2)::text")
+            .bind(skip)
+            .bind(take)
+            .fetch_one(pg.pool())
+            .await
+            .unwrap();
+        assert_eq!(got, want, "skip {skip}, take {take:?}");
+    }
+}
+
+/// A lease takes the lowest seqs of the visible pending ranges, oldest range first, into one
+/// leased range; a seq with a row of its own leaves its range unleased (the row decides); a
+/// range the caller cannot see, or a paused consumer, gives nothing.
+#[tokio::test]
+async fn lease_pending_visible_leases_the_lowest_visible_seqs_into_one_range_and_skips_rows() {
+    let (_db, pool, store, m) = setup(6).await;
+    let s: Vec<i64> = m.iter().map(|e| e.seq).collect();
+    let first = range(&pool, "pending", &s[0..2], None).await;
+    let second = range(&pool, "pending", &s[2..5], None).await;
+    let unseen = range(&pool, "pending", &s[5..6], None).await;
+    // A transactional ack of a pending, range-held delivery: a row that decides over the range.
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(m[1].message_id.0).fetch_one(&pool).await.unwrap();
+    assert!(acked);
+    let lease = |limit: i32, visible: Vec<i64>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT outbox.lease_pending_visible('c', now(), $1, now() + interval '30 seconds', 'sess', $2)::text",
+            )
+            .bind(limit)
+            .bind(visible)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let got = lease(3, vec![first, second]).await;
+    assert_eq!(got, mr(&[(s[0], s[0] + 1), (s[2], s[2] + 1)]), "three taken, the one with a row not leased");
+    assert_eq!(ranges(&pool, "leased").await, [got]);
+    assert_eq!(ranges(&pool, "pending").await, [mr(&[(s[3], s[5])]), mr(&[(s[5], s[5] + 1)])]);
+    assert_eq!(lease(10, vec![unseen + 1]).await, "{}", "no range it can see");
+
+    store.consumer_set_paused(&crate::domain::ConsumerName::parse("n", "c").unwrap(), true).await.unwrap();
+    assert_eq!(lease(10, vec![second, unseen]).await, "{}", "paused");
+    let states: Vec<(i64, String, i32)> = inbox(&pool).await;
+    assert_eq!(
+        states,
+        [
+            (s[0], "leased".into(), 1),
+            (s[1], "acked".into(), 0),
+            (s[2], "leased".into(), 1),
+            (s[3], "pending".into(), 0),
+            (s[4], "pending".into(), 0),
+            (s[5], "pending".into(), 0),
+        ]
+    );
+}
+
+/// A stream's acks by seq runs: leased range seqs go to one acked range, a pending range's seq
+/// becomes an acked row (count 0), a leased row becomes acked; a seq with a row of its own
+/// leaves its range uncounted; a second call changes nothing.
+#[tokio::test]
+async fn ack_seqs_acks_each_place_once_and_counts_what_changed() {
+    let (_db, pool, _store, m) = setup(5).await;
+    let s: Vec<i64> = m.iter().map(|e| e.seq).collect();
+    range(&pool, "leased", &s[0..3], Some("sess")).await;
+    range(&pool, "pending", &s[3..4], None).await;
+    // s[4]: a leased row (unbatched), and s[2] acked in the consumer's transaction already.
+    range(&pool, "leased", &s[4..5], Some("sess")).await;
+    let rows: i64 = sqlx::query_scalar("SELECT outbox.unbatch(ARRAY['c'], ARRAY[$1::uuid], 'sess', NULL)")
+        .bind(m[4].message_id.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(m[2].message_id.0).fetch_one(&pool).await.unwrap();
+    assert!(acked);
+
+    let ack = || {
+        let pool = pool.clone();
+        let (lo, hi) = (vec![s[0]], vec![s[4] + 1]);
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT outbox.ack_seqs('c', $1, $2, now())")
+                .bind(lo)
+                .bind(hi)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(ack().await, 4, "two from the leased range, the pending one, the leased row");
+    assert_eq!(ranges(&pool, "acked").await, [mr(&[(s[0], s[2])])], "the seq with a row is not logged");
+    assert!(ranges(&pool, "leased").await.is_empty() && ranges(&pool, "pending").await.is_empty());
+    let states: Vec<(String, i32)> = inbox(&pool).await.into_iter().map(|(_, st, n)| (st, n)).collect();
+    assert_eq!(
+        states,
+        [("acked".into(), 1), ("acked".into(), 1), ("acked".into(), 1), ("acked".into(), 0), ("acked".into(), 1),]
+    );
+    assert_eq!(ack().await, 0, "acked once");
+}
+
+/// `outbox.unbatch` turns range-held seqs into `leased` rows with the range's holder, deadline
+/// and count 1: the named ones of one session's ranges, or every seq of the ranges expired by a
+/// time; others' ranges and unexpired ones stay; a seq with a row of its own keeps its row.
+#[tokio::test]
+async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holder() {
+    let (_db, pool, _store, m) = setup(4).await;
+    let s: Vec<i64> = m.iter().map(|e| e.seq).collect();
+    range(&pool, "leased", &s[0..2], Some("a")).await;
+    range(&pool, "leased", &s[2..4], Some("b")).await;
+    let unbatch = |session: Option<&'static str>, ids: Option<Vec<uuid::Uuid>>, expired: bool| {
+        let pool = pool.clone();
+        async move {
+            let consumers = ids.as_ref().map(|i| vec!["c"; i.len()]);
+            sqlx::query_scalar::<_, i64>(
+                "SELECT outbox.unbatch($1, $2, $3, CASE WHEN $4 THEN now() + interval '1 minute' END)",
+            )
+            .bind(consumers)
+            .bind(ids)
+            .bind(session)
+            .bind(expired)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // Another session's range is not touched.
+    assert_eq!(unbatch(Some("b"), Some(vec![m[0].message_id.0]), false).await, 0);
+    assert_eq!(unbatch(Some("a"), Some(vec![m[0].message_id.0]), false).await, 1);
+    assert_eq!(ranges(&pool, "leased").await, [mr(&[(s[1], s[1] + 1)]), mr(&[(s[2], s[3] + 1)])]);
+    let holder: (String, String, i32) = sqlx::query_as(
+        "SELECT state, leased_by, delivery_count FROM outbox.deliveries WHERE consumer = 'c' AND seq = $1",
+    )
+    .bind(s[0])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(holder, ("leased".into(), "a".into(), 1));
+    // A transactional ack first: its row stays acked when the sweeper unbatches.
+    let acked: bool =
+        sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(m[3].message_id.0).fetch_one(&pool).await.unwrap();
+    assert!(acked);
+    assert_eq!(unbatch(None, None, true).await, 2, "every expired seq but the acked one");
+    assert!(ranges(&pool, "leased").await.is_empty());
+    let states: Vec<(String, i32)> = inbox(&pool).await.into_iter().map(|(_, st, n)| (st, n)).collect();
+    assert_eq!(states, [("leased".into(), 1), ("leased".into(), 1), ("leased".into(), 1), ("acked".into(), 1)]);
+}
