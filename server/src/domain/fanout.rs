@@ -103,17 +103,31 @@ pub fn plan(messages: &[PassMessage], subscribers: &[Subscriber], offers: &[Push
     for (i, o) in offers.iter().enumerate() {
         by_consumer.entry(o.consumer.as_str()).or_default().push(i);
     }
+    // The messages of each topic, in seq order, with whether a range can hold them: a
+    // subscriber reads only its topics' messages.
+    let mut by_topic: HashMap<&str, Vec<(i64, bool)>> = HashMap::new();
+    for m in messages {
+        by_topic.entry(m.topic.as_str()).or_default().push((m.seq, m.rangeable(at)));
+    }
     let mut out = Plan::default();
     for s in subscribers {
-        let mut share = Vec::new();
-        for m in messages {
-            if m.seq <= s.start_seq || !s.topics.contains(&m.topic) || s.has_row.contains(&m.seq) {
-                continue;
-            }
-            if m.rangeable(at) {
-                share.push(m.seq);
+        let mut mine: Vec<(i64, bool)> = s
+            .topics
+            .iter()
+            .filter_map(|t| by_topic.get(t.as_str()))
+            .flatten()
+            .filter(|(seq, _)| *seq > s.start_seq && !s.has_row.contains(seq))
+            .copied()
+            .collect();
+        if s.topics.len() > 1 {
+            mine.sort_unstable();
+        }
+        let mut share = Vec::with_capacity(mine.len());
+        for (seq, rangeable) in mine {
+            if rangeable {
+                share.push(seq);
             } else {
-                out.rows.push((s.name.clone(), m.seq));
+                out.rows.push((s.name.clone(), seq));
             }
         }
         let mut rest = share.as_slice();

@@ -83,6 +83,7 @@ on_every_store!(
     a_release_never_undoes_an_ack_or_another_sessions_lease,
     leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_time,
     a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pending,
+    a_pushed_message_past_the_offered_room_in_the_pass_still_carries_its_payload,
     a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not,
     dead_letters_group_by_last_error_and_a_group_replays_alone,
     a_search_pages_newest_first_through_bounded_windows,
@@ -365,6 +366,45 @@ async fn a_relay_claim_returns_each_committed_message_once_in_seq_order_and_writ
     .await
     .unwrap();
     assert_eq!((logged, deliveries, ranges), (5, 0, 0));
+}
+
+/// A replay waits for a relay pass that is between its claim and its commit (it holds the
+/// relays' turn), so that the pass's reading of the consumer's rows is never older than a
+/// replay's writing of them: the replayed message ends in one place, a row.
+#[tokio::test]
+async fn a_replay_waits_for_a_relay_pass_between_its_claim_and_its_commit() {
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 8).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: SharedStore = Arc::new(pg.clone());
+    let now = Utc::now();
+    let c = ConsumerName::parse("n", "c").unwrap();
+    store.consumer_create(&spec("c", &["t"], 5), now).await.unwrap();
+    let id = store.message_insert(&msg("t"), now).await.unwrap().message_id;
+    let mut pass = pg.pool().begin().await.unwrap();
+    let claimed: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM outbox.relay_claim(10, now(), 1)").fetch_all(&mut *pass).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let replay = tokio::spawn({
+        let store = store.clone();
+        async move { store.replay_apply(&c, &[id], now).await }
+    });
+    // The replay waits on the turn: seen as an advisory lock not granted, within a bound.
+    let mut waiting = 0_i64;
+    for _ in 0..200 {
+        waiting = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(waiting, 1, "the replay waits for the pass");
+    assert!(!replay.is_finished());
+    pass.commit().await.unwrap();
+    assert_eq!(replay.await.unwrap().unwrap(), 1);
 }
 
 /// The pass of the release before (`outbox.relay_pass`, one statement) still fans out as this
@@ -913,6 +953,33 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
     let of = |n: &str| s.consumers.iter().find(|c| c.consumer == n).unwrap().clone();
     assert_eq!((of("c").in_flight, of("c").backlog), (2, 3));
     assert_eq!((of("paused").in_flight, of("paused").backlog), (0, 5));
+}
+
+/// A pass reads payloads with its claim only as far as the offered room reaches; a message
+/// pushed from further on in the pass (another consumer's topics came first) still goes out
+/// with its payload.
+async fn a_pushed_message_past_the_offered_room_in_the_pass_still_carries_its_payload(store: SharedStore) {
+    use crate::domain::PushOffer;
+    let now = Utc::now().trunc_subsecs(6);
+    store.consumer_create(&spec("late", &["late"], 5), now).await.unwrap();
+    store.consumer_create(&spec("early", &["early"], 5), now).await.unwrap();
+    for _ in 0..3 {
+        store.message_insert(&msg("early"), now).await.unwrap();
+    }
+    let payload = b"the late one".to_vec();
+    let id =
+        store.message_insert(&NewMessage { payload: payload.clone(), ..msg("late") }, now).await.unwrap().message_id;
+    let offer = PushOffer {
+        consumer: "late".into(),
+        session: "s".into(),
+        room: 1,
+        lease_until: now + chrono::Duration::seconds(30),
+    };
+    let out = store.relay_batch(10, now, false, &[offer]).await.unwrap();
+    assert_eq!(out.pushed.len(), 1, "{out:?}");
+    let (consumer, _, d) = &out.pushed[0];
+    assert_eq!((consumer.as_str(), d.message.message_id, &d.message.payload), ("late", id, &payload));
+    assert_eq!(out.consumers, ["early"], "the other consumer's messages wait");
 }
 
 /// A message whose producer's clock read a little after the relay's (it committed just in time

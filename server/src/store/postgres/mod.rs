@@ -47,6 +47,11 @@ pub const WORK_CHANNEL: &str = "outbox_work";
 /// in server/sql/functions.sql names it too).
 pub const ENQUEUED_CHANNEL: &str = "outbox_enqueued";
 
+/// How long a relay pass's transaction may sit idle between its statements before PostgreSQL
+/// ends it (and with it the relays' turn it holds). A pass's statements follow each other
+/// within milliseconds.
+const RELAY_IDLE_IN_TRANSACTION: &str = "10s";
+
 /// Connections of the relay's own pool (a relay loop and its helper).
 const RELAY_CONNECTIONS: u32 = 2;
 /// The session advisory lock of the vacuum round (one replica at a time).
@@ -304,7 +309,13 @@ impl PgDriver {
         let relay_pool = PgPoolOptions::new()
             .max_connections(RELAY_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
+            // A pass holds the relays' turn and the consumers lock across its round trips
+            // (ADR 0067): a relay whose process froze or whose network went mid-pass must not
+            // hold every replica's relaying, and consumer changes, for the kernel's keepalive.
+            .connect_lazy_with(options.clone().options([
+                ("synchronous_commit", "off"),
+                ("idle_in_transaction_session_timeout", RELAY_IDLE_IN_TRANSACTION),
+            ]));
         // Connected now, not at the first lease: a stream's first lease must not wait for a
         // connection to open while the relay pushes later messages to it.
         let lease_pool = PgPoolOptions::new()
@@ -440,14 +451,19 @@ impl Driver for PgDriver {
         // as an ack of one of its deliveries, flushes it first. Producers' commits stay
         // durable; so do acks and every admin change.
         let mut tx = self.relay_pool.begin().await?;
+        // Payloads come with the claim for as many messages as the offers have room: in a
+        // steady flow every pushed one; past that (a backlog), only what is pushed is read, below.
+        let room: usize = offers.iter().map(|o| o.room).sum();
         let claimed = sqlx::query(q::RELAY_CLAIM)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(now)
             .bind(CONSUMERS_LOCK)
-            .bind(offers.iter().any(|o| o.room > 0))
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await?;
-        let messages = claimed.iter().map(message_from_row).collect::<Result<Vec<_>>>()?;
+        let mut messages = claimed.iter().map(message_from_row).collect::<Result<Vec<_>>>()?;
+        let with_payload: Vec<bool> =
+            claimed.iter().map(|r| r.try_get::<bool, _>("with_payload")).collect::<std::result::Result<_, _>>()?;
         let Some(first) = messages.first().map(|m| m.seq) else {
             // The claim may have closed gaps.
             tx.commit().await?;
@@ -499,6 +515,29 @@ impl Driver for PgDriver {
             // Too long a list for a notification: empty means "every consumer".
             let names = if names.len() > 7900 { String::new() } else { names };
             sqlx::query(q::RELAY_NOTIFY).bind(WORK_CHANNEL).bind(names).execute(&mut *tx).await?;
+        }
+        // The payloads of pushed messages that the claim did not bring.
+        let missing: Vec<i64> = {
+            let pushed: std::collections::HashSet<i64> =
+                plan.leased.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+            messages
+                .iter()
+                .zip(&with_payload)
+                .filter(|(m, w)| !**w && pushed.contains(&m.seq))
+                .map(|(m, _)| m.seq)
+                .collect()
+        };
+        if !missing.is_empty() {
+            let rows = sqlx::query(q::RELAY_PAYLOADS).bind(&missing).fetch_all(&mut *tx).await?;
+            let mut payloads: std::collections::HashMap<i64, Vec<u8>> = std::collections::HashMap::new();
+            for r in &rows {
+                payloads.insert(r.try_get("seq")?, r.try_get("payload")?);
+            }
+            for m in messages.iter_mut() {
+                if let Some(p) = payloads.remove(&m.seq) {
+                    m.payload = p;
+                }
+            }
         }
         tx.commit().await?;
 
@@ -1095,6 +1134,11 @@ impl Driver for PgDriver {
         now: DateTime<Utc>,
     ) -> Result<u64> {
         let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        // A relay pass that has claimed some of these messages and not yet written their
+        // deliveries read this consumer's `backfill_seq` and rows before this replay wrote them:
+        // it would put a seq in a range that this replay gives a row too. Relay passes and
+        // replays take turns.
+        sqlx::query(q::RELAY_TURN_TAKE).execute(&mut *conn).await?;
         let seqs: Vec<i64> = sqlx::query_scalar(q::MESSAGE_SEQS_OF_IDS).bind(&ids).fetch_all(&mut *conn).await?;
         if seqs.is_empty() {
             return Ok(0);

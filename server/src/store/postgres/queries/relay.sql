@@ -3,11 +3,22 @@
 -- `domain::fanout` made.
 
 -- name: relay_claim
--- The messages the pass claims (`outbox.relay_claim`); the payload only when some stream
--- offered room ($4), as only pushed deliveries carry it.
-SELECT c.message_id, c.seq, c.topic, c.type, CASE WHEN $4 THEN c.payload ELSE ''::bytea END AS payload,
-       c.headers, c.ordering_key, c.enqueued_at, c.available_at, $2::timestamptz AS relayed_at
-  FROM outbox.relay_claim($1, $2, $3) c;
+-- The messages the pass claims (`outbox.relay_claim`), in seq order; the payload (only pushed
+-- deliveries carry it) for the first $4, the room the streams offered (`with_payload`).
+SELECT c.message_id, c.seq, c.topic, c.type, CASE WHEN c.n <= $4 THEN c.payload ELSE ''::bytea END AS payload,
+       c.n <= $4 AS with_payload, c.headers, c.ordering_key, c.enqueued_at, c.available_at,
+       $2::timestamptz AS relayed_at
+  FROM (SELECT x.*, row_number() OVER (ORDER BY x.seq) AS n FROM outbox.relay_claim($1, $2, $3) x) c
+ ORDER BY c.seq;
+
+-- name: relay_payloads
+-- The payloads of the pushed messages that the claim did not bring.
+SELECT m.seq, m.payload FROM outbox.messages m WHERE m.seq = ANY ($1::int8[]);
+
+-- name: relay_turn_take
+-- The relays' turn (`outbox.relay_claim` takes it too), until the transaction ends: a replay
+-- waits for a pass that may have claimed its messages to commit.
+SELECT pg_advisory_xact_lock(1869903970, 1);
 
 -- name: relay_subscribers
 -- For each topic of the pass ($1), the consumers whose patterns match it. The consumers lock
