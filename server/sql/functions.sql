@@ -472,16 +472,8 @@ BEGIN
 END
 $$;
 
--- The same with the acked ids too, as the release before called it (a replica of it, during a
--- rolling upgrade). The seqs must be exactly those of `p_ids`; the ids themselves are not read.
-CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_seq_lo bigint[], p_seq_hi bigint[],
-                                            p_at timestamptz) RETURNS bigint
-LANGUAGE sql VOLATILE SET jit = off AS $$
-    SELECT outbox.ack_seqs(p_consumer, p_seq_lo, p_seq_hi, p_at)
-$$;
-
--- The same by `message_id` alone, for callers that do not know the seqs (a replica of the
--- release before, during a rolling upgrade).
+-- The same by `message_id` alone, for callers that do not know the seqs (a sink's runner, a
+-- `relay --once`).
 CREATE OR REPLACE FUNCTION outbox.ack_batch(p_consumer text, p_ids uuid[], p_at timestamptz) RETURNS bigint
 LANGUAGE sql VOLATILE SET jit = off AS $$
     SELECT outbox.ack_seqs(p_consumer, coalesce(array_agg(m.seq), '{}'), coalesce(array_agg(m.seq + 1), '{}'), p_at)
@@ -534,7 +526,7 @@ BEGIN
 END
 $$;
 
--- ---- outbox.lease_pending_seqs, outbox.lease_pending ----
+-- ---- outbox.lease_pending_visible ----
 -- Leases up to `p_limit` of the consumer's range-held pending deliveries to `p_session` until
 -- `p_until`: the lowest seqs of its oldest pending ranges, moved into one leased range. Seqs
 -- with a row of their own (a replay or a transactional ack got there first) leave the range
@@ -552,7 +544,7 @@ $$;
 -- (ADR 0056). Only those are taken. The function's own statements take newer snapshots than the
 -- caller's, so a range that a relay pass committed after the caller's statement began is visible
 -- here, while its messages are not to the caller's read of them: taken, its seqs would be leased
--- and never sent, stuck until the lease expired. NULL: every range (the release before).
+-- and never sent, stuck until the lease expired. NULL: every range.
 CREATE OR REPLACE FUNCTION outbox.lease_pending_visible(p_consumer text, p_now timestamptz, p_limit integer,
                                                         p_until timestamptz, p_session text, p_visible bigint[])
 RETURNS int8multirange
@@ -612,32 +604,6 @@ BEGIN
     END IF;
     RETURN v_taken;
 END
-$$;
-
--- As the releases before revision 7 called it (a replica of one, during a rolling upgrade):
--- every range.
-CREATE OR REPLACE FUNCTION outbox.lease_pending_seqs(p_consumer text, p_now timestamptz, p_limit integer,
-                                                     p_until timestamptz, p_session text)
-RETURNS int8multirange
-LANGUAGE sql VOLATILE SET jit = off AS $$
-    SELECT outbox.lease_pending_visible(p_consumer, p_now, p_limit, p_until, p_session, NULL)
-$$;
-
--- The same with the messages, as the release before called it (a replica of it, during a
--- rolling upgrade); the ranges are those its statement can see.
-CREATE OR REPLACE FUNCTION outbox.lease_pending(p_consumer text, p_now timestamptz, p_limit integer, p_until timestamptz,
-                                     p_session text)
-RETURNS TABLE (
-    message_id uuid, seq bigint, topic text, type text, payload bytea, headers jsonb, ordering_key text,
-    enqueued_at timestamptz, available_at timestamptz, relayed_at timestamptz, delivery_count integer
-)
-LANGUAGE sql VOLATILE SET jit = off AS $$
-    SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
-           m.enqueued_at, m.available_at, m.relayed_at, 1
-      FROM unnest(outbox.lease_pending_visible(p_consumer, p_now, p_limit, p_until, p_session,
-                  ARRAY(SELECT b.id FROM outbox.delivery_ranges b WHERE b.consumer = p_consumer AND b.state = 'pending'))) r,
-           LATERAL (SELECT * FROM outbox.messages m WHERE m.seq >= lower(r) AND m.seq < upper(r) OFFSET 0) m
-     ORDER BY m.seq
 $$;
 
 -- ---- outbox.wake_relay ----

@@ -1410,7 +1410,7 @@ async fn a_lease_and_an_ack_of_batch_held_deliveries_cost_per_run_not_per_delive
         let (lease, leased) = call_buffers(
             &mut conn,
             &format!("INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, at) VALUES ('c', 'pending', {range}, range_merge({range}), now())"),
-            &format!("SELECT outbox.lease_pending_seqs('c', now(), {n}::integer, now() + interval '30 seconds', 's')::text AS seqs"),
+            &format!("SELECT outbox.lease_pending_visible('c', now(), {n}::integer, now() + interval '30 seconds', 's', NULL)::text AS seqs"),
         )
         .await;
         let (ack, acked) = call_buffers(
