@@ -11,15 +11,6 @@ use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-/// On SQLite, the relay's gap after a pass that found less than a batch (see
-/// `RelayConfig::gather`): one tick of the timer, about a millisecond.
-const SQLITE_RELAY_GATHER: Duration = Duration::from_millis(1);
-/// On SQLite, the most messages a relay pass claims when the configuration leaves it to the
-/// backend: a pass holds the file's one writer, which acks wait for. On PostgreSQL a pass costs
-/// per consumer and topic, not per message (ADR 0042), and larger passes drain a backlog faster.
-const SQLITE_RELAY_BATCH: i64 = 500;
-const POSTGRES_RELAY_BATCH: i64 = 2000;
-
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, ServeConfig};
 use crate::delivery::session::SessionContext;
@@ -139,22 +130,19 @@ impl App {
             drain_timeout: config.drain_timeout,
             poll_interval: config.stream_poll,
         };
+        let relay_defaults = store.relay_defaults();
         let relay = Relay::new(
             store.clone(),
             clock.clone(),
             hub.clone(),
             RelayConfig {
-                batch_size: config.relay_batch.unwrap_or(if store.backend() == "sqlite" {
-                    SQLITE_RELAY_BATCH
-                } else {
-                    POSTGRES_RELAY_BATCH
-                }),
+                batch_size: config.relay_batch.unwrap_or(relay_defaults.batch_size),
                 poll_min: config.relay_poll_min,
                 poll_max: config.relay_poll_max,
                 hot_for: RelayConfig::default().hot_for,
                 notify: config.listen_notify,
                 wake_on_commit: config.listen_notify,
-                gather: if store.backend() == "sqlite" { SQLITE_RELAY_GATHER } else { Duration::ZERO },
+                gather: relay_defaults.gather,
             },
         );
         let sweeper = LeaseSweeper::new(store.clone(), clock.clone(), hub.clone(), config.sweep_interval);

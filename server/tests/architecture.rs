@@ -329,6 +329,35 @@ fn no_module_uses_one_listed_after_it_in_the_layout_map() {
     );
 }
 
+/// Only the store knows which database it runs on (issue 30 found `app.rs` choosing the relay's
+/// batch by the backend's name): code outside `store` and `testing`, test files aside
+/// (`*tests.rs`, which check each backend's own figures), never compares `backend()` with a
+/// name, in code (comments and strings aside). A backend's own needs are
+/// what it says of itself (`Store::relay_defaults`).
+#[test]
+fn only_the_store_branches_on_which_backend_it_is() {
+    let src = src();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut problems = String::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+        let file = rel.file_name().unwrap().to_string_lossy();
+        if first == "store" || first == "testing" || first == "testing.rs" || file.ends_with("tests.rs") {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(path).unwrap());
+        for (i, line) in code.lines().enumerate() {
+            let compact: String = line.split_whitespace().collect();
+            if compact.contains("backend()==") || compact.contains("backend()!=") || compact.contains(".backend(){") {
+                writeln!(problems, "server/src/{}:{}: branches on the backend's name", rel.display(), i + 1).unwrap();
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems}");
+}
+
 #[test]
 fn the_scanner_finds_paths_in_uses_groups_and_code_but_not_in_comments_or_strings() {
     let text = r####"

@@ -49,6 +49,10 @@ impl<D: Driver> Store for DriverStore<D> {
         self.driver.backend()
     }
 
+    fn relay_defaults(&self) -> super::RelayDefaults {
+        self.driver.relay_defaults()
+    }
+
     async fn migrate(&self) -> Result<()> {
         self.driver.migrate().await
     }

@@ -34,6 +34,8 @@ pub trait Driver: Send + Sync + std::fmt::Debug + Clone + 'static {
 
     /// `"postgres"` or `"sqlite"`, for logs.
     fn backend(&self) -> &'static str;
+    /// See [`super::Store::relay_defaults`].
+    fn relay_defaults(&self) -> super::RelayDefaults;
     /// Applies pending migrations, then refreshes what the planner knows.
     async fn migrate(&self) -> Result<()>;
     /// Writes the settings that the SQL entry points enforce for every writer (the payload

@@ -47,6 +47,17 @@ pub use driver::Driver;
 pub use postgres::{PgDriver, PgStore};
 pub use sqlite::{SqliteDriver, SqliteStore};
 
+/// How the relay best runs on a database, where the configuration leaves it open: each backend
+/// says so itself, so that the code above the store never asks which backend it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayDefaults {
+    /// The most messages a pass claims.
+    pub batch_size: i64,
+    /// After a pass that found less than a batch, how long to wait before the next (see
+    /// `relay::RelayConfig::gather`).
+    pub gather: Duration,
+}
+
 /// The storage seam: everything the relay, the delivery sessions, the maintenance loops and
 /// the admin service ask of a database. Each implementation gives the same semantics; the
 /// conformance suite (`tests/`) runs against every one.
@@ -54,6 +65,8 @@ pub use sqlite::{SqliteDriver, SqliteStore};
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `"postgres"` or `"sqlite"`, for logs.
     fn backend(&self) -> &'static str;
+    /// How the relay best runs on this database, where the configuration leaves it open.
+    fn relay_defaults(&self) -> RelayDefaults;
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<()>;
     /// Writes the limits that the database's own entry points enforce for every writer.

@@ -347,6 +347,12 @@ impl Driver for PgDriver {
         "postgres"
     }
 
+    /// A pass costs per consumer and topic, not per message (ADR 0042): larger passes drain a
+    /// backlog faster, and a pass that found little goes again at once.
+    fn relay_defaults(&self) -> super::RelayDefaults {
+        super::RelayDefaults { batch_size: 2000, gather: Duration::ZERO }
+    }
+
     async fn close(&self) {
         self.lease_pool.close().await;
         self.relay_pool.close().await;

@@ -476,6 +476,13 @@ impl Driver for SqliteDriver {
         "sqlite"
     }
 
+    /// A pass holds the file's one writer, which producers and acks wait for: passes of at most
+    /// 500, and after one that found less than a batch, one tick of the timer (about a
+    /// millisecond) so that a busy flow gathers into fewer, larger passes.
+    fn relay_defaults(&self) -> super::RelayDefaults {
+        super::RelayDefaults { batch_size: 500, gather: Duration::from_millis(1) }
+    }
+
     async fn migrate(&self) -> Result<()> {
         // On a reader connection, which waits in SQLite's busy handler: a migration may meet a
         // producer's commit, and nothing of this process writes yet.
