@@ -53,8 +53,9 @@ pub struct Subscriber {
     pub start_seq: i64,
     /// The topics of the pass it subscribes to.
     pub topics: HashSet<String>,
-    /// Seqs of the pass it has a row for already (an `EARLIEST` consumer's backfill writes
-    /// rows for messages not relayed yet): the row decides, the pass writes nothing for them.
+    /// Seqs of the pass it has a row for already (an `EARLIEST` consumer's backfill, or a
+    /// replay, writes rows for messages not relayed yet): the row decides, the pass writes
+    /// nothing for them.
     pub has_row: HashSet<i64>,
 }
 
@@ -77,16 +78,6 @@ impl Plan {
         self.leased.iter().map(|(_, s)| s.len()).sum::<usize>()
             + self.pending.iter().map(|(_, s)| s.len()).sum::<usize>()
             + self.rows.len()
-    }
-
-    /// The consumers that got waiting work (pending ranges or rows), sorted, each once: their
-    /// streams are woken.
-    pub fn waiting_consumers(&self) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.pending.iter().map(|(c, _)| c.clone()).chain(self.rows.iter().map(|(c, _)| c.clone())).collect();
-        names.sort_unstable();
-        names.dedup();
-        names
     }
 }
 
@@ -180,7 +171,6 @@ mod tests {
         assert_eq!(p.pending, vec![("c".into(), vec![6])]);
         assert!(p.rows.is_empty());
         assert_eq!(p.deliveries(), 6);
-        assert_eq!(p.waiting_consumers(), vec!["c".to_owned()]);
     }
 
     #[test]
@@ -198,7 +188,6 @@ mod tests {
         assert_eq!(p.leased, vec![(0, vec![1, 4])]);
         assert_eq!(p.rows, vec![("c".into(), 2), ("c".into(), 3)]);
         assert!(p.pending.is_empty());
-        assert_eq!(p.waiting_consumers(), vec!["c".to_owned()]);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use chrono::Utc;
 use sqlx::PgPool;
 
-use super::postgres::PgStore;
-use super::tests::{msg, spec};
+use super::postgres::{PgStore, multirange};
+use super::tests::{inbox_of, msg, spec};
 use super::{Enqueued, SharedStore, Store};
 use crate::testing::TestDb;
 
@@ -29,7 +29,7 @@ async fn setup(n: usize) -> (TestDb, PgPool, SharedStore, Vec<Enqueued>) {
 
 /// Writes a range of consumer `c` and returns its id.
 async fn range(pool: &PgPool, state: &str, seqs: &[i64], session: Option<&str>) -> i64 {
-    let literal = format!("{{{}}}", seqs.iter().map(|s| format!("[{s},{})", s + 1)).collect::<Vec<_>>().join(","));
+    let literal = multirange(seqs);
     sqlx::query_scalar(
         "INSERT INTO outbox.delivery_ranges (consumer, state, seqs, span, leased_by, lease_expires_at, at)
          VALUES ('c', $1, $2::int8multirange, range_merge($2::int8multirange), $3,
@@ -44,14 +44,6 @@ async fn range(pool: &PgPool, state: &str, seqs: &[i64], session: Option<&str>) 
     .unwrap()
 }
 
-/// `(seq, state, count)` of every delivery of `c`, through the one definition of the rule.
-async fn inbox(pool: &PgPool) -> Vec<(i64, String, i32)> {
-    sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = 'c' ORDER BY seq")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
 /// The ranges of `c` in `state`, as text, lowest first.
 async fn ranges(pool: &PgPool, state: &str) -> Vec<String> {
     sqlx::query_scalar(
@@ -61,10 +53,6 @@ async fn ranges(pool: &PgPool, state: &str) -> Vec<String> {
     .fetch_all(pool)
     .await
     .unwrap()
-}
-
-fn mr(runs: &[(i64, i64)]) -> String {
-    format!("{{{}}}", runs.iter().map(|(lo, hi)| format!("[{lo},{hi})")).collect::<Vec<_>>().join(","))
 }
 
 #[tokio::test]
@@ -117,14 +105,14 @@ async fn lease_pending_visible_leases_the_lowest_visible_seqs_into_one_range_and
         }
     };
     let got = lease(3, vec![first, second]).await;
-    assert_eq!(got, mr(&[(s[0], s[0] + 1), (s[2], s[2] + 1)]), "three taken, the one with a row not leased");
+    assert_eq!(got, multirange(&[s[0], s[2]]), "three taken, the one with a row not leased");
     assert_eq!(ranges(&pool, "leased").await, [got]);
-    assert_eq!(ranges(&pool, "pending").await, [mr(&[(s[3], s[5])]), mr(&[(s[5], s[5] + 1)])]);
+    assert_eq!(ranges(&pool, "pending").await, [multirange(&s[3..5]), multirange(&s[5..6])]);
     assert_eq!(lease(10, vec![unseen + 1]).await, "{}", "no range it can see");
 
     store.consumer_set_paused(&crate::domain::ConsumerName::parse("n", "c").unwrap(), true).await.unwrap();
     assert_eq!(lease(10, vec![second, unseen]).await, "{}", "paused");
-    let states: Vec<(i64, String, i32)> = inbox(&pool).await;
+    let states: Vec<(i64, String, i32)> = inbox_of(&pool, "c").await;
     assert_eq!(
         states,
         [
@@ -172,9 +160,9 @@ async fn ack_seqs_acks_each_place_once_and_counts_what_changed() {
         }
     };
     assert_eq!(ack().await, 4, "two from the leased range, the pending one, the leased row");
-    assert_eq!(ranges(&pool, "acked").await, [mr(&[(s[0], s[2])])], "the seq with a row is not logged");
+    assert_eq!(ranges(&pool, "acked").await, [multirange(&s[0..2])], "the seq with a row is not logged");
     assert!(ranges(&pool, "leased").await.is_empty() && ranges(&pool, "pending").await.is_empty());
-    let states: Vec<(String, i32)> = inbox(&pool).await.into_iter().map(|(_, st, n)| (st, n)).collect();
+    let states: Vec<(String, i32)> = inbox_of(&pool, "c").await.into_iter().map(|(_, st, n)| (st, n)).collect();
     assert_eq!(
         states,
         [("acked".into(), 1), ("acked".into(), 1), ("acked".into(), 1), ("acked".into(), 0), ("acked".into(), 1),]
@@ -210,7 +198,7 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
     // Another session's range is not touched.
     assert_eq!(unbatch(Some("b"), Some(vec![m[0].message_id.0]), false).await, 0);
     assert_eq!(unbatch(Some("a"), Some(vec![m[0].message_id.0]), false).await, 1);
-    assert_eq!(ranges(&pool, "leased").await, [mr(&[(s[1], s[1] + 1)]), mr(&[(s[2], s[3] + 1)])]);
+    assert_eq!(ranges(&pool, "leased").await, [multirange(&s[1..2]), multirange(&s[2..4])]);
     let holder: (String, String, i32) = sqlx::query_as(
         "SELECT state, leased_by, delivery_count FROM outbox.deliveries WHERE consumer = 'c' AND seq = $1",
     )
@@ -225,6 +213,6 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
     assert!(acked);
     assert_eq!(unbatch(None, None, true).await, 2, "every expired seq but the acked one");
     assert!(ranges(&pool, "leased").await.is_empty());
-    let states: Vec<(String, i32)> = inbox(&pool).await.into_iter().map(|(_, st, n)| (st, n)).collect();
+    let states: Vec<(String, i32)> = inbox_of(&pool, "c").await.into_iter().map(|(_, st, n)| (st, n)).collect();
     assert_eq!(states, [("leased".into(), 1), ("leased".into(), 1), ("leased".into(), 1), ("acked".into(), 1)]);
 }

@@ -454,7 +454,7 @@ async fn postgres_migrated_below(db: &TestDb, version: i64) -> sqlx::PgPool {
 }
 
 /// Consumer `consumer`'s deliveries through `outbox.inbox`: seq, state and count, in seq order.
-async fn inbox_of(pool: &sqlx::PgPool, consumer: &str) -> Vec<(i64, String, i32)> {
+pub(crate) async fn inbox_of(pool: &sqlx::PgPool, consumer: &str) -> Vec<(i64, String, i32)> {
     sqlx::query_as("SELECT seq, state, delivery_count FROM outbox.inbox WHERE consumer = $1 ORDER BY seq")
         .bind(consumer)
         .fetch_all(pool)

@@ -157,8 +157,8 @@ fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
     })
 }
 
-/// Seqs in ascending order as an `int8multirange` literal: `{[1,4),[7,8)}`.
-fn multirange(seqs: &[i64]) -> String {
+/// Seqs as an `int8multirange` literal: `{[1,4),[7,8)}`.
+pub(crate) fn multirange(seqs: &[i64]) -> String {
     let (lo, hi) = seq_runs(seqs.iter().copied());
     let parts: Vec<String> = lo.iter().zip(&hi).map(|(lo, hi)| format!("[{lo},{hi})")).collect();
     format!("{{{}}}", parts.join(","))
