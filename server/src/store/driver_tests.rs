@@ -1,6 +1,6 @@
-//! The per-method driver suite: each [`Driver`] statement, called directly, on a fresh
-//! PostgreSQL database and on a fresh SQLite file, with the same cases (River's
-//! `riverdrivertest`). The store-level half of the conformance suite, through [`Store`], is in
+//! The per-method driver suite: each backend's statement (a required method of [`Store`] or of
+//! its transaction, [`StoreTx`]), called directly, on a fresh PostgreSQL database and on a fresh
+//! SQLite file, with the same cases (River's `riverdrivertest`). The store-level half of the conformance suite, through [`Store`], is in
 //! `tests.rs`.
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +10,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use super::records::MessageRef;
 use super::*;
-use crate::domain::{Backoff, ConsumerSpec, DeliveryState, StartFrom, Topic, TopicPattern};
+use crate::domain::{Backoff, Consumer, ConsumerSpec, DeliveryState, StartFrom, Topic, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
 /// Runs each named case once per driver, as `on_postgres::NAME` and `on_sqlite::NAME`.
@@ -86,40 +86,39 @@ fn msg(topic: &str) -> NewMessage {
     }
 }
 
-async fn ready<D: Driver>(store: &DriverStore<D>) {
+async fn ready<S: Store>(store: &S) {
     store.migrate().await.unwrap();
 }
 
-async fn insert<D: Driver>(store: &DriverStore<D>, topics: &[&str], at: DateTime<Utc>) -> Vec<Enqueued> {
+async fn insert<S: Store>(store: &S, topics: &[&str], at: DateTime<Utc>) -> Vec<Enqueued> {
     let mut out = Vec::new();
     for t in topics {
-        out.push(store.driver().message_insert_one(&msg(t), at).await.unwrap());
+        out.push(store.message_insert(&msg(t), at).await.unwrap());
     }
     out
 }
 
-async fn create<D: Driver>(store: &DriverStore<D>, spec: &ConsumerSpec, at: DateTime<Utc>) {
-    let d = store.driver();
+async fn create<S: Store>(store: &S, spec: &ConsumerSpec, at: DateTime<Utc>) {
+    let d = &store;
     let mut tx = d.begin_consumer_change().await.unwrap();
-    d.consumer_insert(&mut tx, spec, at).await.unwrap();
+    tx.consumer_insert(spec, at).await.unwrap();
     tx.commit().await.unwrap();
 }
 
-async fn state_of<D: Driver>(store: &DriverStore<D>, id: MessageId, consumer: &str) -> Option<(String, i64)> {
-    let rows = store.driver().delivery_list_of_message(id).await.unwrap();
+async fn state_of<S: Store>(store: &S, id: MessageId, consumer: &str) -> Option<(String, i64)> {
+    let rows = store.delivery_list_of_message(id).await.unwrap();
     rows.into_iter().find(|r| r.consumer == consumer).map(|r| (r.state, r.delivery_count))
 }
 
-async fn consumer_insert_stores_the_spec_and_find_reads_it_back<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn consumer_insert_stores_the_spec_and_find_reads_it_back<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let sent = insert(&store, &["a.x", "a.y"], at).await;
     create(&store, &spec("fresh", &["a.*"], StartFrom::New), at).await;
     create(&store, &spec("all", &["a.>"], StartFrom::Earliest), at).await;
 
-    let mut conn = d.read().await.unwrap();
-    let fresh = d.consumer_find(&mut conn, "fresh").await.unwrap().unwrap();
+    let fresh = d.consumer_find("fresh").await.unwrap().unwrap();
     assert_eq!(fresh.start_seq, sent[1].seq, "NEW starts after the highest seq at creation");
     assert_eq!((fresh.max_deliveries, fresh.backoff_base_ms, fresh.backoff_max_ms), (4, 250, 90_000));
     assert_eq!((fresh.ack_deadline_ms, fresh.start_from.as_str()), (15_000, "new"));
@@ -129,45 +128,49 @@ async fn consumer_insert_stores_the_spec_and_find_reads_it_back<D: Driver>(store
     let decoded = Consumer::try_from(fresh).unwrap();
     assert_eq!(decoded.spec, spec("fresh", &["a.*"], StartFrom::New));
 
-    let all = d.consumer_find(&mut conn, "all").await.unwrap().unwrap();
+    let all = d.consumer_find("all").await.unwrap().unwrap();
     assert_eq!((all.start_seq, all.start_from.as_str()), (0, "earliest"));
-    assert!(d.consumer_find(&mut conn, "nobody").await.unwrap().is_none());
-    let names: Vec<String> = d.consumer_list().await.unwrap().into_iter().map(|c| c.name).collect();
+    assert!(d.consumer_find("nobody").await.unwrap().is_none());
+    let names: Vec<String> = d.consumer_list().await.unwrap().into_iter().map(|c| c.spec.name.to_string()).collect();
     assert_eq!(names, ["all", "fresh"], "in name order");
 }
 
-async fn consumer_delete_says_whether_there_was_one_and_rolls_back_with_its_transaction<D: Driver>(
-    store: DriverStore<D>,
+async fn consumer_delete_says_whether_there_was_one_and_rolls_back_with_its_transaction<S: Store>(
+    store: S,
     _db: impl Held,
 ) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     create(&store, &spec("c", &["t"], StartFrom::New), now()).await;
 
     let mut tx = d.begin_consumer_change().await.unwrap();
-    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
+    assert!(tx.consumer_delete("c").await.unwrap());
     drop(tx);
     assert_eq!(d.consumer_list().await.unwrap().len(), 1, "an uncommitted delete is rolled back");
 
     let mut tx = d.begin_consumer_change().await.unwrap();
-    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
-    assert!(!d.consumer_delete(&mut tx, "c").await.unwrap(), "nothing left to delete");
+    assert!(tx.consumer_delete("c").await.unwrap());
+    assert!(!tx.consumer_delete("c").await.unwrap(), "nothing left to delete");
     tx.commit().await.unwrap();
     assert!(d.consumer_list().await.unwrap().is_empty());
 }
 
-async fn consumer_set_paused_returns_the_row_or_none<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn consumer_set_paused_returns_the_row_or_none<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     create(&store, &spec("c", &["t"], StartFrom::New), now()).await;
-    assert!(d.consumer_set_paused("c", true).await.unwrap().unwrap().paused);
-    assert!(!d.consumer_set_paused("c", false).await.unwrap().unwrap().paused);
-    assert!(d.consumer_set_paused("nobody", true).await.unwrap().is_none());
+    let name = |n: &str| ConsumerName::parse("name", n).unwrap();
+    assert!(d.consumer_set_paused(&name("c"), true).await.unwrap().paused);
+    assert!(!d.consumer_set_paused(&name("c"), false).await.unwrap().paused);
+    assert!(matches!(
+        d.consumer_set_paused(&name("nobody"), true).await,
+        Err(StoreError::ConsumerNotFound(n)) if n == "nobody"
+    ));
 }
 
-async fn message_insert_writes_once_per_id_and_message_find_reads_it<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn message_insert_writes_once_per_id_and_message_find_reads_it<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let id = MessageId::generate();
     let mut m = msg("orders.created");
@@ -176,13 +179,13 @@ async fn message_insert_writes_once_per_id_and_message_find_reads_it<D: Driver>(
     m.ordering_key = Some("k".into());
 
     let mut tx = d.begin().await.unwrap();
-    let first = d.message_insert(&mut tx, &m, at).await.unwrap();
-    let again = d.message_insert(&mut tx, &m, at).await.unwrap();
+    let first = tx.message_insert(&m, at).await.unwrap();
+    let again = tx.message_insert(&m, at).await.unwrap();
     tx.commit().await.unwrap();
     assert!(!first.duplicate);
     assert!(again.duplicate);
     assert_eq!((again.message_id, again.seq), (id, first.seq));
-    assert!(d.message_insert_one(&m, at).await.unwrap().duplicate);
+    assert!(d.message_insert(&m, at).await.unwrap().duplicate);
     assert_eq!(d.message_last_seq().await.unwrap(), first.seq, "the duplicates wrote nothing");
 
     let found = d.message_find(id).await.unwrap().unwrap();
@@ -193,20 +196,20 @@ async fn message_insert_writes_once_per_id_and_message_find_reads_it<D: Driver>(
     assert!(d.message_find(MessageId::generate()).await.unwrap().is_none());
 }
 
-async fn message_page_walks_the_log_in_seq_order<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn message_page_walks_the_log_in_seq_order<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let sent = insert(&store, &["a", "b", "c", "d", "e"], at).await;
     let mut delayed = msg("f");
     delayed.delay = Some(Duration::from_secs(60));
-    let late = d.message_insert_one(&delayed, at).await.unwrap();
+    let late = d.message_insert(&delayed, at).await.unwrap();
 
-    let mut conn = d.read().await.unwrap();
+    let mut conn = d.begin().await.unwrap();
     let mut seen: Vec<MessageRef> = Vec::new();
     let mut after = 0;
     loop {
-        let page = d.message_page(&mut conn, after, 2).await.unwrap();
+        let page = conn.message_page(after, 2).await.unwrap();
         assert!(page.len() <= 2);
         let Some(last) = page.last() else { break };
         after = last.seq;
@@ -221,38 +224,38 @@ async fn message_page_walks_the_log_in_seq_order<D: Driver>(store: DriverStore<D
     assert_eq!(seen[5].available_at, at + chrono::Duration::seconds(60));
 }
 
-async fn delivery_insert_pending_creates_only_missing_rows<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn delivery_insert_pending_creates_only_missing_rows<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let sent = insert(&store, &["t", "t", "t"], at).await;
     create(&store, &spec("c", &["t"], StartFrom::Earliest), at).await;
-    let mut conn = d.read().await.unwrap();
-    let page = d.message_page(&mut conn, 0, 10).await.unwrap();
+    let mut conn = d.begin().await.unwrap();
+    let page = conn.message_page(0, 10).await.unwrap();
     drop(conn);
 
     let mut tx = d.begin().await.unwrap();
-    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &page[..2], at).await.unwrap(), 2);
-    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &page, at).await.unwrap(), 1, "only the missing one");
-    assert_eq!(d.delivery_insert_pending(&mut tx, "c", &[], at).await.unwrap(), 0);
+    assert_eq!(tx.delivery_insert_pending("c", &page[..2], at).await.unwrap(), 2);
+    assert_eq!(tx.delivery_insert_pending("c", &page, at).await.unwrap(), 1, "only the missing one");
+    assert_eq!(tx.delivery_insert_pending("c", &[], at).await.unwrap(), 0);
     tx.commit().await.unwrap();
     for e in &sent {
         assert_eq!(state_of(&store, e.message_id, "c").await, Some(("pending".to_owned(), 0)));
     }
 }
 
-async fn delivery_replay_restarts_rows_but_never_a_held_lease<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn delivery_replay_restarts_rows_but_never_a_held_lease<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t", "t"], at).await;
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let mut tx = d.begin().await.unwrap();
-    let mut conn_page = d.message_page(&mut tx, 0, 10).await.unwrap();
+    let mut conn_page = tx.message_page(0, 10).await.unwrap();
     conn_page.truncate(2);
-    d.delivery_insert_pending(&mut tx, "c", &conn_page, at).await.unwrap();
+    tx.delivery_insert_pending("c", &conn_page, at).await.unwrap();
     tx.commit().await.unwrap();
 
     // The first is acked, the second held by a stream, the third has no row at all.
@@ -261,40 +264,35 @@ async fn delivery_replay_restarts_rows_but_never_a_held_lease<D: Driver>(store: 
     assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);
 
     let mut tx = d.begin().await.unwrap();
-    assert_eq!(d.delivery_replay(&mut tx, "c", &ids, at).await.unwrap(), 2, "the acked one and the missing one");
+    assert_eq!(tx.delivery_replay("c", &ids, at).await.unwrap(), 2, "the acked one and the missing one");
     tx.commit().await.unwrap();
     assert_eq!(state_of(&store, ids[0], "c").await, Some(("pending".to_owned(), 0)));
     assert_eq!(state_of(&store, ids[1], "c").await, Some(("leased".to_owned(), 1)), "left to its stream");
     assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 0)));
 }
 
-async fn delivery_next_due_tells_a_missing_consumer_from_one_with_nothing_due<D: Driver>(
-    store: DriverStore<D>,
-    _db: impl Held,
-) {
+async fn delivery_next_due_tells_a_missing_consumer_from_one_with_nothing_due<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
-    assert_eq!(d.delivery_next_due("c").await.unwrap(), None);
+    let c = ConsumerName::parse("name", "c").unwrap();
+    assert!(matches!(d.delivery_next_due(&c).await, Err(StoreError::ConsumerNotFound(n)) if n == "c"));
     create(&store, &spec("c", &["t"], StartFrom::Earliest), at).await;
-    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(None));
+    assert_eq!(d.delivery_next_due(&c).await.unwrap(), None);
 
     let mut delayed = msg("t");
     delayed.delay = Some(Duration::from_secs(5));
-    d.message_insert_one(&delayed, at).await.unwrap();
+    d.message_insert(&delayed, at).await.unwrap();
     let mut tx = d.begin().await.unwrap();
-    let page = d.message_page(&mut tx, 0, 10).await.unwrap();
-    d.delivery_insert_pending(&mut tx, "c", &page, at).await.unwrap();
+    let page = tx.message_page(0, 10).await.unwrap();
+    tx.delivery_insert_pending("c", &page, at).await.unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(Some(at + chrono::Duration::seconds(5))));
+    assert_eq!(d.delivery_next_due(&c).await.unwrap(), Some(at + chrono::Duration::seconds(5)));
 }
 
-async fn prune_batch_removes_finished_messages_before_the_cutoff_only<D: Driver>(
-    store: DriverStore<D>,
-    _db: impl Held,
-) {
+async fn prune_batch_removes_finished_messages_before_the_cutoff_only<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -322,9 +320,9 @@ async fn prune_batch_removes_finished_messages_before_the_cutoff_only<D: Driver>
     assert!(d.message_find(unrelayed[0].message_id).await.unwrap().is_some(), "not relayed yet");
 }
 
-async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn expired_records_carry_the_consumers_retry_policy<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -339,15 +337,16 @@ async fn expired_records_carry_the_consumers_retry_policy<D: Driver>(store: Driv
     assert_eq!(expired.len(), 1);
     let e = &expired[0];
     assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
-    assert_eq!((e.delivery_count, e.max_deliveries, e.backoff_base_ms, e.backoff_max_ms), (1, 4, 250, 90_000));
+    assert_eq!((e.delivery_count, e.max_deliveries), (1, 4));
+    assert_eq!((e.backoff_base, e.backoff_max), (Duration::from_millis(250), Duration::from_secs(90)));
 }
 
 /// A stream acks with the seqs of what it holds (`delivery_ack_held`): batch-held and row-held
 /// deliveries alike are acked once, what it names nothing of is left alone, and an ack by id
 /// alone still works beside it.
-async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -385,12 +384,9 @@ async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<D: Driver>(store:
 
 /// A delivery pushed at fan-out is leased with count 1 (on PostgreSQL held in a lease batch, with
 /// no row of its own: ADR 0041) and goes through every transition as a leased row does.
-async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<D: Driver>(
-    store: DriverStore<D>,
-    _db: impl Held,
-) {
+async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -474,7 +470,7 @@ async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
     let db = TestDb::create().await.unwrap();
     let store = PgStore::connect(&db.url, 8).await.unwrap();
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -519,7 +515,7 @@ async fn a_postgres_replay_of_a_delivery_acked_while_batched_moves_it_out_of_the
     let db = TestDb::create().await.unwrap();
     let store = PgStore::connect(&db.url, 8).await.unwrap();
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -534,7 +530,7 @@ async fn a_postgres_replay_of_a_delivery_acked_while_batched_moves_it_out_of_the
     let candidates = d.replay_candidates(&c, &ReplayFilter::default(), 0, 10).await.unwrap();
     assert_eq!(candidates.iter().map(|r| r.message_id).collect::<Vec<_>>(), [id], "not the one still leased");
     let mut tx = d.begin().await.unwrap();
-    assert_eq!(d.delivery_replay(&mut tx, "c", &[id], at).await.unwrap(), 1);
+    assert_eq!(tx.delivery_replay("c", &[id], at).await.unwrap(), 1);
     tx.commit().await.unwrap();
     let batched: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM outbox.delivery_ranges b, unnest(b.seqs) r
@@ -562,7 +558,7 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
     let db = TestSqlite::create().unwrap();
     let store = SqliteStore::open(&db.url).await.unwrap();
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -611,9 +607,9 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
 /// Deliveries the relay cannot push (no room) are pending with count 0 (on PostgreSQL held in
 /// pending batches, with no row of their own: ADR 0042): counted as backlog, due, kept from
 /// pruning, leased in seq order with count 1, and from then on like any lease.
-async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<D: Driver>(store: DriverStore<D>, _db: impl Held) {
+async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -630,7 +626,7 @@ async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<D: Driver>(sto
     let stats = d.consumer_stats(Some("c"), true).await.unwrap();
     assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].retrying), (2, 3, 0));
     assert_eq!(stats[0].oldest_unacked_at, Some(at));
-    let due = d.delivery_next_due("c").await.unwrap().unwrap().unwrap();
+    let due = d.delivery_next_due(&c).await.unwrap().unwrap();
     assert!(due <= at, "due since it was relayed: {due}");
     assert_eq!(d.prune_batch(at + chrono::Duration::hours(1), 10).await.unwrap(), Some(Pruned::default()));
 
@@ -657,7 +653,7 @@ async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<D: Driver>(sto
     let got: Vec<(MessageId, u32)> = next.iter().map(|l| (l.message.message_id, l.delivery_count)).collect();
     assert_eq!(got, [(ids[2], 2), (ids[4], 1)]);
     assert!(d.delivery_lease_batch(&c, "s3", 10, "", until, at).await.unwrap().is_empty(), "nothing twice");
-    assert_eq!(d.delivery_next_due("c").await.unwrap(), Some(None));
+    assert_eq!(d.delivery_next_due(&c).await.unwrap(), None);
 
     // Every one acked once.
     assert_eq!(d.delivery_ack_many(&c, &ids, at).await.unwrap(), 5);
@@ -676,7 +672,7 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     let db = TestDb::create().await.unwrap();
     let store = PgStore::connect(&db.url, 8).await.unwrap();
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -712,7 +708,7 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 1);
     let mut tx = d.begin().await.unwrap();
     assert_eq!(
-        d.delivery_replay(&mut tx, "c", &[ids[2], more[0].message_id], at).await.unwrap(),
+        tx.delivery_replay("c", &[ids[2], more[0].message_id], at).await.unwrap(),
         2,
         "the waiting one leaves its batch for a row, as on SQLite"
     );
@@ -748,7 +744,7 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     d.relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!(state_of(&store, another[0].message_id, "c").await, Some(("pending".to_owned(), 0)));
     let mut tx = d.begin_consumer_change().await.unwrap();
-    assert!(d.consumer_delete(&mut tx, "c").await.unwrap());
+    assert!(tx.consumer_delete("c").await.unwrap());
     tx.commit().await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
         .fetch_one(store.pool())
@@ -769,21 +765,18 @@ async fn a_postgres_prune_batch_yields_to_the_replica_that_holds_the_prune_lock(
         .await
         .unwrap();
     let later = now() + chrono::Duration::hours(1);
-    assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), None, "another replica is pruning");
+    assert_eq!(store.prune_batch(later, 10).await.unwrap(), None, "another replica is pruning");
     other.rollback().await.unwrap();
-    assert_eq!(store.driver().prune_batch(later, 10).await.unwrap(), Some(Pruned::default()));
+    assert_eq!(store.prune_batch(later, 10).await.unwrap(), Some(Pruned::default()));
 }
 
 /// A replay selects and rewrites the same deliveries on both stores, whatever held them (on
 /// PostgreSQL: the ack log, a pending batch, a row), leaves a leased one alone, and from then on
 /// the replayed delivery is in one place: counted once in every figure, leased once, acked once,
 /// pruned once (T20, T22).
-async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_was<D: Driver>(
-    store: DriverStore<D>,
-    _db: impl Held,
-) {
+async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_was<S: Store>(store: S, _db: impl Held) {
     ready(&store).await;
-    let d = store.driver();
+    let d = &store;
     let at = now();
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec("c", &["t"], StartFrom::New), at).await;
@@ -816,7 +809,7 @@ async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_wa
     assert_eq!(candidates, want, "every delivery but the leased one");
 
     let mut tx = d.begin().await.unwrap();
-    assert_eq!(d.delivery_replay(&mut tx, "c", &ids, at).await.unwrap(), 4, "all but the leased one");
+    assert_eq!(tx.delivery_replay("c", &ids, at).await.unwrap(), 4, "all but the leased one");
     tx.commit().await.unwrap();
     assert_eq!(state_of(&store, ids[0], "c").await, Some(("pending".to_owned(), 0)));
     assert_eq!(state_of(&store, ids[1], "c").await, Some(("leased".to_owned(), 1)), "a lease is left alone");

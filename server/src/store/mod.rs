@@ -1,10 +1,9 @@
 //! The storage layer: every SQL statement of the server lives below this module.
 //!
-//! Three layers: [`Store`], the seam the rest of the server calls; [`driver::Driver`], the
-//! narrow entity-first statements each backend implements (`postgres`, `sqlite`), decoded into
-//! plain [`records`]; and [`composite::DriverStore`], `Store` written once over any driver
-//! (operations of several statements, decoding into the domain). Writes that a producer joins
-//! take the caller's executor.
+//! One seam, [`Store`] (in `seam`): each backend (`postgres`, `sqlite`) implements its narrow,
+//! entity-first statements, decoded through plain [`records`]; the operations of several
+//! statements are its provided methods, written once over the backend's transaction
+//! ([`StoreTx`]). Writes that a producer joins take the caller's executor.
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -12,8 +11,6 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
 
-pub mod composite;
-pub mod driver;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
@@ -26,6 +23,7 @@ mod quarantine_tests;
 #[cfg(test)]
 mod race_tests;
 pub mod records;
+mod seam;
 pub mod sqlite;
 #[cfg(test)]
 mod statements_tests;
@@ -36,16 +34,11 @@ mod transition_tests;
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
+use crate::domain::{LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
 
-use crate::domain::{
-    Consumer, ConsumerSpec, LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage,
-};
-
-pub use composite::DriverStore;
-pub use driver::Driver;
-pub use postgres::{PgDriver, PgStore};
-pub use sqlite::{SqliteDriver, SqliteStore};
+pub use postgres::PgStore;
+pub use seam::{SCAN_BATCH, Store, StoreTx};
+pub use sqlite::SqliteStore;
 
 /// How the relay best runs on a database, where the configuration leaves it open: each backend
 /// says so itself, so that the code above the store never asks which backend it is.
@@ -56,184 +49,6 @@ pub struct RelayDefaults {
     /// After a pass that found less than a batch, how long to wait before the next (see
     /// `relay::RelayConfig::gather`).
     pub gather: Duration,
-}
-
-/// The storage seam: everything the relay, the delivery sessions, the maintenance loops and
-/// the admin service ask of a database. Each implementation gives the same semantics; the
-/// conformance suite (`tests/`) runs against every one.
-#[async_trait::async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
-    /// `"postgres"` or `"sqlite"`, for logs.
-    fn backend(&self) -> &'static str;
-    /// How the relay best runs on this database, where the configuration leaves it open.
-    fn relay_defaults(&self) -> RelayDefaults;
-    /// Applies pending migrations.
-    async fn migrate(&self) -> Result<()>;
-    /// Writes the limits that the database's own entry points enforce for every writer.
-    async fn settings_write(&self, max_payload_bytes: usize) -> Result<()>;
-    /// Closes the connections (at shutdown).
-    async fn close(&self);
-    /// Open and idle connections of the pool.
-    fn pool_status(&self) -> (u32, usize);
-    /// Runs until cancelled, sending a [`WorkHint`] whenever work appears that this process did
-    /// not cause: another replica's relay (PostgreSQL: LISTEN), or a producer in another process
-    /// committing to the same file (SQLite: `PRAGMA data_version`). Whom to wake is the
-    /// caller's business.
-    async fn watch(&self, hints: HintSender, cancel: CancellationToken);
-
-    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued>;
-    /// All or nothing: one transaction for the whole batch.
-    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>>;
-    /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
-    /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
-    /// deliveries to other replicas where the store supports that. A delivery that one of the
-    /// `offers` can take at once (due now, no ordering key, consumer not paused) is created
-    /// leased to that stream instead of pending, never more than an offer's room, and returned
-    /// in [`RelayOutcome::pushed`]. Room is the caller's: the store only reads the offers.
-    /// Both stores read after a cursor (PostgreSQL's with gaps for late commits, ADR 0027;
-    /// SQLite's needs none, ADR 0066).
-    async fn relay_batch(
-        &self,
-        limit: i64,
-        now: DateTime<Utc>,
-        notify: bool,
-        offers: &[PushOffer],
-    ) -> Result<RelayOutcome>;
-
-    /// Creates a consumer; the same definition again returns the existing one, a different
-    /// one is [`StoreError::ConsumerConflict`]. EARLIEST backfills from retained messages.
-    async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer>;
-    async fn consumer_get(&self, name: &ConsumerName) -> Result<Consumer>;
-    async fn consumer_list(&self) -> Result<Vec<Consumer>>;
-    /// Deletes a consumer and its inbox rows.
-    async fn consumer_delete(&self, name: &ConsumerName) -> Result<()>;
-    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer>;
-
-    /// Leases up to `limit` due deliveries to `session`, returned in `seq` order, honouring
-    /// ordering keys and pausing; each lease increments `delivery_count`. Unkeyed deliveries go
-    /// in due order; ordering keys are visited from the first key after `keys_after` (byte
-    /// order, wrapping around; "" = from the first), so that a session that passes the key
-    /// cursor of its last lease ([`next_key_cursor`]) serves every key in turn. The cost
-    /// follows what the lease returns, not the backlog behind it.
-    async fn delivery_lease_batch(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        limit: i64,
-        keys_after: &str,
-        lease_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<LeasedDelivery>>;
-    /// Acks leased or pending deliveries; returns how many changed.
-    async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
-    /// [`Store::delivery_ack_many`] for deliveries whose `seq` the caller holds (a stream's
-    /// window): the store need not look each one up. Each pair must be a message's id and seq.
-    async fn delivery_ack_held(
-        &self,
-        consumer: &ConsumerName,
-        held: &[(MessageId, i64)],
-        now: DateTime<Utc>,
-    ) -> Result<u64>;
-    /// Moves leased deliveries to pending or dead, only where `guard` allows.
-    async fn delivery_release_many(
-        &self,
-        releases: &[Release],
-        guard: ReleaseGuard<'_>,
-        now: DateTime<Utc>,
-    ) -> Result<u64>;
-    /// Leases whose deadline is at or before `now`, oldest first.
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>>;
-    /// The earliest deadline of any lease (one probe of the leased index), so that the sweeper
-    /// sleeps until then instead of polling.
-    async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>>;
-    /// Pushes the deadline of leases that `session` holds.
-    async fn delivery_extend_many(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        ids: &[MessageId],
-        until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64>;
-    /// The earliest `available_at` of a consumer's pending deliveries;
-    /// [`StoreError::ConsumerNotFound`] once the consumer is gone.
-    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
-
-    /// Counts per consumer; `acked` reads history, so it is 0 unless `include_acked`
-    /// (both stores: it is the history, never read otherwise).
-    async fn stats(&self, only: Option<&ConsumerName>, include_acked: bool) -> Result<Stats>;
-    /// Size and dead rows of outboxd's own tables, from the database's catalog (no table scan).
-    async fn table_health(&self) -> Result<Vec<TableHealth>>;
-    /// The oldest holder of the vacuum horizon of outboxd's tables; `None` when nothing holds
-    /// it back, and always on SQLite.
-    async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>>;
-    /// Vacuums these of outboxd's tables (as [`Store::table_health`] names them), unless another
-    /// process is doing it; returns the tables vacuumed. A no-op on stores that need none.
-    async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>>;
-    /// A page of dead letters in `seq` order after `after_seq`.
-    async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>>;
-    async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)>;
-    /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
-    async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
-    /// Whether a committed message waits for the relay: one indexed probe.
-    async fn message_unrelayed_exists(&self) -> Result<bool>;
-    /// [`Store::message_unrelayed_exists`], for a relay that has backed off: the same statement
-    /// asks producers' commits to wake the relay for the next `wake_for` or until a relay pass
-    /// next finds work (PostgreSQL: a `NOTIFY outbox_enqueued` from their statement, which
-    /// [`Store::watch`] turns into [`WorkHint::Enqueued`]; ADR 0051). SQLite's watcher notices
-    /// every commit anyway: there it is the plain probe.
-    async fn message_unrelayed_exists_asking_wakeup(&self, wake_for: Duration) -> Result<bool>;
-    /// The highest `seq` committed so far (0 when empty).
-    async fn message_last_seq(&self) -> Result<i64>;
-    /// Up to `limit` replay candidates in `seq` order after `after_seq`: messages that `filter`
-    /// selects and whose delivery to `consumer` is not leased right now (a leased one is left
-    /// to its stream). Fewer than `limit` means there are no more.
-    async fn replay_candidates(
-        &self,
-        consumer: &ConsumerName,
-        filter: &ReplayFilter,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<ReplayCandidate>>;
-    /// Makes `consumer`'s deliveries of `ids` due now with a fresh count, creating the ones
-    /// that do not exist; leased ones are left alone. Returns how many changed.
-    async fn replay_apply(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
-    /// Deletes relayed, fully acked messages enqueued before `cutoff`, in batches.
-    async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned>;
-    /// The consumer's dead letters grouped by last error, largest group first, at most `limit`
-    /// groups.
-    async fn dead_letter_groups(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<DeadGroup>>;
-    /// A page of the consumer's dead letters with this last error, in `seq` order after
-    /// `after_seq`, without payloads and headers (a list of what failed, not of its contents).
-    async fn dead_letter_list_with_error(
-        &self,
-        consumer: &ConsumerName,
-        last_error: Option<&str>,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>>;
-    /// Messages matching `query`, newest first, among at most `scan` messages with
-    /// `seq < before_seq` (all when `None`), at most `limit` of them: a page costs what it
-    /// scans, never the whole history.
-    async fn message_search(
-        &self,
-        query: &MessageQuery,
-        before_seq: Option<i64>,
-        limit: i64,
-        scan: i64,
-    ) -> Result<SearchPage>;
-    /// Up to `limit` of the ordering keys `consumer` holds, oldest hold first.
-    async fn held_key_list(&self, consumer: &ConsumerName, limit: i64) -> Result<Vec<HeldKey>>;
-    /// Lets a held key flow again and returns it as it was held (`None`: not held). Without
-    /// `skip_dead` the dead message is made due again first, in the same transaction (as
-    /// [`Store::replay_apply`] would), so that the key resumes with it, in order.
-    async fn held_key_release(
-        &self,
-        consumer: &ConsumerName,
-        ordering_key: &str,
-        skip_dead: bool,
-        now: DateTime<Utc>,
-    ) -> Result<Option<HeldKey>>;
 }
 
 /// Work that appeared outside this process, as [`Store::watch`] notices it. Hints only: one

@@ -87,14 +87,14 @@ async fn enqueue(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
         ordering_key: None,
         delay: None,
     };
-    store.driver().message_insert_one(&msg, at).await.unwrap()
+    store.message_insert(&msg, at).await.unwrap()
 }
 
 /// One message, pushed by a relay pass to stream `s1` in a lease batch until `until`.
 async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 1, lease_until: until };
-    let out = store.driver().relay_batch(10, at, false, &[offer]).await.unwrap();
+    let out = store.relay_batch(10, at, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 1, "pushed");
     assert!(held_in(store.pool(), "leased", sent.seq).await, "in a leased range");
     sent
@@ -103,7 +103,7 @@ async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enq
 /// One message, relayed with no stream to push to: waiting in a pending batch.
 async fn waiting(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
-    let out = store.driver().relay_batch(10, at, false, &[]).await.unwrap();
+    let out = store.relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!((out.pushed.len(), out.deliveries), (0, 1));
     assert!(held_in(store.pool(), "pending", sent.seq).await, "in a pending range");
     sent
@@ -122,12 +122,12 @@ async fn held_in(pool: &PgPool, state: &str, seq: i64) -> bool {
 /// to pending with "ack deadline expired", due after the backoff, as `maintenance::sweeper`
 /// does.
 async fn sweep(store: PgStore, at: DateTime<Utc>) {
-    let d = store.driver();
+    let d = &store;
     let expired = d.delivery_expired_batch(at, 100).await.unwrap();
     let releases: Vec<Release> = expired
         .iter()
         .map(|e| Release {
-            consumer: ConsumerName::parse("name", &e.consumer).unwrap(),
+            consumer: e.consumer.clone(),
             message_id: e.message_id,
             state: DeliveryState::Pending,
             available_at: at + chrono::Duration::milliseconds(250),
@@ -257,9 +257,9 @@ async fn row_state(pool: &PgPool, id: MessageId) -> Option<String> {
 async fn acked_once_and_never_again(store: &PgStore, id: MessageId, late: DateTime<Utc>) {
     assert_eq!(effects(store.pool(), id).await, 1, "exactly one effect");
     let until = late + chrono::Duration::seconds(30);
-    let again = store.driver().delivery_lease_batch(&consumer(), "s9", 10, "", until, late).await.unwrap();
+    let again = store.delivery_lease_batch(&consumer(), "s9", 10, "", until, late).await.unwrap();
     assert!(again.is_empty(), "delivered again after its ack: {again:?}");
-    let stats = store.driver().consumer_stats(Some("c"), true).await.unwrap();
+    let stats = store.consumer_stats(Some("c"), true).await.unwrap();
     assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 1), "{stats:?}");
 }
 
@@ -277,7 +277,7 @@ async fn a_transactional_ack_overtaken_by_the_sweeper_acks_the_row_it_moved_to()
     let acked = ack_overtaken_by(&db, sent.message_id, sweep(store.clone(), late)).await;
     assert!(acked, "outbox.ack said \"already acked\" for a delivery the sweeper had made pending");
     // The consumer acks on its stream either way, as the chaos check's consumers do.
-    store.driver().delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], late).await.unwrap();
+    store.delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], late).await.unwrap();
     assert_eq!(row_state(store.pool(), sent.message_id).await.as_deref(), Some("acked"));
     acked_once_and_never_again(&store, sent.message_id, late + chrono::Duration::seconds(5)).await;
 }
@@ -299,11 +299,11 @@ async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
     };
     let mover_store = store.clone();
     let acked = ack_overtaken_by(&db, sent.message_id, async move {
-        mover_store.driver().delivery_release_many(&[release], ReleaseGuard::Session("s1"), at).await.unwrap();
+        mover_store.delivery_release_many(&[release], ReleaseGuard::Session("s1"), at).await.unwrap();
     })
     .await;
     assert!(acked, "outbox.ack said \"already acked\" for a delivery the release had made pending");
-    store.driver().delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], at).await.unwrap();
+    store.delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], at).await.unwrap();
     acked_once_and_never_again(&store, sent.message_id, at + chrono::Duration::seconds(5)).await;
 }
 
@@ -318,7 +318,7 @@ async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_batch_acks_once
     let until = at + chrono::Duration::seconds(15);
     let (leased_tx, leased_rx) = tokio::sync::oneshot::channel();
     let acked = ack_overtaken_by(&db, sent.message_id, async move {
-        let got = mover_store.driver().delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+        let got = mover_store.delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
         let _ = leased_tx.send(got.len());
     })
     .await;
@@ -327,7 +327,7 @@ async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_batch_acks_once
     // The leased delivery's handler: the inbox says already acked, no second effect.
     let conn = PgConnection::connect(&db.url).await.unwrap();
     assert!(!effect_with_ack(conn, sent.message_id).await, "the second delivery is told it was acked");
-    store.driver().delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], at).await.unwrap();
+    store.delivery_ack_held(&consumer(), &[(sent.message_id, sent.seq)], at).await.unwrap();
     acked_once_and_never_again(&store, sent.message_id, until + chrono::Duration::seconds(5)).await;
 }
 
@@ -369,7 +369,7 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
     let at = now();
     let until = at + chrono::Duration::seconds(15);
     let sent = pushed(&store, at, until).await;
-    let d = store.driver();
+    let d = &store;
     d.delivery_expired_batch(until, 10).await.unwrap();
     let dead = Release {
         consumer: consumer(),
@@ -382,9 +382,9 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
     assert_eq!(row_state(store.pool(), sent.message_id).await.as_deref(), Some("dead"));
     let mover_store = store.clone();
     let acked = ack_overtaken_by(&db, sent.message_id, async move {
-        let d = mover_store.driver();
+        let d = &mover_store;
         let mut tx = d.begin().await.unwrap();
-        assert_eq!(d.delivery_replay(&mut tx, "c", &[sent.message_id], until).await.unwrap(), 1);
+        assert_eq!(tx.delivery_replay("c", &[sent.message_id], until).await.unwrap(), 1);
         tx.commit().await.unwrap();
     })
     .await;
@@ -413,7 +413,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     };
     let at = now();
     let until = at + chrono::Duration::seconds(15);
-    let d = store.driver();
+    let d = &store;
 
     let in_lease_batch = pushed(&store, at, until).await;
     assert!(ack(in_lease_batch.message_id.0, "c").await, "held in a lease batch");
@@ -462,7 +462,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
         ordering_key: None,
         delay: None,
     };
-    let elsewhere = d.message_insert_one(&msg, at).await.unwrap();
+    let elsewhere = d.message_insert(&msg, at).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "a topic the consumer does not take, before the relay");
     d.relay_batch(10, at, false, &[]).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "and after");
@@ -517,7 +517,7 @@ async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
     .unwrap();
     assert_eq!(batch, returned, "leased and not returned: never sent until the lease expires");
     // What it did not take waits for the next lease.
-    let next = store.driver().delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+    let next = store.delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
     let seqs: Vec<i64> = next.iter().map(|d| d.message.seq).collect();
     assert!(returned.contains(&second.seq) || seqs == [second.seq], "the second: {returned:?} then {seqs:?}");
 }

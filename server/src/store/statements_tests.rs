@@ -14,7 +14,7 @@ async fn every_postgres_statement_prepares_on_a_migrated_database() {
     let db = TestDb::create().await.unwrap();
     let store = PgStore::connect(&db.url, 2).await.unwrap();
     store.migrate().await.unwrap();
-    let mut conn = store.driver().pool().acquire().await.unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
     let mut failed = Vec::new();
     for (name, sql) in postgres::q::ALL {
         if let Err(e) = (&mut *conn).prepare(sqlx::SqlSafeStr::into_sql_str(*sql)).await {
@@ -30,7 +30,7 @@ async fn every_sqlite_statement_prepares_on_a_migrated_file() {
     let db = TestSqlite::create().unwrap();
     let store = SqliteStore::open(&db.url).await.unwrap();
     store.migrate().await.unwrap();
-    let mut conn = store.driver().pool().acquire().await.unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
     let mut failed = Vec::new();
     for (name, sql) in sqlite::q::ALL {
         if let Err(e) = (&mut *conn).prepare(sqlx::SqlSafeStr::into_sql_str(*sql)).await {

@@ -21,7 +21,7 @@ use sqlx::Connection as _;
 
 use super::tests::{Guard, msg, on_every_store, spec};
 use super::*;
-use crate::domain::{DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
+use crate::domain::{ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
 
 on_every_store!(
     with_db:

@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ENQUEUED_CHANNEL, PgDriver};
+use super::{ENQUEUED_CHANNEL, PgStore};
 use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
 pub struct WorkListener {
-    store: PgDriver,
+    store: PgStore,
     hints: HintSender,
 }
 
 impl WorkListener {
-    pub fn new(store: PgDriver, hints: HintSender) -> Self {
+    pub fn new(store: PgStore, hints: HintSender) -> Self {
         Self { store, hints }
     }
 

@@ -4,25 +4,22 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::MigrateDatabase;
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{Executor, PgConnection, Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::composite::DriverStore;
-use super::driver::Driver;
 use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
 };
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, MessageSummary,
-    NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
-    SearchPage, StoredMessage, TableHealth, VacuumHorizon,
+    ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
+    MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
+    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
-use crate::domain::{ConsumerName, ConsumerSpec, MessageId};
+use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
 
 mod listener;
@@ -58,7 +55,7 @@ const RELAY_CONNECTIONS: u32 = 2;
 const VACUUM_LOCK: i64 = 0x6f75_7462_6f78_0003;
 /// Connections of the lease pool (see `PgStore::lease_pool`).
 const LEASE_CONNECTIONS: u32 = 4;
-/// Settings of the lease pool's connections (see `PgDriver::lease_pool`).
+/// Settings of the lease pool's connections (see `PgStore::lease_pool`).
 pub(crate) const LEASE_SETTINGS: &[(&str, &str)] =
     &[("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")];
 
@@ -126,7 +123,7 @@ fn seq_runs(seqs: impl Iterator<Item = i64>) -> (Vec<i64>, Vec<i64>) {
 
 /// The PostgreSQL driver. Cheap to clone (pool handles).
 #[derive(Debug, Clone)]
-pub struct PgDriver {
+pub struct PgStore {
     pool: PgPool,
     /// For relay passes only: commits without waiting for the WAL flush (see `relay_batch`).
     relay_pool: PgPool,
@@ -138,9 +135,6 @@ pub struct PgDriver {
     /// them through their indexes once they are not (ADR 0046).
     lease_pool: PgPool,
 }
-
-/// The PostgreSQL store: the composites of [`DriverStore`] over [`PgDriver`].
-pub type PgStore = DriverStore<PgDriver>;
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
     Ok(StoredMessage {
@@ -285,7 +279,7 @@ where
     })
 }
 
-impl PgDriver {
+impl PgStore {
     /// Connects, creating the database first if it does not exist.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         if !Postgres::database_exists(url).await? {
@@ -340,9 +334,7 @@ impl PgDriver {
 }
 
 #[async_trait::async_trait]
-impl Driver for PgDriver {
-    type Db = Postgres;
-
+impl Store for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
     }
@@ -367,19 +359,15 @@ impl Driver for PgDriver {
         WorkListener::new(self.clone(), hints).run(cancel).await;
     }
 
-    async fn read(&self) -> Result<PoolConnection<Postgres>> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        Ok(self.pool.begin().await?)
+    async fn begin(&self) -> Result<Box<dyn StoreTx>> {
+        Ok(Box::new(PgTx(self.pool.begin().await?)))
     }
 
     /// Holds [`CONSUMERS_LOCK`] exclusively until the transaction ends.
-    async fn begin_consumer_change(&self) -> Result<Transaction<'static, Postgres>> {
+    async fn begin_consumer_change(&self) -> Result<Box<dyn StoreTx>> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(q::CONSUMERS_LOCK).bind(CONSUMERS_LOCK).execute(&mut *tx).await?;
-        Ok(tx)
+        Ok(Box::new(PgTx(tx)))
     }
 
     /// Applies pending migrations (safe to run from several replicas at once: sqlx takes an
@@ -394,7 +382,7 @@ impl Driver for PgDriver {
         Ok(())
     }
 
-    async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
+    async fn settings_write(&self, max_payload_bytes: usize) -> Result<()> {
         sqlx::query(q::SETTINGS_WRITE)
             .bind(i32::try_from(max_payload_bytes).unwrap_or(i32::MAX))
             .execute(&self.pool)
@@ -402,33 +390,14 @@ impl Driver for PgDriver {
         Ok(())
     }
 
-    async fn message_insert(&self, conn: &mut PgConnection, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
-        message_insert(conn, msg, Some(now)).await
-    }
-
     /// One autocommit statement.
-    async fn message_insert_one(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         message_insert(&self.pool, msg, Some(now)).await
     }
 
     async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
         let row = sqlx::query(q::MESSAGE_FIND).bind(id.0).fetch_optional(&self.pool).await?;
         row.as_ref().map(message_from_row).transpose()
-    }
-
-    async fn message_page(&self, conn: &mut PgConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MessageRef {
-                    message_id: MessageId(r.try_get("message_id")?),
-                    seq: r.try_get("seq")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    available_at: r.try_get("available_at")?,
-                })
-            })
-            .collect()
     }
 
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
@@ -574,75 +543,21 @@ impl Driver for PgDriver {
         Ok(out)
     }
 
-    async fn consumer_find(&self, conn: &mut PgConnection, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
+    async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(&self.pool).await?;
         row.as_ref().map(consumer_from_row).transpose()
     }
 
-    async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
+    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
         let rows = sqlx::query(q::CONSUMER_LIST).fetch_all(&self.pool).await?;
-        rows.iter().map(consumer_from_row).collect()
+        rows.iter().map(|r| Consumer::try_from(consumer_from_row(r)?)).collect()
     }
 
-    async fn consumer_insert(
-        &self,
-        conn: &mut PgConnection,
-        spec: &ConsumerSpec,
-        now: DateTime<Utc>,
-    ) -> Result<ConsumerRecord> {
-        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
-        let row = sqlx::query(q::CONSUMER_INSERT)
-            .bind(spec.name.as_str())
-            .bind(&topics)
-            .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
-            .bind(ms(spec.backoff.base))
-            .bind(ms(spec.backoff.max))
-            .bind(ms(spec.ack_deadline))
-            .bind(spec.start_from.as_str())
-            .bind(now)
-            .bind(spec.sink.as_ref().map(Json))
-            .bind(spec.dead_key_policy.as_str())
-            .fetch_one(conn)
-            .await?;
-        consumer_from_row(&row)
-    }
-
-    /// Its inbox rows go by cascade; its ranges are deleted here.
-    async fn consumer_delete(&self, conn: &mut PgConnection, name: &str) -> Result<bool> {
-        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query(q::CONSUMER_SET_PAUSED).bind(name).bind(paused).fetch_optional(&self.pool).await?;
-        row.as_ref().map(consumer_from_row).transpose()
-    }
-
-    /// Inserts pending rows from arrays (`unnest`), one statement for the page.
-    async fn delivery_insert_pending(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        messages: &[MessageRef],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        if messages.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id.0).collect();
-        let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
-        let keys: Vec<Option<&str>> = messages.iter().map(|m| m.ordering_key.as_deref()).collect();
-        let available: Vec<DateTime<Utc>> = messages.iter().map(|m| m.available_at).collect();
-        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
-            .bind(consumer)
-            .bind(&ids)
-            .bind(&seqs)
-            .bind(&keys)
-            .bind(&available)
-            .bind(now)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
+    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
+        let row =
+            sqlx::query(q::CONSUMER_SET_PAUSED).bind(name.as_str()).bind(paused).fetch_optional(&self.pool).await?;
+        let row = row.ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        Consumer::try_from(consumer_from_row(&row)?)
     }
 
     /// Leases up to `limit` due deliveries of one consumer to a delivery session (see
@@ -665,7 +580,7 @@ impl Driver for PgDriver {
             .bind(keys_after)
             .fetch_all(&self.lease_pool)
             .await?;
-        let out = rows
+        let mut out = rows
             .iter()
             .map(|row| {
                 Ok(LeasedDelivery {
@@ -675,6 +590,7 @@ impl Driver for PgDriver {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        out.sort_by_key(|d| d.message.seq);
         Ok(out)
     }
 
@@ -719,6 +635,9 @@ impl Driver for PgDriver {
         guard: ReleaseGuard<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
+        if releases.is_empty() {
+            return Ok(0);
+        }
         let consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
         let ids: Vec<Uuid> = releases.iter().map(|r| r.message_id.0).collect();
         let states: Vec<&str> = releases.iter().map(|r| r.state.as_str()).collect();
@@ -754,13 +673,13 @@ impl Driver for PgDriver {
     }
 
     /// Leases whose deadline has passed, oldest first.
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
         // Expired leased ranges become leased rows (count 1) that the query below finds.
         sqlx::query(q::DELIVERY_UNBATCH_EXPIRED).bind(now).execute(&self.pool).await?;
         let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(now).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
-                Ok(ExpiredRecord {
+                ExpiredLease::try_from(ExpiredRecord {
                     consumer: row.try_get("consumer")?,
                     message_id: MessageId(row.try_get("message_id")?),
                     delivery_count: i64::from(row.try_get::<i32, _>("delivery_count")?),
@@ -810,12 +729,12 @@ impl Driver for PgDriver {
 
     /// The earliest `available_at` among a consumer's pending deliveries, to sleep until then
     /// (see `delivery_next_due` in queries/lease.sql).
-    async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
-        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer).fetch_one(&self.lease_pool).await?;
+    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer.as_str()).fetch_one(&self.lease_pool).await?;
         if !row.try_get::<bool, _>("present")? {
-            return Ok(None);
+            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
         }
-        Ok(Some(row.try_get("due")?))
+        Ok(row.try_get("due")?)
     }
 
     /// From `pg_stat_user_tables` (the statistics collector's counts, no scan) and the
@@ -862,6 +781,9 @@ impl Driver for PgDriver {
     /// connection holding a session advisory lock, so that of several replicas one vacuums at a
     /// time and the others skip the round.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
+        if tables.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut conn = self.pool.acquire().await?;
         let locked: bool = sqlx::query_scalar(q::VACUUM_LOCK_TRY).bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
         if !locked {
@@ -982,7 +904,7 @@ impl Driver for PgDriver {
 
     /// Counted and dated from `deliveries_dead_errors` alone; the topics and types of a group
     /// from its first dead letters, their messages read by primary key.
-    async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
+    async fn dead_letter_group_page(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
         let rows = sqlx::query(q::DEAD_LETTER_GROUPS)
             .bind(consumer)
             .bind(limit)
@@ -1128,48 +1050,7 @@ impl Driver for PgDriver {
             .collect()
     }
 
-    /// Upserts: bypasses the inbox on purpose and restarts the delivery count. The replayed
-    /// delivery's row becomes its one place: its seq leaves the consumer's ranges (a leased one
-    /// only where a row already decided it) in the same transaction, so that no
-    /// reader counts it twice (docs/delivery-states.md, T5, T20–T22).
-    async fn delivery_replay(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        ids: &[MessageId],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        // A relay pass that has claimed some of these messages and not yet written their
-        // deliveries read this consumer's `backfill_seq` and rows before this replay wrote them:
-        // it would put a seq in a range that this replay gives a row too. Relay passes and
-        // replays take turns.
-        sqlx::query(q::RELAY_TURN_TAKE).execute(&mut *conn).await?;
-        let seqs: Vec<i64> = sqlx::query_scalar(q::MESSAGE_SEQS_OF_IDS).bind(&ids).fetch_all(&mut *conn).await?;
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let (lo, hi) = seq_runs(seqs.into_iter());
-        // The ranges that hold any of them, locked in the order `outbox.ack_seqs` locks them
-        // (pending, then leased ranges): a lease cannot move one of these seqs out of a pending
-        // range, nor an ack out of a leased one, between the statement below reading the ranges
-        // and this transaction's end. The statement below takes its snapshot after these locks
-        // are held.
-        for state in ["pending", "leased"] {
-            sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING)
-                .bind(consumer)
-                .bind(&lo)
-                .bind(&hi)
-                .bind(state)
-                .execute(&mut *conn)
-                .await?;
-        }
-        let done: i64 =
-            sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
-        Ok(u64::try_from(done).unwrap_or(0))
-    }
-
-    async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
+    async fn held_key_page(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
         let rows = sqlx::query(q::HELD_KEY_LIST)
             .bind(consumer)
             .bind(ordering_key)
@@ -1188,17 +1069,6 @@ impl Driver for PgDriver {
                 })
             })
             .collect()
-    }
-
-    async fn held_key_delete(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        ordering_key: &str,
-    ) -> Result<Option<MessageId>> {
-        let id: Option<Uuid> =
-            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
-        Ok(id.map(MessageId))
     }
 
     /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.
@@ -1229,10 +1099,136 @@ impl Driver for PgDriver {
     }
 }
 
-impl DriverStore<PgDriver> {
-    /// Connects, creating the database first if it does not exist.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        Ok(Self::new(PgDriver::connect(url, max_connections).await?))
+/// A write transaction of this backend (see [`StoreTx`]).
+pub struct PgTx(Transaction<'static, Postgres>);
+
+#[async_trait::async_trait]
+impl StoreTx for PgTx {
+    async fn message_insert(&mut self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        let conn: &mut PgConnection = &mut self.0;
+        message_insert(conn, msg, Some(now)).await
+    }
+
+    async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
+        let conn: &mut PgConnection = &mut self.0;
+        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MessageRef {
+                    message_id: MessageId(r.try_get("message_id")?),
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    available_at: r.try_get("available_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
+        let conn: &mut PgConnection = &mut self.0;
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+        let conn: &mut PgConnection = &mut self.0;
+        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
+        let row = sqlx::query(q::CONSUMER_INSERT)
+            .bind(spec.name.as_str())
+            .bind(&topics)
+            .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
+            .bind(ms(spec.backoff.base))
+            .bind(ms(spec.backoff.max))
+            .bind(ms(spec.ack_deadline))
+            .bind(spec.start_from.as_str())
+            .bind(now)
+            .bind(spec.sink.as_ref().map(Json))
+            .bind(spec.dead_key_policy.as_str())
+            .fetch_one(conn)
+            .await?;
+        consumer_from_row(&row)
+    }
+
+    /// Its inbox rows go by cascade; its ranges are deleted here.
+    async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
+        let conn: &mut PgConnection = &mut self.0;
+        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Inserts pending rows from arrays (`unnest`), one statement for the page.
+    async fn delivery_insert_pending(
+        &mut self,
+        consumer: &str,
+        messages: &[MessageRef],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let conn: &mut PgConnection = &mut self.0;
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id.0).collect();
+        let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
+        let keys: Vec<Option<&str>> = messages.iter().map(|m| m.ordering_key.as_deref()).collect();
+        let available: Vec<DateTime<Utc>> = messages.iter().map(|m| m.available_at).collect();
+        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
+            .bind(consumer)
+            .bind(&ids)
+            .bind(&seqs)
+            .bind(&keys)
+            .bind(&available)
+            .bind(now)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Upserts: bypasses the inbox on purpose and restarts the delivery count. The replayed
+    /// delivery's row becomes its one place: its seq leaves the consumer's ranges (a leased one
+    /// only where a row already decided it) in the same transaction, so that no
+    /// reader counts it twice (docs/delivery-states.md, T5, T20–T22).
+    async fn delivery_replay(&mut self, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let conn: &mut PgConnection = &mut self.0;
+        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
+        // A relay pass that has claimed some of these messages and not yet written their
+        // deliveries read this consumer's `backfill_seq` and rows before this replay wrote them:
+        // it would put a seq in a range that this replay gives a row too. Relay passes and
+        // replays take turns.
+        sqlx::query(q::RELAY_TURN_TAKE).execute(&mut *conn).await?;
+        let seqs: Vec<i64> = sqlx::query_scalar(q::MESSAGE_SEQS_OF_IDS).bind(&ids).fetch_all(&mut *conn).await?;
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let (lo, hi) = seq_runs(seqs.into_iter());
+        // The ranges that hold any of them, locked in the order `outbox.ack_seqs` locks them
+        // (pending, then leased ranges): a lease cannot move one of these seqs out of a pending
+        // range, nor an ack out of a leased one, between the statement below reading the ranges
+        // and this transaction's end. The statement below takes its snapshot after these locks
+        // are held.
+        for state in ["pending", "leased"] {
+            sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING)
+                .bind(consumer)
+                .bind(&lo)
+                .bind(&hi)
+                .bind(state)
+                .execute(&mut *conn)
+                .await?;
+        }
+        let done: i64 =
+            sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
+        Ok(u64::try_from(done).unwrap_or(0))
+    }
+
+    async fn held_key_delete(&mut self, consumer: &str, ordering_key: &str) -> Result<Option<MessageId>> {
+        let conn: &mut PgConnection = &mut self.0;
+        let id: Option<Uuid> =
+            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
+        Ok(id.map(MessageId))
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        Ok(self.0.commit().await?)
     }
 }
 

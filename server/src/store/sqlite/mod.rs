@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
@@ -23,15 +22,13 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, Sqlite, SqliteExecutor, Transaction};
 use tokio_util::sync::CancellationToken;
 
-use super::composite::DriverStore;
-use super::driver::Driver;
 use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, Enqueued, HeldKey, HintSender, LeasedDelivery, MessageQuery, MessageSummary,
-    NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter, Result,
-    SearchPage, StoreError, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
+    ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
+    MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
+    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -57,12 +54,9 @@ const WATCH_IDLE: Duration = Duration::from_millis(5);
 const WRITE_LOCK_WAIT: Duration = Duration::from_secs(5);
 const WRITE_LOCK_RETRY: Duration = Duration::from_millis(1);
 
-/// The SQLite store: the composites of [`DriverStore`] over [`SqliteDriver`].
-pub type SqliteStore = DriverStore<SqliteDriver>;
-
 /// The SQLite driver. Cheap to clone; the file lock lives as long as any clone.
 #[derive(Debug, Clone)]
-pub struct SqliteDriver {
+pub struct SqliteStore {
     /// Reads (WAL readers never wait for the writer).
     pool: SqlitePool,
     /// Every write of this process, on one connection: SQLite has one writer at a time, and
@@ -238,7 +232,7 @@ async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
     consumer_records_on(conn).await?.into_iter().map(Consumer::try_from).collect()
 }
 
-impl SqliteDriver {
+impl SqliteStore {
     /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
     /// one-server lock on it.
     pub async fn open(url: &str) -> Result<Self> {
@@ -469,9 +463,7 @@ fn take_lock(db: &std::path::Path) -> Result<File> {
 }
 
 #[async_trait::async_trait]
-impl Driver for SqliteDriver {
-    type Db = Sqlite;
-
+impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -491,9 +483,12 @@ impl Driver for SqliteDriver {
         Ok(())
     }
 
-    async fn settings_write(&self, max_payload_bytes: i64) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(q::SETTINGS_WRITE).bind(max_payload_bytes).execute(&mut *tx).await?;
+    async fn settings_write(&self, max_payload_bytes: usize) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(q::SETTINGS_WRITE)
+            .bind(i64::try_from(max_payload_bytes).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -542,30 +537,17 @@ impl Driver for SqliteDriver {
         }
     }
 
-    async fn read(&self) -> Result<PoolConnection<Sqlite>> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    /// `BEGIN IMMEDIATE` on the writer connection (see [`SqliteDriver::begin_write`]).
-    async fn begin(&self) -> Result<Transaction<'static, Sqlite>> {
-        self.begin_write().await
+    /// `BEGIN IMMEDIATE` on the writer connection (see [`SqliteStore::begin_write`]).
+    async fn begin(&self) -> Result<Box<dyn StoreTx>> {
+        Ok(Box::new(SqliteTx(self.begin_write().await?)))
     }
 
     /// The write lock itself serialises consumer changes against relay passes.
-    async fn begin_consumer_change(&self) -> Result<Transaction<'static, Sqlite>> {
-        self.begin_write().await
+    async fn begin_consumer_change(&self) -> Result<Box<dyn StoreTx>> {
+        Ok(Box::new(SqliteTx(self.begin_write().await?)))
     }
 
-    async fn message_insert(
-        &self,
-        conn: &mut SqliteConnection,
-        msg: &NewMessage,
-        now: DateTime<Utc>,
-    ) -> Result<Enqueued> {
-        message_insert_tx(conn, msg, now).await
-    }
-
-    async fn message_insert_one(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+    async fn message_insert(&self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
         let mut tx = self.begin_write().await?;
         let out = message_insert_tx(&mut tx, msg, now).await?;
         tx.commit().await?;
@@ -575,21 +557,6 @@ impl Driver for SqliteDriver {
     async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>> {
         let row = sqlx::query(q::MESSAGE_FIND).bind(id.to_string()).fetch_optional(&self.pool).await?;
         row.as_ref().map(message_from_row).transpose()
-    }
-
-    async fn message_page(&self, conn: &mut SqliteConnection, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MessageRef {
-                    message_id: uuid(r.try_get("message_id")?)?,
-                    seq: r.try_get("seq")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    available_at: time(r.try_get("available_at")?),
-                })
-            })
-            .collect()
     }
 
     async fn message_unrelayed_summary(&self) -> Result<(i64, Option<DateTime<Utc>>)> {
@@ -614,80 +581,22 @@ impl Driver for SqliteDriver {
         self.relay_pass(limit, now, offers, &mut used).await
     }
 
-    async fn consumer_find(&self, conn: &mut SqliteConnection, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
+    async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(&self.pool).await?;
         row.as_ref().map(consumer_from_row).transpose()
     }
 
-    async fn consumer_list(&self) -> Result<Vec<ConsumerRecord>> {
-        consumer_records_on(&mut *self.pool.acquire().await?).await
+    async fn consumer_list(&self) -> Result<Vec<Consumer>> {
+        consumers_on(&mut *self.pool.acquire().await?).await
     }
 
-    async fn consumer_insert(
-        &self,
-        conn: &mut SqliteConnection,
-        spec: &ConsumerSpec,
-        now: DateTime<Utc>,
-    ) -> Result<ConsumerRecord> {
-        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
-        let sink = spec
-            .sink
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
-        let row = sqlx::query(q::CONSUMER_INSERT)
-            .bind(spec.name.as_str())
-            .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
-            .bind(i64::from(spec.max_deliveries))
-            .bind(ms(spec.backoff.base))
-            .bind(ms(spec.backoff.max))
-            .bind(ms(spec.ack_deadline))
-            .bind(spec.start_from.as_str())
-            .bind(us(now))
-            .bind(sink)
-            .bind(spec.dead_key_policy.as_str())
-            .fetch_one(conn)
-            .await?;
-        consumer_from_row(&row)
-    }
-
-    /// Its inbox rows go by cascade (foreign keys are on).
-    async fn consumer_delete(&self, conn: &mut SqliteConnection, name: &str) -> Result<bool> {
-        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    async fn consumer_set_paused(&self, name: &str, paused: bool) -> Result<Option<ConsumerRecord>> {
+    async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
         let row = retry_busy(|| {
-            sqlx::query(q::CONSUMER_SET_PAUSED).bind(name).bind(i64::from(paused)).fetch_optional(&self.writer)
+            sqlx::query(q::CONSUMER_SET_PAUSED).bind(name.as_str()).bind(i64::from(paused)).fetch_optional(&self.writer)
         })
         .await?;
-        row.as_ref().map(consumer_from_row).transpose()
-    }
-
-    /// Inserts pending rows from a JSON array (`json_each`), one statement for the page.
-    async fn delivery_insert_pending(
-        &self,
-        conn: &mut SqliteConnection,
-        consumer: &str,
-        messages: &[MessageRef],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        if messages.is_empty() {
-            return Ok(0);
-        }
-        let rows: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| json!({"m": m.message_id.to_string(), "s": m.seq, "k": m.ordering_key, "a": us(m.available_at)}))
-            .collect();
-        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
-            .bind(consumer)
-            .bind(serde_json::Value::Array(rows).to_string())
-            .bind(us(now))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
+        let row = row.ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?;
+        Consumer::try_from(consumer_from_row(&row)?)
     }
 
     async fn delivery_lease_batch(
@@ -726,7 +635,7 @@ impl Driver for SqliteDriver {
             .fetch_all(&mut *tx)
             .await?;
         // Parsed before the commit: a row that cannot be read leases nothing.
-        let out = rows
+        let mut out = rows
             .iter()
             .map(|row| {
                 let message = message_from_row(row)?;
@@ -735,6 +644,7 @@ impl Driver for SqliteDriver {
             })
             .collect::<Result<Vec<_>>>()?;
         tx.commit().await?;
+        out.sort_by_key(|d| d.message.seq);
         Ok(out)
     }
 
@@ -756,6 +666,9 @@ impl Driver for SqliteDriver {
         guard: ReleaseGuard<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64> {
+        if releases.is_empty() {
+            return Ok(0);
+        }
         let batch: Vec<serde_json::Value> = releases
             .iter()
             .map(|r| {
@@ -799,11 +712,11 @@ impl Driver for SqliteDriver {
         Ok(released.len() as u64)
     }
 
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredRecord>> {
+    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
         let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(us(now)).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
-                Ok(ExpiredRecord {
+                ExpiredLease::try_from(ExpiredRecord {
                     consumer: row.try_get("consumer")?,
                     message_id: uuid(row.try_get("message_id")?)?,
                     delivery_count: row.try_get("delivery_count")?,
@@ -841,12 +754,12 @@ impl Driver for SqliteDriver {
         Ok(done.rows_affected())
     }
 
-    async fn delivery_next_due(&self, consumer: &str) -> Result<Option<Option<DateTime<Utc>>>> {
-        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer).fetch_one(&self.pool).await?;
+    async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>> {
+        let row = sqlx::query(q::DELIVERY_NEXT_DUE).bind(consumer.as_str()).fetch_one(&self.pool).await?;
         if row.try_get::<i64, _>("present")? == 0 {
-            return Ok(None);
+            return Err(StoreError::ConsumerNotFound(consumer.to_string()));
         }
-        Ok(Some(opt_time(row.try_get("due")?)))
+        Ok(opt_time(row.try_get("due")?))
     }
 
     /// The whole file, from its header (no scan): SQLite keeps no per-table counts, and space
@@ -990,23 +903,7 @@ impl Driver for SqliteDriver {
             .collect()
     }
 
-    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
-    async fn delivery_replay(
-        &self,
-        conn: &mut SqliteConnection,
-        consumer: &str,
-        ids: &[MessageId],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        // A key held by a dead message flows again once that message is due again: it is the
-        // key's head, so the key resumes with it, in order.
-        sqlx::query(q::HELD_KEY_DELETE_OF_MESSAGES).bind(consumer).bind(ids_json(ids)).execute(&mut *conn).await?;
-        let done =
-            sqlx::query(q::DELIVERY_REPLAY).bind(consumer).bind(ids_json(ids)).bind(us(now)).execute(conn).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn dead_letter_groups(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
+    async fn dead_letter_group_page(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>> {
         let rows = sqlx::query(q::DEAD_LETTER_GROUPS)
             .bind(consumer)
             .bind(limit)
@@ -1086,7 +983,7 @@ impl Driver for SqliteDriver {
         Ok(super::search_page(messages, scanned, lowest.filter(|l| *l > lower), limit, scan))
     }
 
-    async fn held_key_list(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
+    async fn held_key_page(&self, consumer: &str, ordering_key: Option<&str>, limit: i64) -> Result<Vec<HeldKey>> {
         let rows = sqlx::query(q::HELD_KEY_LIST)
             .bind(consumer)
             .bind(ordering_key)
@@ -1107,17 +1004,6 @@ impl Driver for SqliteDriver {
             .collect()
     }
 
-    async fn held_key_delete(
-        &self,
-        conn: &mut SqliteConnection,
-        consumer: &str,
-        ordering_key: &str,
-    ) -> Result<Option<MessageId>> {
-        let id: Option<String> =
-            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
-        id.as_deref().map(uuid).transpose()
-    }
-
     /// One server per file: nobody else prunes, so this never answers `None`.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
         let mut tx = self.begin_write().await?;
@@ -1134,11 +1020,114 @@ impl Driver for SqliteDriver {
     }
 }
 
-impl DriverStore<SqliteDriver> {
-    /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
-    /// one-server lock on it.
-    pub async fn open(url: &str) -> Result<Self> {
-        Ok(Self::new(SqliteDriver::open(url).await?))
+/// A write transaction of this backend (see [`StoreTx`]).
+pub struct SqliteTx(Transaction<'static, Sqlite>);
+
+#[async_trait::async_trait]
+impl StoreTx for SqliteTx {
+    async fn message_insert(&mut self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        message_insert_tx(conn, msg, now).await
+    }
+
+    async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(MessageRef {
+                    message_id: uuid(r.try_get("message_id")?)?,
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    available_at: time(r.try_get("available_at")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
+        row.as_ref().map(consumer_from_row).transpose()
+    }
+
+    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
+        let sink = spec
+            .sink
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
+        let row = sqlx::query(q::CONSUMER_INSERT)
+            .bind(spec.name.as_str())
+            .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
+            .bind(i64::from(spec.max_deliveries))
+            .bind(ms(spec.backoff.base))
+            .bind(ms(spec.backoff.max))
+            .bind(ms(spec.ack_deadline))
+            .bind(spec.start_from.as_str())
+            .bind(us(now))
+            .bind(sink)
+            .bind(spec.dead_key_policy.as_str())
+            .fetch_one(conn)
+            .await?;
+        consumer_from_row(&row)
+    }
+
+    /// Its inbox rows go by cascade (foreign keys are on).
+    async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Inserts pending rows from a JSON array (`json_each`), one statement for the page.
+    async fn delivery_insert_pending(
+        &mut self,
+        consumer: &str,
+        messages: &[MessageRef],
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| json!({"m": m.message_id.to_string(), "s": m.seq, "k": m.ordering_key, "a": us(m.available_at)}))
+            .collect();
+        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
+            .bind(consumer)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(us(now))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
+    async fn delivery_replay(&mut self, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        // A key held by a dead message flows again once that message is due again: it is the
+        // key's head, so the key resumes with it, in order.
+        sqlx::query(q::HELD_KEY_DELETE_OF_MESSAGES).bind(consumer).bind(ids_json(ids)).execute(&mut *conn).await?;
+        let done =
+            sqlx::query(q::DELIVERY_REPLAY).bind(consumer).bind(ids_json(ids)).bind(us(now)).execute(conn).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn held_key_delete(&mut self, consumer: &str, ordering_key: &str) -> Result<Option<MessageId>> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        let id: Option<String> =
+            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
+        id.as_deref().map(uuid).transpose()
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        Ok(self.0.commit().await?)
     }
 }
 
