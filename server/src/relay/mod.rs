@@ -59,6 +59,14 @@ fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Durati
     if idle < config.hot_for { config.poll_min } else { (previous * 2).clamp(config.poll_min, config.poll_max) }
 }
 
+/// How long to wait before the next pass after one that found `found` messages (at least
+/// one): `gather` when the pass did not fill a batch, so that a busy flow gathers into fewer,
+/// larger passes; none after a full batch, so that a backlog goes on at once.
+fn gather_after(config: &RelayConfig, found: u64) -> Option<Duration> {
+    let short = i64::try_from(found).unwrap_or(i64::MAX) < config.batch_size;
+    (short && !config.gather.is_zero()).then_some(config.gather)
+}
+
 /// How long a backed-off relay's request to be woken holds: several of its longest polls, so
 /// that the probe that renews it comes well before it lapses, and at least a few seconds. A relay
 /// that died stops renewing it, and producers' commits stop notifying within this long.
@@ -275,10 +283,10 @@ impl Relay {
                     if cancel.is_cancelled() {
                         return;
                     }
-                    if !self.config.gather.is_zero() && (n as i64) < self.config.batch_size {
+                    if let Some(gather) = gather_after(&self.config, n) {
                         tokio::select! {
                             _ = cancel.cancelled() => return,
-                            _ = tokio::time::sleep(self.config.gather) => {}
+                            _ = tokio::time::sleep(gather) => {}
                         }
                     }
                     continue;
@@ -333,6 +341,16 @@ mod tests {
         b.found(t0, 2, 5_000);
         b.found(t0 + ms(50), 2, 5_400);
         assert_eq!(b.rate(t0 + ms(60)), 4_020, "the flow of every replica");
+    }
+
+    #[test]
+    fn a_pass_short_of_a_batch_waits_to_gather_and_a_full_one_goes_on() {
+        let ms = Duration::from_millis;
+        let c = RelayConfig { batch_size: 100, gather: ms(1), ..RelayConfig::default() };
+        assert_eq!(gather_after(&c, 1), Some(ms(1)), "a flow gathers into the next pass");
+        assert_eq!(gather_after(&c, 99), Some(ms(1)));
+        assert_eq!(gather_after(&c, 100), None, "a full batch: a backlog, on at once");
+        assert_eq!(gather_after(&RelayConfig { gather: Duration::ZERO, ..c }, 50), None, "no gather set (PostgreSQL)");
     }
 
     #[test]
