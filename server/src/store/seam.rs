@@ -3,8 +3,11 @@
 //! `sqlite`) implements its required methods, each one narrow, entity-first statement (or the
 //! one round trip a backend needs for it); the operations made of several statements —
 //! create-or-compare and the EARLIEST backfill of a consumer, batches in one transaction, the
-//! prune loop, lookups that turn "no row" into the error naming it — are its provided methods,
-//! written here once for every backend. Statements that such an operation runs inside its
+//! prune loop, a lookup of the consumer before a listing that must name a missing one — are its
+//! provided methods, written here once for every backend. Two required methods,
+//! [`Store::consumer_set_paused`] and [`Store::delivery_next_due`], tell a missing consumer from
+//! their own statement's answer, so each backend raises [`StoreError::ConsumerNotFound`] itself
+//! (the per-method suite checks it on both). Statements that such an operation runs inside its
 //! transaction are the methods of [`StoreTx`], the transaction a backend opens for it.
 //!
 //! The conformance suite runs every backend through the same cases: `driver_tests` calls the
@@ -140,8 +143,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Acks leased or pending deliveries; returns how many changed.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
     /// [`Store::delivery_ack_many`] for deliveries whose `seq` the caller holds (a stream's
-    /// window): a backend that finds deliveries by seq uses them; the others ack by id. Each
-    /// pair must be a message's id and seq.
+    /// window): a backend that finds deliveries by seq uses them (PostgreSQL overrides this);
+    /// by default, the one SQLite keeps, it acks by id. Each pair must be a message's id and seq.
     async fn delivery_ack_held(
         &self,
         consumer: &ConsumerName,
