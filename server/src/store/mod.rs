@@ -37,7 +37,7 @@ use std::sync::Arc;
 use crate::domain::{LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
 
 pub use postgres::PgStore;
-pub use seam::{SCAN_BATCH, Store, StoreTx};
+pub use seam::{Store, StoreTx};
 pub use sqlite::SqliteStore;
 
 /// How the relay best runs on a database, where the configuration leaves it open: each backend

@@ -235,6 +235,15 @@ fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
     })
 }
 
+/// One consumer's row, on the caller's executor (a pool or a transaction).
+async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(exec).await?;
+    row.as_ref().map(consumer_from_row).transpose()
+}
+
 fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord> {
     Ok(DeliveryRecord {
         consumer: row.try_get("consumer")?,
@@ -544,8 +553,7 @@ impl Store for PgStore {
     }
 
     async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(&self.pool).await?;
-        row.as_ref().map(consumer_from_row).transpose()
+        consumer_find(&self.pool, name).await
     }
 
     async fn consumer_list(&self) -> Result<Vec<Consumer>> {
@@ -1126,9 +1134,7 @@ impl StoreTx for PgTx {
     }
 
     async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
-        let conn: &mut PgConnection = &mut self.0;
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
-        row.as_ref().map(consumer_from_row).transpose()
+        consumer_find(&mut *self.0, name).await
     }
 
     async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {

@@ -221,6 +221,15 @@ async fn delivery_insert_many_returning(
         .collect()
 }
 
+/// One consumer's row, on the caller's executor (the read pool or a transaction).
+async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
+where
+    E: SqliteExecutor<'e>,
+{
+    let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(exec).await?;
+    row.as_ref().map(consumer_from_row).transpose()
+}
+
 /// The consumers, decoded: the relay pass matches topics against them.
 /// Every consumer, in name order, on `conn` (the relay's transaction or a pooled connection).
 async fn consumer_records_on(conn: &mut SqliteConnection) -> Result<Vec<ConsumerRecord>> {
@@ -582,8 +591,7 @@ impl Store for SqliteStore {
     }
 
     async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(&self.pool).await?;
-        row.as_ref().map(consumer_from_row).transpose()
+        consumer_find(&self.pool, name).await
     }
 
     async fn consumer_list(&self) -> Result<Vec<Consumer>> {
@@ -1047,9 +1055,7 @@ impl StoreTx for SqliteTx {
     }
 
     async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(conn).await?;
-        row.as_ref().map(consumer_from_row).transpose()
+        consumer_find(&mut *self.0, name).await
     }
 
     async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
