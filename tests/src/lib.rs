@@ -548,11 +548,11 @@ impl Db {
         })
     }
 
-    /// Rows in the inbox (deliveries) table.
+    /// Deliveries in the inbox, wherever each is held (a row or an acked range).
     pub async fn delivery_count(&self) -> Result<i64> {
         Ok(match self {
             Db::Postgres(p) => sqlx::query_scalar("SELECT count(*) FROM outbox.inbox").fetch_one(p).await?,
-            Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM outbox_deliveries").fetch_one(p).await?,
+            Db::Sqlite(p) => sqlx::query_scalar("SELECT count(*) FROM outbox_inbox").fetch_one(p).await?,
         })
     }
 

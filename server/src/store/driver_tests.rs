@@ -604,6 +604,157 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
     assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 2));
 }
 
+/// SQLite only (T8 and its readers, ADR 0070): a stream's ack of first deliveries that a range
+/// can say (leased once, unkeyed, no error) moves them from rows to the consumer's acked ranges,
+/// one range per run of consecutive seqs; a retried or keyed delivery stays a row. Every reader
+/// sees them acked (GetMessage, the acked count, `outbox_inbox`), the documented transactional
+/// ack answers "acked already", a replay makes a row that decides over the range and stays a
+/// row when acked again (no overlapping range), and the prune removes the ranges with their
+/// messages and counts each delivery once.
+#[tokio::test]
+async fn a_sqlite_streams_ack_of_first_deliveries_holds_them_in_acked_ranges() {
+    let db = TestSqlite::create().unwrap();
+    let store = SqliteStore::open(&db.url).await.unwrap();
+    ready(&store).await;
+    let d = &store;
+    let at = now();
+    let until = at + chrono::Duration::seconds(30);
+    let c = ConsumerName::parse("name", "c").unwrap();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let mut sent = insert(&store, &["t", "t", "t", "t", "t", "t"], at).await;
+    let keyed = NewMessage { ordering_key: Some("k".into()), ..msg("t") };
+    sent.push(d.message_insert(&keyed, at).await.unwrap());
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    let seqs: Vec<i64> = sent.iter().map(|e| e.seq).collect();
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 10, lease_until: until };
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 6, "a keyed one waits as a row");
+    // The sixth is nacked and leased again (a retry, so a row for good), with the keyed one.
+    let nack = Release {
+        consumer: c.clone(),
+        message_id: ids[5],
+        state: DeliveryState::Pending,
+        available_at: at,
+        error: Some("refused".into()),
+    };
+    assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
+    let leased = d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap();
+    assert_eq!(
+        leased.iter().map(|l| (l.message.message_id, l.delivery_count)).collect::<Vec<_>>(),
+        [(ids[5], 2), (ids[6], 1)]
+    );
+
+    let acked = [ids[0], ids[1], ids[2], ids[4], ids[5], ids[6]];
+    assert_eq!(d.delivery_ack_many(&c, &acked, at).await.unwrap(), 6);
+    let ranges = || async {
+        sqlx::query_as::<_, (i64, i64)>("SELECT lo, hi FROM outbox_acked_ranges WHERE consumer = 'c' ORDER BY lo")
+            .fetch_all(d.pool())
+            .await
+            .unwrap()
+    };
+    assert_eq!(ranges().await, [(seqs[0], seqs[0] + 3), (seqs[4], seqs[4] + 1)], "one range per run");
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT message_id, state FROM outbox_deliveries WHERE consumer = 'c' ORDER BY seq")
+            .fetch_all(d.pool())
+            .await
+            .unwrap();
+    let row = |i: usize, state: &str| (ids[i].0.to_string(), state.to_owned());
+    assert_eq!(rows, [row(3, "leased"), row(5, "acked"), row(6, "acked")], "retried and keyed stay rows");
+    for i in [0, 1, 2, 4] {
+        assert_eq!(state_of(&store, ids[i], "c").await, Some(("acked".to_owned(), 1)), "message {i}");
+    }
+    let (_, timeline) = d.message_get(ids[0]).await.unwrap();
+    assert_eq!(timeline.len(), 1);
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (1, 0, 6));
+    let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_inbox").fetch_one(d.pool()).await.unwrap();
+    assert_eq!(inbox, 7, "one delivery per message, wherever it is held");
+
+    // The documented transactional ack: acked already.
+    let n = sqlx::query(
+        "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL,
+                leased_by = NULL WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')",
+    )
+    .bind("c")
+    .bind(ids[1].0.to_string())
+    .bind(at.timestamp_micros())
+    .execute(d.pool())
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 0, "acked already");
+    assert_eq!(d.delivery_ack_many(&c, &[ids[1]], at).await.unwrap(), 0, "a second stream ack changes nothing");
+    assert!(d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap().is_empty(), "nothing is due");
+
+    // A replay makes a row that decides over the range; acked again, it adds no range.
+    assert_eq!(d.replay_apply(&c, &[ids[1]], at).await.unwrap(), 1);
+    assert_eq!(state_of(&store, ids[1], "c").await, Some(("pending".to_owned(), 0)));
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].backlog, stats[0].acked), (1, 5));
+    let again = d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap();
+    assert_eq!(again.iter().map(|l| (l.message.message_id, l.delivery_count)).collect::<Vec<_>>(), [(ids[1], 1)]);
+    assert_eq!(d.delivery_ack_many(&c, &[ids[1], ids[3]], at).await.unwrap(), 2);
+    assert_eq!(ranges().await, [(seqs[0], seqs[0] + 3), (seqs[3], seqs[3] + 1), (seqs[4], seqs[4] + 1)]);
+    assert_eq!(state_of(&store, ids[1], "c").await, Some(("acked".to_owned(), 1)));
+    let row: Option<i64> =
+        sqlx::query_scalar("SELECT acked_at FROM outbox_deliveries WHERE consumer = 'c' AND message_id = ?1")
+            .bind(ids[1].0.to_string())
+            .fetch_optional(d.pool())
+            .await
+            .unwrap();
+    assert_eq!(row, Some(at.timestamp_micros()), "the replayed delivery stays a row, acked by this ack");
+    let stats = d.consumer_stats(Some("c"), true).await.unwrap();
+    assert_eq!((stats[0].in_flight, stats[0].backlog, stats[0].acked), (0, 0, 7));
+
+    // The prune takes the ranges with their messages and counts every delivery once.
+    let pruned = d.prune(at + chrono::Duration::seconds(1), 4).await.unwrap();
+    assert_eq!((pruned.messages, pruned.deliveries), (7, 7));
+    assert!(ranges().await.is_empty());
+    let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_inbox").fetch_one(d.pool()).await.unwrap();
+    assert_eq!(inbox, 0);
+}
+
+/// SQLite only (ADR 0070): a delivery made before the relay read its message (an `EARLIEST`
+/// backfill, a replay by id) and acked by a stream stays a row, so the relay's pass, which
+/// writes no delivery where a row is, does not deliver it again; duplicate ids in one ack write
+/// no overlapping range and count each delivery once.
+#[tokio::test]
+async fn a_sqlite_stream_ack_before_the_relay_read_the_message_is_never_delivered_again() {
+    let db = TestSqlite::create().unwrap();
+    let store = SqliteStore::open(&db.url).await.unwrap();
+    ready(&store).await;
+    let d = &store;
+    let at = now();
+    let until = at + chrono::Duration::seconds(30);
+    let c = ConsumerName::parse("name", "c").unwrap();
+    let sent = insert(&store, &["t", "t", "t"], at).await;
+    let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
+    d.consumer_create(&spec("c", &["t"], StartFrom::Earliest), at).await.unwrap();
+    let leased = d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap();
+    assert_eq!(leased.len(), 3, "backfilled before the relay read them");
+    assert_eq!(d.delivery_ack_many(&c, &[ids[0], ids[1], ids[1], ids[2]], at).await.unwrap(), 3);
+    let ranges: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_acked_ranges").fetch_one(d.pool()).await.unwrap();
+    assert_eq!(ranges, 0, "above the relay cursor: rows");
+    let out = d.relay_batch(10, at, false, &[]).await.unwrap();
+    assert_eq!((out.messages, out.deliveries), (3, 0), "the relay meets the rows: no second delivery");
+    for id in &ids {
+        assert_eq!(state_of(&store, *id, "c").await, Some(("acked".to_owned(), 1)));
+    }
+
+    // Relayed now: pushed, acked with a duplicate id, one range, each counted once.
+    let more = insert(&store, &["t", "t"], at).await;
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 10, lease_until: until };
+    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    let (a, b) = (more[0].message_id, more[1].message_id);
+    assert_eq!(d.delivery_ack_many(&c, &[a, b, b], at).await.unwrap(), 2);
+    let ranges: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT lo, hi FROM outbox_acked_ranges").fetch_all(d.pool()).await.unwrap();
+    assert_eq!(ranges, [(more[0].seq, more[1].seq + 1)]);
+    assert!(d.relay_batch(10, at, false, &[]).await.unwrap().messages == 0);
+    assert_eq!(d.consumer_stats(Some("c"), true).await.unwrap()[0].acked, 5);
+    let pruned = d.prune(at + chrono::Duration::seconds(1), 100).await.unwrap();
+    assert_eq!((pruned.messages, pruned.deliveries), (5, 5));
+}
+
 /// Deliveries the relay cannot push (no room) are pending with count 0 (on PostgreSQL held in
 /// pending batches, with no row of their own: ADR 0042): counted as backlog, due, kept from
 /// pruning, leased in seq order with count 1, and from then on like any lease.

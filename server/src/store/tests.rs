@@ -728,6 +728,19 @@ async fn a_postgres_schema_with_every_state_in_batches_and_rows_migrates_to_deli
     assert_eq!(held, id, "RETURNING names the range written");
 }
 
+/// A new SQLite file with the migrations below `version` applied, as an older release left it.
+async fn sqlite_migrated_below(db: &TestSqlite, version: i64) -> sqlx::SqlitePool {
+    let old = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            super::sqlite::MIGRATOR.migrations.iter().filter(|m| m.version < version).cloned().collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    let pool = sqlx::SqlitePool::connect(&format!("{}?mode=rwc", db.url)).await.unwrap();
+    old.run(&pool).await.unwrap();
+    pool
+}
+
 /// SQLite migration 0011 (ADR 0066) takes a file whose relay claimed messages one by one
 /// (`relayed_at`) to the relay cursor: the unrelayed messages are relayed once, the relayed ones
 /// get no second delivery (one relayed out of order above an unrelayed one is read again and
@@ -737,14 +750,7 @@ async fn a_postgres_schema_with_every_state_in_batches_and_rows_migrates_to_deli
 async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
     let db = TestSqlite::create().unwrap();
     {
-        let old = sqlx::migrate::Migrator {
-            migrations: std::borrow::Cow::Owned(
-                super::sqlite::MIGRATOR.migrations.iter().filter(|m| m.version < 11).cloned().collect(),
-            ),
-            ..sqlx::migrate::Migrator::DEFAULT
-        };
-        let pool = sqlx::SqlitePool::connect(&format!("{}?mode=rwc", db.url)).await.unwrap();
-        old.run(&pool).await.unwrap();
+        let pool = sqlite_migrated_below(&db, 11).await;
         sqlx::raw_sql(
             "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from, created_at)
              VALUES ('c', '[\"t\"]', 5, 1000, 10000, 30000, 'earliest', 0);
@@ -793,6 +799,68 @@ async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
         .unwrap();
     let out = store.relay_batch(100, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(6)));
+}
+
+/// SQLite migration 0012 (ADR 0070) adds acked ranges to a file whose deliveries are all rows,
+/// in every state: nothing moves, nothing is lost, the acked rows stay acked (counted, shown, not
+/// leased again), counts carry over, and from then on a stream's ack of a first delivery goes to
+/// an acked range while the older rows keep deciding for themselves.
+#[tokio::test]
+async fn an_sqlite_file_with_every_state_in_rows_migrates_to_acked_ranges() {
+    let db = TestSqlite::create().unwrap();
+    {
+        let pool = sqlite_migrated_below(&db, 12).await;
+        sqlx::raw_sql(
+            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from, created_at)
+             VALUES ('c', '[\"t\"]', 5, 1000, 10000, 30000, 'earliest', 0);
+             INSERT INTO outbox_messages (topic, type, payload, ordering_key, enqueued_at) VALUES
+                 ('t', 'T', x'01', NULL, 1), ('t', 'T', x'02', NULL, 2), ('t', 'T', x'03', NULL, 3),
+                 ('t', 'T', x'04', NULL, 4), ('t', 'T', x'05', 'k', 5);
+             UPDATE outbox_relay_cursor SET position = 5;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at, acked_at)
+             SELECT message_id, 'c', seq, 'acked', 1, 1, 1, 1, 7 FROM outbox_messages WHERE seq = 1;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at,
+                                            lease_expires_at, leased_by)
+             SELECT message_id, 'c', seq, 'leased', 1, 2, 2, 2, 9000000000000000, 's' FROM outbox_messages WHERE seq = 2;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at, created_at, updated_at,
+                                            last_error, dead_at)
+             SELECT message_id, 'c', seq, 'dead', 5, 3, 3, 3, 'boom', 3 FROM outbox_messages WHERE seq = 3;
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, delivery_count, available_at, created_at, updated_at)
+             SELECT message_id, 'c', seq, ordering_key, 'pending', 2, 4, 4, 4 FROM outbox_messages WHERE seq IN (4, 5);",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let c = ConsumerName::parse("consumer", "c").unwrap();
+    let stats = store.stats(Some(&c), true).await.unwrap().consumers;
+    assert_eq!(
+        (stats[0].acked, stats[0].in_flight, stats[0].dead, stats[0].backlog, stats[0].retrying),
+        (1, 1, 1, 2, 2),
+        "every count carried over"
+    );
+    let messages = store.message_list_after(0, 10).await.unwrap();
+    let ids: Vec<MessageId> = messages.iter().map(|m| m.message_id).collect();
+    let (_, rows) = store.message_get(ids[0]).await.unwrap();
+    assert_eq!((rows.len(), rows[0].acked_at.map(|t| t.timestamp_micros())), (1, Some(7)), "the acked row as it was");
+    let now = Utc::now().trunc_subsecs(6);
+    let until = now + chrono::Duration::seconds(30);
+    let leased = store.delivery_lease_batch(&c, "s2", 10, "", until, now).await.unwrap();
+    assert_eq!(leased.iter().map(|d| d.message.seq).collect::<Vec<_>>(), [4, 5], "nothing acked or dead again");
+
+    // The old leased delivery was delivered once: its ack holds it in an acked range.
+    assert_eq!(store.delivery_ack_many(&c, &[ids[1]], now).await.unwrap(), 1);
+    let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+    let ranges: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT lo, hi FROM outbox_acked_ranges ORDER BY lo").fetch_all(&pool).await.unwrap();
+    assert_eq!(ranges, [(2, 3)]);
+    let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(inbox, 5, "one delivery per message, none lost");
+    let stats = store.stats(Some(&c), true).await.unwrap().consumers;
+    assert_eq!((stats[0].acked, stats[0].in_flight), (2, 2));
 }
 
 /// PostgreSQL only: the SQL functions come from `server/sql/functions.sql` alone (ADR 0043).

@@ -656,16 +656,38 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    /// One write transaction in one round trip: the first deliveries an acked range can say
+    /// leave their rows for the consumer's acked ranges (ADR 0070), the others stay rows, marked
+    /// acked. Tried again while another process holds the write lock, as `retry_busy` does. It
+    /// runs in a task of its own, so that a caller that stops waiting cannot leave the writer
+    /// connection inside the transaction the statement opened.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let done = retry_busy(|| {
-            sqlx::query(q::DELIVERY_ACK_ROWS)
-                .bind(consumer.as_str())
-                .bind(ids_json(ids))
-                .bind(us(now))
-                .execute(&self.writer)
-        })
-        .await?;
-        Ok(done.rows_affected())
+        let (writer, consumer, ids) = (self.writer.clone(), consumer.to_string(), ids_json(ids));
+        let ack = tokio::spawn(async move {
+            let mut conn = writer.acquire().await?;
+            let start = std::time::Instant::now();
+            loop {
+                let acked = sqlx::query(q::DELIVERY_ACK_MANY)
+                    .bind(&consumer)
+                    .bind(&ids)
+                    .bind(us(now))
+                    .fetch_all(&mut *conn)
+                    .await;
+                match acked {
+                    Ok(rows) => return Ok(rows.len() as u64),
+                    Err(e) => {
+                        // Whatever the error left open; an error here only means there was none.
+                        let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
+                        if !(is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT) {
+                            return Err(e.into());
+                        }
+                        tokio::time::sleep(WRITE_LOCK_RETRY).await;
+                    }
+                }
+            }
+        });
+        // A panic of the task (none is expected) is reported as the worker's end.
+        ack.await.map_err(|_| StoreError::Database(sqlx::Error::WorkerCrashed))?
     }
 
     async fn delivery_release_many(
@@ -1015,16 +1037,21 @@ impl Store for SqliteStore {
     /// One server per file: nobody else prunes, so this never answers `None`.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
         let mut tx = self.begin_write().await?;
-        let doomed: Vec<String> =
-            sqlx::query_scalar(q::PRUNE_CANDIDATES).bind(us(cutoff)).bind(batch).fetch_all(&mut *tx).await?;
-        let ids = serde_json::Value::Array(doomed.iter().map(|d| json!(d)).collect()).to_string();
+        let doomed: Vec<(String, i64)> =
+            sqlx::query_as(q::PRUNE_CANDIDATES).bind(us(cutoff)).bind(batch).fetch_all(&mut *tx).await?;
+        let ids = serde_json::Value::Array(doomed.iter().map(|(id, _)| json!(id)).collect()).to_string();
+        let held =
+            serde_json::Value::Array(doomed.iter().map(|(id, seq)| json!({"m": id, "s": seq})).collect()).to_string();
+        // Counted before the rows go: a row decides over a range holding the same seq.
+        let in_ranges: i64 = sqlx::query_scalar(q::PRUNE_RANGE_DELIVERIES).bind(&held).fetch_one(&mut *tx).await?;
         let deliveries = sqlx::query(q::PRUNE_DELIVERIES).bind(&ids).execute(&mut *tx).await?.rows_affected();
         let messages = sqlx::query(q::PRUNE_MESSAGES).bind(&ids).execute(&mut *tx).await?.rows_affected();
         if messages > 0 {
             sqlx::query(q::PRUNE_RELAY_LOG).execute(&mut *tx).await?;
+            sqlx::query(q::PRUNE_ACKED_RANGES).bind(&held).execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 }))
+        Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 + in_ranges }))
     }
 }
 

@@ -32,8 +32,18 @@ SELECT c.name, c.paused,
       (SELECT count(*) FROM outbox_deliveries d
         WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
       (SELECT count(*) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
-      CASE WHEN ?2 THEN (SELECT count(*) FROM outbox_deliveries d
-                          WHERE d.consumer = c.name AND d.state = 'acked') ELSE 0 END AS acked,
+      -- The acked deliveries, when asked (ADR 0070): every message its acked ranges hold, read by
+      -- seq, plus its acked rows, less its rows of any state whose seq a range holds (a row
+      -- decides over a range, and only rows at or above its lowest range are probed).
+      CASE WHEN ?2 THEN
+          (SELECT count(*) FROM outbox_acked_ranges r CROSS JOIN outbox_messages m
+            WHERE r.consumer = c.name AND m.seq >= r.lo AND m.seq < r.hi)
+        + (SELECT count(*) FILTER (WHERE d.state = 'acked')
+                - count(*) FILTER (WHERE d.seq >= (SELECT min(x.lo) FROM outbox_acked_ranges x WHERE x.consumer = c.name)
+                                     AND EXISTS (SELECT 1 FROM outbox_acked_ranges r
+                                                  WHERE {{acked_range_of consumer=c.name seq=d.seq}}))
+             FROM outbox_deliveries d WHERE d.consumer = c.name)
+      ELSE 0 END AS acked,
       (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'pending') AS oldest_pending,
       (SELECT min(d.seq) FROM outbox_deliveries d WHERE d.consumer = c.name AND d.state = 'leased') AS oldest_leased,
       (SELECT count(*) FROM outbox_held_keys h WHERE h.consumer = c.name) AS held_keys

@@ -35,10 +35,32 @@ UPDATE outbox_deliveries
     ORDER BY c.seq LIMIT ?3)
 RETURNING message_id, delivery_count;
 
--- name: delivery_ack_rows
-UPDATE outbox_deliveries
-  SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
-WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2)) AND state IN ('leased', 'pending');
+-- name: delivery_ack_many
+-- A stream's ack of consumer ?1's deliveries of the JSON array ?2 of ids at ?3: one write
+-- transaction, sent at once (ADR 0070; the caller rolls back what an error left open). First
+-- the deliveries that stay rows are marked acked: every one but those `ack_foldable` says go
+-- to a range (one it cannot tell, NULL, stays a row). The leased ones left of the ack are then exactly those: they become acked
+-- ranges, one per run of consecutive seqs (a seq minus its rank is the same along a run), and
+-- their rows go. Returns a row for each delivery acked. Each delivery is found by its primary
+-- key from the ids (`CROSS JOIN` keeps that order, where the planner may pick the consumer's
+-- leased index and read every lease of the consumer).
+BEGIN IMMEDIATE;
+UPDATE outbox_deliveries AS d
+   SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
+ WHERE d.consumer = ?1 AND d.message_id IN (SELECT value FROM json_each(?2)) AND d.state IN ('leased', 'pending')
+   AND NOT coalesce(({{ack_foldable}}), 0)
+RETURNING 1;
+INSERT INTO outbox_acked_ranges (consumer, lo, hi, at)
+SELECT ?1, min(f.seq), max(f.seq) + 1, ?3 FROM (
+    SELECT d.seq, d.seq - row_number() OVER (ORDER BY d.seq) AS run
+      FROM (SELECT DISTINCT value FROM json_each(?2)) j
+      CROSS JOIN outbox_deliveries d ON d.message_id = j.value AND d.consumer = ?1
+     WHERE d.state = 'leased') f
+ GROUP BY f.run;
+DELETE FROM outbox_deliveries
+ WHERE consumer = ?1 AND message_id IN (SELECT value FROM json_each(?2)) AND state = 'leased'
+RETURNING 1;
+COMMIT;
 
 -- name: delivery_release_rows
 UPDATE outbox_deliveries
@@ -75,7 +97,8 @@ SELECT EXISTS (SELECT 1 FROM outbox_consumers WHERE name = ?1) AS present,
 (SELECT min(available_at) FROM outbox_deliveries WHERE consumer = ?1 AND state = 'pending') AS due;
 
 -- name: delivery_list_of_message
-SELECT * FROM outbox_deliveries WHERE message_id = ?1 ORDER BY consumer;
+-- Through `outbox_inbox`, the one definition of where a delivery is held.
+SELECT * FROM outbox_inbox WHERE message_id = ?1 ORDER BY consumer;
 
 -- name: delivery_replay
 INSERT INTO outbox_deliveries (message_id, consumer, seq, ordering_key, state, available_at, created_at, updated_at)

@@ -36,3 +36,27 @@ AND (?4 IS NULL OR m.enqueued_at >= ?4)
 AND (?5 IS NULL OR m.enqueued_at < ?5)
 AND (?6 IS NULL OR m.type IN (SELECT value FROM json_each(?6)))
 AND (?7 IS NULL OR d.last_error = ?7)
+
+-- fragment: ack_foldable
+-- Whether delivery d of consumer ?1, acked by a stream, goes from its row to an acked range
+-- (ADR 0070): a first delivery (leased, delivered once, unkeyed, no error) of a message the
+-- relay has read (one above the cursor, backfilled or replayed, stays a row: the relay's pass
+-- writes no delivery where a row is), whose seq no acked range of the consumer holds (a
+-- replayed delivery acked again stays a row, with this ack's time).
+d.state = 'leased' AND d.delivery_count = 1 AND d.ordering_key IS NULL AND d.last_error IS NULL
+AND d.seq <= (SELECT cur.position FROM outbox_relay_cursor cur WHERE cur.id = 1)
+AND NOT EXISTS (SELECT 1 FROM outbox_acked_ranges r WHERE {{acked_range_of consumer=?1 seq=d.seq}})
+
+-- fragment: acked_range_of
+-- The acked range `r` of consumer `{consumer}` that holds seq `{seq}`, if any: the consumer's
+-- range with the highest `lo` at or below it, one probe of the primary key (ranges of a
+-- consumer never overlap).
+r.consumer = {consumer} AND r.hi > {seq}
+AND r.lo = (SELECT max(x.lo) FROM outbox_acked_ranges x WHERE x.consumer = {consumer} AND x.lo <= {seq})
+
+-- fragment: pruned_and_ranged
+-- The prune's messages, `b(m, s)`, from the JSON array ?1 (objects `m`, message id, and `s`,
+-- seq), read once; and the consumers that have any acked range, `k(name)`, one probe each.
+b(m, s) AS MATERIALIZED (SELECT json_extract(value, '$.m'), json_extract(value, '$.s') FROM json_each(?1)),
+k(name) AS MATERIALIZED (SELECT c.name FROM outbox_consumers c
+                          WHERE EXISTS (SELECT 1 FROM outbox_acked_ranges x WHERE x.consumer = c.name))
