@@ -658,33 +658,27 @@ impl Store for SqliteStore {
 
     /// One write transaction in one round trip: the first deliveries an acked range can say
     /// leave their rows for the consumer's acked ranges (ADR 0070), the others stay rows, marked
-    /// acked. Tried again while another process holds the write lock, as `retry_busy` does. It
-    /// runs in a task of its own, so that a caller that stops waiting cannot leave the writer
+    /// acked. Tried again while another process holds the write lock (`retry_busy`). It runs in
+    /// a task of its own, so that a caller that stops waiting cannot leave the writer
     /// connection inside the transaction the statement opened.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
         let (writer, consumer, ids) = (self.writer.clone(), consumer.to_string(), ids_json(ids));
         let ack = tokio::spawn(async move {
-            let mut conn = writer.acquire().await?;
-            let start = std::time::Instant::now();
-            loop {
+            retry_busy(|| async {
+                let mut conn = writer.acquire().await?;
                 let acked = sqlx::query(q::DELIVERY_ACK_MANY)
                     .bind(&consumer)
                     .bind(&ids)
                     .bind(us(now))
                     .fetch_all(&mut *conn)
                     .await;
-                match acked {
-                    Ok(rows) => return Ok(rows.len() as u64),
-                    Err(e) => {
-                        // Whatever the error left open; an error here only means there was none.
-                        let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
-                        if !(is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT) {
-                            return Err(e.into());
-                        }
-                        tokio::time::sleep(WRITE_LOCK_RETRY).await;
-                    }
+                if acked.is_err() {
+                    // Whatever the error left open; an error here only means there was none.
+                    let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
                 }
-            }
+                acked.map(|rows| rows.len() as u64)
+            })
+            .await
         });
         // A panic of the task (none is expected) is reported as the worker's end.
         ack.await.map_err(|_| StoreError::Database(sqlx::Error::WorkerCrashed))?

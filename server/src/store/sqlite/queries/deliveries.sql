@@ -39,9 +39,9 @@ RETURNING message_id, delivery_count;
 -- A stream's ack of consumer ?1's deliveries of the JSON array ?2 of ids at ?3: one write
 -- transaction, sent at once (ADR 0070; the caller rolls back what an error left open). First
 -- the deliveries that stay rows are marked acked: every one but those `ack_foldable` says go
--- to a range (one it cannot tell, NULL, stays a row). The leased ones left of the ack are then exactly those: they become acked
--- ranges, one per run of consecutive seqs (a seq minus its rank is the same along a run), and
--- their rows go. Returns a row for each delivery acked. Each delivery is found by its primary
+-- to a range (one it cannot tell, NULL, stays a row). The leased ones left of the ack are then
+-- exactly those: they become acked ranges, one per run of consecutive seqs (a seq minus its
+-- rank is the same along a run), and their rows go. Returns a row for each delivery acked. Each delivery is found by its primary
 -- key from the ids (`CROSS JOIN` keeps that order, where the planner may pick the consumer's
 -- leased index and read every lease of the consumer).
 BEGIN IMMEDIATE;
