@@ -1,4 +1,4 @@
--- revision: 9
+-- revision: 10
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -631,9 +631,10 @@ CREATE OR REPLACE TRIGGER wake_relay BEFORE INSERT ON outbox.messages FOR EACH S
 -- The read of a relay pass, in a transaction of its own that has not written yet (ADR 0067).
 -- The rest of the pass (which consumer gets what, pushed or pending: `domain::fanout` in the
 -- server) writes in the same transaction, with the named statements `relay_*`, and commits.
---  * takes the consumers lock shared (consumer changes take it exclusively), so that the fan-out
---    sees every consumer created before, then the relays' turn on the cursor, both until the
---    transaction ends;
+--  * takes the consumers lock shared (consumer changes take it exclusively), then the relays'
+--    turn on the cursor (replays take it too), both until the transaction ends, so that a read of
+--    the consumers after it (`outbox.relay_consumers`, with a snapshot of its own) sees every
+--    consumer change and replay committed before;
 --  * reads, in seq order and up to `batch`, the visible messages in open gaps and after the
 --    cursor's position (ADR 0027); records the seq values it skipped below the highest one read
 --    as a new gap; moves the position; logs what it relayed; closes the gaps whose holders have
@@ -720,6 +721,28 @@ BEGIN
      WHERE isempty(g.seqs) OR (v_read < batch AND g.open_until <= v_xmin);
 
     RETURN QUERY SELECT * FROM unnest(v_claimed);
+END
+$$;
+
+-- ---- outbox.relay_consumers ----
+-- The consumers a relay pass may fan out to (ADR 0071), as JSON, one `[name, paused, start_seq,
+-- backfill_seq, patterns]` per consumer that names one of `topics` exactly or has a wildcard
+-- pattern; the server matches the patterns (`domain::topic_matches`). Called after
+-- `outbox.relay_claim` in the same statement: VOLATILE and PL/pgSQL, so its read takes a
+-- snapshot of its own, after the claim took the consumers lock and the relays' turn (the
+-- statement's snapshot was taken before the claim waited for them, and would miss a consumer
+-- created, or a replay's `backfill_seq`, committed meanwhile). A NULL pattern (written by raw
+-- SQL; the server writes none) is left out.
+CREATE OR REPLACE FUNCTION outbox.relay_consumers(topics text[])
+RETURNS json
+LANGUAGE plpgsql VOLATILE
+SET jit = off AS $$
+BEGIN
+    RETURN (SELECT coalesce(json_agg(json_build_array(s.name, s.paused, s.start_seq, s.backfill_seq,
+                                                      array_remove(s.topics, NULL))), '[]')
+              FROM outbox.consumers s
+             WHERE s.topics && relay_consumers.topics
+                OR array_to_string(s.topics, ' ') ~ '[*>]');
 END
 $$;
 

@@ -108,6 +108,23 @@ impl Topic {
     }
 }
 
+/// Whether a concrete topic matches a pattern as stored: a `*` segment matches exactly one
+/// segment, a final `>` one or more, any other segment itself. The rule of [`TopicPattern`],
+/// for patterns read back from a store (and of `outbox.topic_matches` in SQL).
+pub fn topic_matches(pattern: &str, topic: &str) -> bool {
+    let mut pat = pattern.split('.');
+    let mut top = topic.split('.');
+    loop {
+        match (pat.next(), top.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(p), Some(t)) if p == t => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// A consumer's topic filter: an exact topic, or a pattern where a `*` segment matches exactly
 /// one segment and a final `>` segment matches one or more (NATS-style).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -147,17 +164,7 @@ impl TopicPattern {
 
     /// Whether a concrete topic matches this pattern.
     pub fn matches(&self, topic: &str) -> bool {
-        let mut pat = self.0.split('.');
-        let mut top = topic.split('.');
-        loop {
-            match (pat.next(), top.next()) {
-                (Some(">"), Some(_)) => return true,
-                (Some("*"), Some(_)) => {}
-                (Some(p), Some(t)) if p == t => {}
-                (None, None) => return true,
-                _ => return false,
-            }
-        }
+        topic_matches(&self.0, topic)
     }
 
     /// Whether every topic that `other` matches is matched by this pattern too (so a

@@ -216,3 +216,88 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
     let states: Vec<(String, i32)> = inbox_of(&pool, "c").await.into_iter().map(|(_, st, n)| (st, n)).collect();
     assert_eq!(states, [("leased".into(), 1), ("leased".into(), 1), ("leased".into(), 1), ("acked".into(), 1)]);
 }
+
+/// The consumers a relay pass may fan out to, by name, from `outbox.relay_consumers`'s JSON.
+fn listed(json: &serde_json::Value) -> std::collections::BTreeMap<String, serde_json::Value> {
+    json.as_array().unwrap().iter().map(|c| (c[0].as_str().unwrap().to_owned(), c.clone())).collect()
+}
+
+#[tokio::test]
+async fn relay_consumers_lists_those_that_name_a_topic_or_have_a_wildcard() {
+    let (_db, pool, store, _) = setup(0).await;
+    for (name, topics) in [("x", &["orders.created"][..]), ("w", &["orders.*"]), ("o", &["billing.paid"])] {
+        store.consumer_create(&spec(name, topics, 5), Utc::now()).await.unwrap();
+    }
+    // Written by raw SQL, with a NULL pattern the server never writes.
+    sqlx::query(
+        "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
+         VALUES ('n', ARRAY['a.>', NULL], 5, 1000, 10000, 30000, 'new')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let json: serde_json::Value = sqlx::query_scalar("SELECT outbox.relay_consumers(ARRAY['t', 'orders.created'])")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let got = listed(&json);
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["c", "n", "w", "x"], "not `o`: no topic of it, no wildcard");
+    assert_eq!(got["c"], serde_json::json!(["c", false, 0, 0, ["t"]]));
+    assert_eq!(got["n"][4], serde_json::json!(["a.>"]), "the NULL pattern left out");
+    let none: serde_json::Value =
+        sqlx::query_scalar("SELECT outbox.relay_consumers(ARRAY['zzz'])").fetch_one(&pool).await.unwrap();
+    assert_eq!(listed(&none).keys().collect::<Vec<_>>(), ["n", "w"], "the wildcards only");
+}
+
+/// A replay raises a consumer's `backfill_seq` under the relays' turn. A pass whose claim waited
+/// for that turn reads the consumers after it, so it sees the replay's value: read with the
+/// claim statement's own snapshot, taken before the wait, it would not, and the pass would put
+/// the seq in a range beside the replay's row.
+#[tokio::test]
+async fn the_claims_consumers_are_read_after_the_turn_it_waited_for() {
+    let (_db, pool, _store, messages) = setup(1).await;
+    let seq = messages[0].seq;
+    let mut replay = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(1869903970, 1)").execute(&mut *replay).await.unwrap();
+    sqlx::query("UPDATE outbox.consumers SET backfill_seq = $1 WHERE name = 'c'")
+        .bind(seq)
+        .execute(&mut *replay)
+        .await
+        .unwrap();
+    let relay = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let rows = sqlx::query(super::postgres::q::RELAY_CLAIM)
+                .bind(500_i32)
+                .bind(Utc::now())
+                .bind(super::postgres::CONSUMERS_LOCK)
+                .bind(500_i64)
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+            use sqlx::Row;
+            let consumers: serde_json::Value = rows[0].try_get("consumers").unwrap();
+            tx.rollback().await.unwrap();
+            (rows.len(), consumers)
+        })
+    };
+    // The claim has started, and waits for the turn.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(super::tests::TURN_WAITERS).fetch_one(&pool).await.unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the claim never waited for the turn");
+        tokio::task::yield_now().await;
+    }
+    replay.commit().await.unwrap();
+    let (claimed, consumers) = relay.await.unwrap();
+    assert_eq!(claimed, 1);
+    assert_eq!(
+        listed(&consumers)["c"][3],
+        serde_json::json!(seq),
+        "the replay's backfill_seq, committed during the wait"
+    );
+}

@@ -87,7 +87,14 @@ on_every_store!(
     a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_not,
     dead_letters_group_by_last_error_and_a_group_replays_alone,
     a_search_pages_newest_first_through_bounded_windows,
+    a_relay_pass_fans_each_message_out_to_the_consumers_whose_patterns_match_its_topic,
 );
+
+/// How many sessions of this test's database wait for the relays' turn (the advisory lock
+/// `(1869903970, 1)`): only this database's, as tests run side by side in databases of their own.
+pub(crate) const TURN_WAITERS: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND classid = 1869903970 AND objid = 1 AND objsubid = 2";
 
 /// A consumer of `topics` with a 1 s to 10 s backoff and a 30 s ack deadline.
 pub(crate) fn spec(name: &str, topics: &[&str], max_deliveries: u32) -> ConsumerSpec {
@@ -114,6 +121,45 @@ pub(crate) fn msg(topic: &str) -> NewMessage {
         ordering_key: None,
         delay: None,
     }
+}
+
+/// A pass matches each message's topic against every consumer's patterns (exact, `*`, a final
+/// `>`, several at once) and gives it to those that match, and to no other.
+async fn a_relay_pass_fans_each_message_out_to_the_consumers_whose_patterns_match_its_topic(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let consumers: [(&str, &[&str]); 7] = [
+        ("exact", &["orders.created"]),
+        ("elsewhere", &["billing.created"]),
+        ("one-segment", &["orders.*"]),
+        ("the-rest", &["orders.>"]),
+        ("any-created", &["*.created"]),
+        ("either", &["users.deleted", "orders.paid"]),
+        ("none", &["orders", "users.*.x"]),
+    ];
+    for (name, topics) in consumers {
+        store.consumer_create(&spec(name, topics, 5), now).await.unwrap();
+    }
+    let topics = ["orders.created", "orders.paid", "orders.paid.eu", "users.created", "users.deleted"];
+    let mut ids = Vec::new();
+    for t in topics {
+        ids.push(store.message_insert(&msg(t), now).await.unwrap().message_id);
+    }
+    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    assert_eq!(out.messages, 5);
+    let want: [&[&str]; 5] = [
+        &["any-created", "exact", "one-segment", "the-rest"],
+        &["either", "one-segment", "the-rest"],
+        &["the-rest"],
+        &["any-created"],
+        &["either"],
+    ];
+    for ((id, topic), want) in ids.iter().zip(topics).zip(want) {
+        let mut got: Vec<String> =
+            store.delivery_list_of_message(*id).await.unwrap().into_iter().map(|d| d.consumer).collect();
+        got.sort();
+        assert_eq!(got, want, "the consumers of a message of {topic}");
+    }
+    assert_eq!(out.deliveries, 10, "every match, once");
 }
 
 async fn migrations_apply_to_an_empty_database_and_again_as_a_no_op(store: SharedStore) {
@@ -392,10 +438,7 @@ async fn a_replay_waits_for_a_relay_pass_between_its_claim_and_its_commit() {
     // The replay waits on the turn: seen as an advisory lock not granted, within a bound.
     let mut waiting = 0_i64;
     for _ in 0..200 {
-        waiting = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-            .fetch_one(pg.pool())
-            .await
-            .unwrap();
+        waiting = sqlx::query_scalar(TURN_WAITERS).fetch_one(pg.pool()).await.unwrap();
         if waiting > 0 {
             break;
         }
@@ -951,7 +994,8 @@ async fn the_sql_functions_come_from_their_one_source_file() {
     }
 }
 
-/// The relay's SQL matches topics exactly as the server's `TopicPattern` does.
+/// `outbox.topic_matches` (the release before's relay pass, during a rolling upgrade) matches
+/// topics exactly as the server's `TopicPattern` and its relay (`domain::topic_matches`) do.
 #[tokio::test]
 async fn sql_topic_matching_agrees_with_the_servers() {
     let (_db, _store) = postgres().await;

@@ -32,7 +32,7 @@ pub(crate) mod q {
 
 /// Serialises consumer creation and deletion against relay passes (shared by relays, exclusive
 /// for consumer changes), so a relay pass never fans out with a stale list of consumers.
-const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
+pub(super) const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
 
 /// Held (per transaction) by the replica that is pruning.
 pub(crate) const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
@@ -67,7 +67,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 9;
+pub(crate) const FUNCTIONS_REVISION: i32 = 10;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -158,41 +158,39 @@ pub(crate) fn multirange(seqs: &[i64]) -> String {
     format!("{{{}}}", parts.join(","))
 }
 
-/// The consumers that subscribe to the topics of a pass whose first seq is `first`, each with
-/// the rows it has already for the pass's messages (only an `EARLIEST` consumer whose backfill
-/// reached `first` can have any: the pass asks for those alone).
+/// A consumer as the claim lists it (`relay_claim`): name, paused, start seq, backfill seq,
+/// topic patterns.
+type ConsumerRow = (String, bool, i64, i64, Vec<String>);
+
+/// The consumers that subscribe to the topics of a pass whose first seq is `first`, matched
+/// here against the consumers the claim listed (those that name a topic of the pass or have a
+/// wildcard pattern), each with the rows it has already for the
+/// pass's messages (only an `EARLIEST` consumer whose backfill reached `first` can have any:
+/// the pass asks for those alone).
 async fn relay_subscribers(
     tx: &mut Transaction<'_, Postgres>,
     messages: &[StoredMessage],
     first: i64,
+    consumers: Vec<ConsumerRow>,
 ) -> Result<Vec<Subscriber>> {
-    let mut topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
-    topics.sort_unstable();
-    topics.dedup();
-    let rows = sqlx::query(q::RELAY_SUBSCRIBERS).bind(&topics).fetch_all(&mut **tx).await?;
+    let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
     let mut subscribers: Vec<Subscriber> = Vec::new();
     let mut probed: Vec<(String, i64)> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for row in &rows {
-        let name: String = row.try_get("name")?;
-        let i = match index.get(&name) {
-            Some(i) => *i,
-            None => {
-                let backfill_seq: i64 = row.try_get("backfill_seq")?;
-                if backfill_seq >= first {
-                    probed.push((name.clone(), backfill_seq));
-                }
-                subscribers.push(Subscriber {
-                    name: name.clone(),
-                    paused: row.try_get("paused")?,
-                    start_seq: row.try_get("start_seq")?,
-                    ..Subscriber::default()
-                });
-                index.insert(name, subscribers.len() - 1);
-                subscribers.len() - 1
-            }
-        };
-        subscribers[i].topics.insert(row.try_get("topic")?);
+    for (name, paused, start_seq, backfill_seq, patterns) in consumers {
+        let matched: std::collections::HashSet<String> = topics
+            .iter()
+            .filter(|t| patterns.iter().any(|p| crate::domain::topic_matches(p, t)))
+            .map(|t| (*t).to_owned())
+            .collect();
+        if matched.is_empty() {
+            continue;
+        }
+        if backfill_seq >= first {
+            probed.push((name.clone(), backfill_seq));
+        }
+        index.insert(name.clone(), subscribers.len());
+        subscribers.push(Subscriber { name, paused, start_seq, topics: matched, ..Subscriber::default() });
     }
     if !probed.is_empty() {
         let (mut names, mut ids) = (Vec::new(), Vec::new());
@@ -453,7 +451,13 @@ impl Store for PgStore {
             tx.commit().await?;
             return Ok(RelayOutcome::default());
         };
-        let subscribers = relay_subscribers(&mut tx, &messages, first).await?;
+        // The first row carries the consumers; a claim without them would fan out to no one.
+        let consumers =
+            claimed.first().map(|r| r.try_get::<Option<Json<Vec<ConsumerRow>>>, _>("consumers")).transpose()?;
+        let Some(Json(consumers)) = consumers.flatten() else {
+            return Err(StoreError::InvalidValue("a relay claim came without its consumers".into()));
+        };
+        let subscribers = relay_subscribers(&mut tx, &messages, first, consumers).await?;
         let plan = fanout::plan(&messages.iter().map(PassMessage::from).collect::<Vec<_>>(), &subscribers, offers, now);
 
         let mut ranges: (Vec<&str>, Vec<Option<&str>>, Vec<Option<DateTime<Utc>>>, Vec<String>) = Default::default();
