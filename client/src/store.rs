@@ -145,9 +145,7 @@ where
          VALUES ($1, $2, $3, $4, $5, nullif($6, ''), now(), now() + coalesce($7, 0) * interval '1 millisecond')
          ON CONFLICT (message_id) DO UPDATE SET type = outbox.messages.type
          RETURNING seq, xmax <> 0 AS is_duplicate,
-                   CASE WHEN xmax = 0 THEN NULL
-                        WHEN topic <> $2 THEN 'topic' WHEN type <> $3 THEN 'type' WHEN payload <> $4 THEN 'payload'
-                   END AS differs",
+                   xmax <> 0 AND (topic <> $2 OR type <> $3 OR payload <> $4) AS differs",
     )
     .bind(id)
     .bind(&msg.topic)
@@ -158,10 +156,11 @@ where
     .bind(delay_ms)
     .fetch_one(exec)
     .await?;
-    // The same refusal as `outbox.same_message`: an id names one message.
-    if let Some(field) = row.try_get::<Option<String>, _>("differs")? {
+    // The same refusal as `outbox.same_message`: an id names one message, and the refusal
+    // names no field, so that it cannot be used to guess the stored one's topic or type.
+    if row.try_get::<bool, _>("differs")? {
         return Err(ClientError::MessageIdTaken(format!(
-            "outbox.enqueue: message_id {id} exists already with a different {field}"
+            "outbox.enqueue: message_id {id} exists already with a different topic, type or payload"
         )));
     }
     Ok(Enqueued { message_id: id, seq: row.try_get("seq")?, duplicate: row.try_get("is_duplicate")? })

@@ -1,4 +1,4 @@
--- revision: 10
+-- revision: 11
 -- The SQL functions of schema `outbox`, as they are now: the one place to read and change them.
 --
 -- Migrations (server/migrations) are history: they change tables, indexes and data, and are
@@ -99,22 +99,19 @@ $$;
 -- ---- outbox.same_message ----
 -- A message_id enqueued again is an idempotent success only for the same message: the same
 -- topic, type and payload. Another message under an existing id is refused (SQLSTATE 23505,
--- unique_violation), naming the first field that differs but not its stored value: a producer
--- must not claim another topic's id, and a message must not be dropped as a "duplicate" of one
--- it is not. Called by the enqueue functions when their insert found the id taken.
+-- unique_violation): a producer must not claim another topic's id, and a message must not be
+-- dropped as a "duplicate" of one it is not. The refusal does not say which field differs: a
+-- producer that learned an id could otherwise find the stored message's topic, then its type,
+-- one guess at a time (docs/security.md says what a repeated id still reveals). Called by the
+-- enqueue functions when their insert found the id taken.
 CREATE OR REPLACE FUNCTION outbox.same_message(p_id uuid, p_topic text, p_type text, p_payload bytea)
 RETURNS void
 LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_differs text;
 BEGIN
-    SELECT CASE WHEN m.topic <> p_topic THEN 'topic'
-                WHEN m.type <> p_type THEN 'type'
-                WHEN m.payload <> p_payload THEN 'payload' END
-      INTO v_differs
-      FROM outbox.messages m WHERE m.message_id = p_id;
-    IF v_differs IS NOT NULL THEN
-        RAISE EXCEPTION 'outbox.enqueue: message_id % exists already with a different %', p_id, v_differs
+    IF EXISTS (SELECT FROM outbox.messages m
+                WHERE m.message_id = p_id
+                  AND (m.topic <> p_topic OR m.type <> p_type OR m.payload <> p_payload)) THEN
+        RAISE EXCEPTION 'outbox.enqueue: message_id % exists already with a different topic, type or payload', p_id
             USING ERRCODE = 'unique_violation',
                   HINT = 'A message_id names one message: enqueue another message under a new id.';
     END IF;
@@ -607,18 +604,20 @@ END
 $$;
 
 -- ---- outbox.wake_relay ----
--- Wakes a relay that has backed off (ADR 0051): one `NOTIFY outbox_enqueued` from a statement
+-- Wakes a relay that has backed off (ADR 0051): one `NOTIFY outbox_enqueued_KEY` from a statement
 -- that inserts into `outbox.messages` while a relay's request holds (`outbox.relay_wakeup`: the
 -- Unix time until which a relay that backed off asked for it, renewed while it sleeps, 0 again
 -- from the next relay pass that finds work). The trigger's WHEN reads the request, so while none
 -- holds, as whenever the relay is busy or no relay runs, the function is not even called: a
 -- producer's statement pays one read of the sequence's buffer, and sends no notification (one
 -- per commit would serialise producers' commits). Once per statement, however many rows it
--- inserts. Runs as the inserting role; every name is qualified.
+-- inserts. KEY is `outbox.settings.channel_key` (migration 0028), which the inserting role
+-- cannot read: so the function runs with its owner's rights, with `search_path` pinned, and
+-- only when the trigger's WHEN found a request.
 CREATE OR REPLACE FUNCTION outbox.wake_relay() RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM pg_catalog.pg_notify('outbox_enqueued', '');
+    PERFORM pg_catalog.pg_notify('outbox_enqueued_' || s.channel_key, '') FROM outbox.settings s;
     RETURN NULL;
 END
 $$;

@@ -66,7 +66,7 @@ async def test_a_duplicate_id_returns_the_same_id_and_keeps_the_transaction(
         # The transaction is still usable.
         assert pg.execute("SELECT 1").fetchone() == (1,)
     # Another message under the same id is refused: an id names one message.
-    with pytest.raises(psycopg.errors.UniqueViolation, match="different payload"):
+    with pytest.raises(psycopg.errors.UniqueViolation, match="different topic, type or payload"):
         with pg.transaction():
             outboxd.enqueue(pg, topic, "T", b"2", message_id=mid)
     assert (await admin.get_message(str(mid))).message.payload == b"1"
@@ -177,7 +177,7 @@ async def test_sqlite_enqueue_in_a_transaction_delivers_what_committed_and_acks_
         with conn:
             last = outboxd.enqueue(conn, topic, "T", {"n": 3})
             assert outboxd.enqueue(conn, topic, "T", {"n": 3}, message_id=last) == last
-        with pytest.raises(sqlite3.DatabaseError, match="different payload"):
+        with pytest.raises(sqlite3.DatabaseError, match="different topic, type or payload"):
             with conn:
                 outboxd.enqueue(conn, topic, "T", b"dup", message_id=last)
         seen: list[outboxd.Delivery] = []

@@ -65,7 +65,7 @@ test("enqueueing an existing message id again returns that id and writes nothing
   await client.query("BEGIN");
   await assert.rejects(
     enqueue(client, { topic: "orders.created", type: "B", payload: "2", messageId: chosen }),
-    /exists already with a different type/,
+    /exists already with a different topic, type or payload/,
   );
   await client.query("ROLLBACK");
 });

@@ -80,7 +80,7 @@ async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_relea
 }
 
 /// A sleeping relay is woken by a producer's commit instead of its next poll (ADR 0051, 0063):
-/// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued` while a
+/// a plain INSERT by a role that may only insert sends one `NOTIFY outbox_enqueued_KEY` while a
 /// relay's request holds, and none while none does, after a pass that found work withdrew it, or
 /// after it lapsed (a notification on every commit would serialise producers' commits). The
 /// relay asks again each time it is about to sleep, so every quiet moment ends with the first
@@ -124,15 +124,16 @@ async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified(
         .await
         .unwrap()
     };
+    let channels = pg.channels().await.unwrap();
     let mut heard = PgListener::connect_with(pg.pool()).await.unwrap();
-    heard.listen(crate::store::postgres::ENQUEUED_CHANNEL).await.unwrap();
+    heard.listen(&channels.enqueued).await.unwrap();
     // Notifications of different transactions arrive in commit order: a marker sent after an
     // insert is heard first exactly when the insert sent nothing.
     async fn next_heard(heard: &mut PgListener) -> String {
         tokio::time::timeout(Duration::from_secs(10), heard.recv()).await.unwrap().unwrap().payload().to_owned()
     }
     let marker = || async {
-        sqlx::query("SELECT pg_notify('outbox_enqueued', 'marker')").execute(pg.pool()).await.unwrap();
+        sqlx::query("SELECT pg_notify($1, 'marker')").bind(&channels.enqueued).execute(pg.pool()).await.unwrap();
     };
 
     // No relay has asked: an insert notifies nobody.

@@ -1,6 +1,8 @@
 //! Where a sink may deliver: never, by default, to an address inside outboxd's own network —
 //! loopback, private ranges, link-local (cloud metadata services among them), unique local,
-//! carrier-grade NAT, unspecified, multicast — unless the operator allows it
+//! site-local, carrier-grade NAT, benchmarking, reserved, unspecified, multicast, and IPv6
+//! addresses that embed one of those (IPv4-mapped and -compatible, NAT64, 6to4; Teredo
+//! always) — unless the operator allows it
 //! (`--sink-allow-private`). A sink's creator chooses its URL, so without this check a sink is
 //! a way to make outboxd reach internal services and to scan their ports (ADR 0053).
 //!
@@ -84,6 +86,13 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
                 Some("an unspecified address")
             } else if v4.is_multicast() || v4.is_broadcast() {
                 Some("a multicast or broadcast address")
+            } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
+                // 198.18.0.0/15, RFC 2544: networks often number internal test beds from it.
+                Some("a benchmarking address (198.18.0.0/15)")
+            } else if o[0] >= 240 {
+                Some("a reserved address (240.0.0.0/4)")
+            } else if (o[0], o[1], o[2]) == (192, 0, 0) {
+                Some("an IETF protocol assignment (192.0.0.0/24)")
             } else {
                 None
             }
@@ -92,7 +101,33 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return internal(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let seg = v6.segments();
+            let first = seg[0];
+            let embedded = |hi: u16, lo: u16| std::net::Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+            // Addresses that carry an IPv4 address inside them reach that address through a
+            // translator or a tunnel: they are judged by it, so that `64:ff9b::10.0.0.1` or
+            // `2002:0a00:0001::` is no way around the IPv4 rules above.
+            if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                // NAT64's well-known prefix, 64:ff9b::/96 (RFC 6052).
+                return internal(IpAddr::V4(embedded(seg[6], seg[7])));
+            }
+            if first == 0x2002 {
+                // 6to4, 2002::/16 (RFC 3056): the IPv4 address is bits 16 to 47.
+                return internal(IpAddr::V4(embedded(seg[1], seg[2])));
+            }
+            if seg[..6] == [0, 0, 0, 0, 0, 0] && !v6.is_loopback() && !v6.is_unspecified() {
+                // ::a.b.c.d, IPv4-compatible (deprecated by RFC 4291): no route should carry
+                // it, and a stack that still maps it reaches the IPv4 address.
+                return Some("an IPv4-compatible address (::a.b.c.d, deprecated)");
+            }
+            if (first, seg[1]) == (0x64, 0xff9b) && seg[2] == 1 {
+                // 64:ff9b:1::/48, NAT64 for local use (RFC 8215): the translator is inside.
+                return Some("a local-use NAT64 address (64:ff9b:1::/48)");
+            }
+            if (first, seg[1]) == (0x2001, 0) {
+                // Teredo, 2001::/32 (RFC 4380): its IPv4 server and client are obfuscated in it.
+                return Some("a Teredo tunnel address (2001::/32)");
+            }
             if v6.is_loopback() {
                 Some("a loopback address")
             } else if v6.is_unspecified() {
@@ -101,6 +136,8 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
                 Some("a unique local address")
             } else if (first & 0xffc0) == 0xfe80 {
                 Some("a link-local address")
+            } else if (first & 0xffc0) == 0xfec0 {
+                Some("a site-local address (fec0::/10, deprecated)")
             } else if v6.is_multicast() {
                 Some("a multicast address")
             } else {
@@ -162,11 +199,30 @@ mod tests {
             "http://100.64.0.1/x",
             "http://0.0.0.0/x",
             "http://localhost:8080/x",
+            // Addresses that embed an internal IPv4 address, and the ranges no classification
+            // covered before.
+            "http://[::127.0.0.1]/x",
+            "http://[::a00:1]/x",
+            "http://[64:ff9b::10.0.0.1]/x",
+            "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+            "http://[64:ff9b:1::1]/x",
+            "http://[2002:a00:1::]/x",
+            "http://[2002:7f00:1::1]/x",
+            "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/x",
+            "http://[fec0::1]/x",
+            "http://198.18.0.1/x",
+            "http://198.19.255.254/x",
+            "http://240.0.0.1/x",
+            "http://192.0.0.8/x",
         ] {
             let e = d.check_url(url).await.unwrap_err();
             assert!(e.contains("--sink-allow-private"), "{url}: {e}");
         }
         assert!(d.check_url("https://93.184.215.14/hook").await.is_ok());
+        // The same public address through NAT64 or 6to4 stays reachable.
+        assert!(d.check_url("https://[64:ff9b::5db8:d70e]/hook").await.is_ok());
+        assert!(d.check_url("https://[2002:5db8:d70e::1]/hook").await.is_ok());
+        assert!(d.check_url("https://198.20.0.1/hook").await.is_ok(), "just past 198.18.0.0/15");
         assert!(Destinations::anywhere().check_url("http://127.0.0.1:9/x").await.is_ok());
         let one_net = Destinations { allow_private: false, allowed: vec!["10.1.0.0/16".parse().unwrap()].into() };
         assert!(one_net.check_url("amqp://10.1.2.3:5672/%2f").await.is_ok(), "inside the allowed network");

@@ -3,8 +3,9 @@
 //! A sink's URL (which may carry a password, a token or query values) and a webhook's signing
 //! secret are stored as `sealed:v1:` + base64 of AES-256-SIV over the value, with the field's
 //! name as associated data. SIV is deterministic: the same value seals to the same text, so a
-//! repeated `CreateConsumer` is still recognised as the same definition, and nothing but
-//! equality is revealed. Whoever reads `outbox.consumers` without the key sees no secret.
+//! repeated `CreateConsumer` is still recognised as the same definition; what is revealed is
+//! equality (across sinks too) and each value's length, never a byte of it (docs/security.md
+//! says so). Whoever reads `outbox.consumers` without the key sees no secret.
 use std::path::Path;
 
 use aes_siv::KeyInit as _;

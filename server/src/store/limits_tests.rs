@@ -426,7 +426,7 @@ async fn sqlite_holds_the_same_limits_for_every_writer() {
     .bind(&type_)
     .execute(&pool)
     .await;
-    refused(other, "message_id exists already with a different topic");
+    refused(other, "message_id exists already with a different topic, type or payload");
     pool.close().await;
 }
 

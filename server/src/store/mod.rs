@@ -91,7 +91,7 @@ pub enum StoreError {
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
     /// An enqueue under an existing message_id of another message (SQLSTATE 23505 from
-    /// `outbox.same_message`, or SQLite's trigger); the text names the field that differs.
+    /// `outbox.same_message`, or SQLite's trigger); the text names no field that differs.
     #[error("{0}")]
     MessageConflict(String),
     #[error(

@@ -504,9 +504,10 @@ crate::conformance!(a_message_id_names_one_message_on_every_enqueue_path);
 
 /// Finding 10: a message id names one message. Enqueued again with the same topic, type and
 /// payload it is an idempotent duplicate; with another topic, type or payload it is refused
-/// (ALREADY_EXISTS; SQLSTATE 23505 from SQL), naming the field that differs, on every path:
-/// the RPC, the Rust client in the producer's transaction, `outbox.enqueue` and SQLite's
-/// documented insert. A producer cannot claim an id that another topic's message will use.
+/// (ALREADY_EXISTS; SQLSTATE 23505 from SQL) on every path: the RPC, the Rust client in the
+/// producer's transaction, `outbox.enqueue` and SQLite's documented insert. A producer cannot
+/// claim an id that another topic's message will use. The refusal is the same whichever field
+/// differs, so that it cannot be used to find the stored message's topic or type by guessing.
 async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) -> Result<()> {
     let (_store, srv, db) = crate::setup(backend, &[]).await?;
     let mut client = srv.client().await?;
@@ -527,7 +528,7 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
     ] {
         let err = client.enqueue(req(topic, type_, payload)).await.unwrap_err();
         assert_eq!(err.code(), Code::AlreadyExists, "{field}: {err:?}");
-        assert!(err.message().contains(&format!("different {field}")), "{err:?}");
+        assert!(err.message().contains("different topic, type or payload"), "{err:?}");
         let batch = pb::EnqueueBatchRequest { messages: vec![req(topic, type_, payload)] };
         assert_eq!(client.enqueue_batch(batch).await.unwrap_err().code(), Code::AlreadyExists);
     }
@@ -536,7 +537,10 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
     assert!(db.enqueue(&same).await?.duplicate);
     let other = outbox_client::Message::new("payments.card", "T", b"a".to_vec()).message_id(id);
     let err = db.enqueue(&other).await.unwrap_err().to_string();
-    assert!(err.contains("different topic"), "{err}");
+    assert!(err.contains("different topic, type or payload"), "{err}");
+    let other_type = outbox_client::Message::new("orders.created", "U", b"a".to_vec()).message_id(id);
+    let err = db.enqueue(&other_type).await.unwrap_err().to_string();
+    assert!(err.contains("different topic, type or payload"), "the same words for another field: {err}");
     // SQL, as any language does it.
     match &db {
         outbox_tests::Db::Postgres(pool) => {
@@ -547,7 +551,7 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
                 .unwrap_err();
             let db_err = err.as_database_error().context("a database error")?;
             assert_eq!(db_err.code().as_deref(), Some("23505"), "{err}");
-            assert!(db_err.message().contains("different topic"), "{err}");
+            assert!(db_err.message().contains("different topic, type or payload"), "{err}");
             let dup: uuid::Uuid =
                 sqlx::query_scalar("SELECT outbox.enqueue('orders.created', 'T', '\\x61'::bytea, '{}', $1)")
                     .bind(id)
@@ -559,7 +563,7 @@ async fn a_message_id_names_one_message_on_every_enqueue_path(backend: Backend) 
             let insert = "INSERT INTO outbox_messages (topic, type, payload, message_id) VALUES (?1, 'T', x'61', ?2)
                           ON CONFLICT (message_id) DO NOTHING";
             let err = sqlx::query(insert).bind("payments.card").bind(id.to_string()).execute(pool).await.unwrap_err();
-            assert!(err.to_string().contains("different topic"), "{err}");
+            assert!(err.to_string().contains("different topic, type or payload"), "{err}");
             let done = sqlx::query(insert).bind("orders.created").bind(id.to_string()).execute(pool).await?;
             assert_eq!(done.rows_affected(), 0, "the same message again is a duplicate");
         }

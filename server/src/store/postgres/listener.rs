@@ -1,13 +1,15 @@
-//! Work announced by other processes: listens on `outbox_work`, where every relay announces the
-//! consumers it just fanned out to, and on `outbox_enqueued`, where producers' statements wake a
-//! relay that backed off (ADR 0051), and passes each on as a [`WorkHint`]. Notifications are
+//! Work announced by other processes: listens on `outbox_work_KEY`, where every relay announces
+//! the consumers it just fanned out to, and on `outbox_enqueued_KEY`, where producers'
+//! statements wake a relay that backed off (ADR 0051), and passes each on as a [`WorkHint`].
+//! KEY is the database's channel key, which only outboxd's roles can read, so a login that may
+//! merely connect cannot send them (migration 0028). Notifications are
 //! hints: one lost while the connection was down is covered by a [`WorkHint::All`] and a
 //! [`WorkHint::Enqueued`] after a reconnect, and by the streams' and the relay's fallback polls.
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ENQUEUED_CHANNEL, PgStore};
+use super::{Channels, PgStore};
 use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
@@ -21,8 +23,8 @@ impl WorkListener {
         Self { store, hints }
     }
 
-    fn dispatch(&self, channel: &str, payload: &str) {
-        if channel == ENQUEUED_CHANNEL {
+    fn dispatch(&self, channels: &Channels, channel: &str, payload: &str) {
+        if channel == channels.enqueued {
             self.hint(WorkHint::Enqueued);
         } else if payload.is_empty() {
             self.hint(WorkHint::All);
@@ -39,7 +41,7 @@ impl WorkListener {
     pub async fn run(self, cancel: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
         loop {
-            let mut listener = tokio::select! {
+            let (mut listener, channels) = tokio::select! {
                 _ = cancel.cancelled() => return,
                 l = self.store.work_listener() => match l {
                     Ok(l) => l,
@@ -64,7 +66,7 @@ impl WorkListener {
                     n = listener.try_recv() => n,
                 };
                 match next {
-                    Ok(Some(n)) => self.dispatch(n.channel(), n.payload()),
+                    Ok(Some(n)) => self.dispatch(&channels, n.channel(), n.payload()),
                     // The connection dropped; the next try_recv reconnects.
                     Ok(None) => {
                         self.hint(WorkHint::All);
@@ -77,5 +79,72 @@ impl WorkListener {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::store::Store as _;
+    use crate::testing::TestDb;
+
+    async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<WorkHint>) -> WorkHint {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap()
+    }
+
+    /// Any login may NOTIFY any channel it can name. A producer's login cannot read the channel
+    /// key (migration 0028), so what it sends on the names it can know or guess (the fixed
+    /// names of releases before, a made-up key) wakes nothing, while a relay's announcement
+    /// still arrives. Notifications arrive in commit order: a spoof that was heard would come
+    /// before the announcement that follows it.
+    #[tokio::test]
+    async fn a_login_that_cannot_read_the_channel_key_cannot_wake_outboxd() {
+        let db = TestDb::create().await.unwrap();
+        let pg = PgStore::connect(&db.url, 4).await.unwrap();
+        pg.migrate().await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(WorkListener::new(pg.clone(), tx).run(cancel.clone()));
+        // A (re)connect wakes everyone once.
+        assert_eq!(next(&mut rx).await, WorkHint::All);
+        assert_eq!(next(&mut rx).await, WorkHint::Enqueued);
+
+        let stranger = format!("outbox_test_stranger_{}", uuid::Uuid::new_v4().simple());
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {stranger} NOLOGIN; GRANT outbox_producer TO {stranger};"
+        )))
+        .execute(pg.pool())
+        .await
+        .unwrap();
+        let mut conn = pg.pool().acquire().await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET ROLE {stranger}"))).execute(&mut *conn).await.unwrap();
+        let refused = sqlx::query_scalar::<_, String>("SELECT channel_key FROM outbox.settings")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_err();
+        let code = refused.as_database_error().and_then(|e| e.code()).map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "a producer's login may not read the key: {refused}");
+        for channel in
+            ["outbox_work", "outbox_enqueued", "outbox_work_", "outbox_enqueued_0123456789abcdef0123456789abcdef"]
+        {
+            sqlx::query("SELECT pg_notify($1, '')").bind(channel).execute(&mut *conn).await.unwrap();
+        }
+        sqlx::raw_sql("RESET ROLE").execute(&mut *conn).await.unwrap();
+        drop(conn);
+
+        sqlx::query(super::super::q::RELAY_NOTIFY).bind("marker").execute(pg.pool()).await.unwrap();
+        assert_eq!(next(&mut rx).await, WorkHint::Consumers(vec!["marker".to_owned()]), "no spoof was heard first");
+        let channels = pg.channels().await.unwrap();
+        sqlx::query("SELECT pg_notify($1, '')").bind(&channels.enqueued).execute(pg.pool()).await.unwrap();
+        assert_eq!(next(&mut rx).await, WorkHint::Enqueued, "the real channel is heard");
+
+        cancel.cancel();
+        task.await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {stranger}; DROP ROLE {stranger};")))
+            .execute(pg.pool())
+            .await
+            .unwrap();
     }
 }

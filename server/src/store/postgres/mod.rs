@@ -37,12 +37,20 @@ pub(super) const CONSUMERS_LOCK: i64 = 0x6f75_7462_6f78_0001;
 /// Held (per transaction) by the replica that is pruning.
 pub(crate) const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
 
-/// The channel on which relays announce new deliveries: the payload is a comma-separated list
-/// of consumer names, or empty for "all".
-pub const WORK_CHANNEL: &str = "outbox_work";
-/// Where producers' statements wake a relay that asked for it (ADR 0051; `outbox.wake_relay`
-/// in server/sql/functions.sql names it too).
-pub const ENQUEUED_CHANNEL: &str = "outbox_enqueued";
+/// The channel on which relays announce new deliveries, before the database's channel key
+/// (`outbox.settings.channel_key`, migration 0028: any login may NOTIFY a channel it can name):
+/// the payload is a comma-separated list of consumer names, or empty for "all".
+pub const WORK_CHANNEL: &str = "outbox_work_";
+/// Where producers' statements wake a relay that asked for it (ADR 0051), before the key
+/// (`outbox.wake_relay` in server/sql/functions.sql names it too).
+pub const ENQUEUED_CHANNEL: &str = "outbox_enqueued_";
+
+/// This database's two notification channels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channels {
+    pub work: String,
+    pub enqueued: String,
+}
 
 /// How long a relay pass's transaction may sit idle between its statements before PostgreSQL
 /// ends it (and with it the relays' turn it holds). A pass's statements follow each other
@@ -67,7 +75,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 10;
+pub(crate) const FUNCTIONS_REVISION: i32 = 11;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -332,11 +340,19 @@ impl PgStore {
         &self.pool
     }
 
-    /// A listener on [`WORK_CHANNEL`] and [`ENQUEUED_CHANNEL`], on its own connection.
-    pub async fn work_listener(&self) -> Result<PgListener> {
+    /// This database's notification channels: [`WORK_CHANNEL`] and [`ENQUEUED_CHANNEL`] with
+    /// its channel key.
+    pub async fn channels(&self) -> Result<Channels> {
+        let key: String = sqlx::query_scalar(q::SETTINGS_CHANNEL_KEY).fetch_one(&self.pool).await?;
+        Ok(Channels { work: format!("{WORK_CHANNEL}{key}"), enqueued: format!("{ENQUEUED_CHANNEL}{key}") })
+    }
+
+    /// A listener on this database's channels, on its own connection, and their names.
+    pub async fn work_listener(&self) -> Result<(PgListener, Channels)> {
+        let channels = self.channels().await?;
         let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([WORK_CHANNEL, ENQUEUED_CHANNEL]).await?;
-        Ok(listener)
+        listener.listen_all([channels.work.as_str(), channels.enqueued.as_str()]).await?;
+        Ok((listener, channels))
     }
 }
 
@@ -417,7 +433,7 @@ impl Store for PgStore {
     /// [`fanout::plan`] decides who gets what (pushed to an offered stream as a leased range,
     /// pending as a range, or a row); the named `relay_*` statements write it.
     ///
-    /// With `notify`, the transaction also sends one `NOTIFY outbox_work` naming the consumers
+    /// With `notify`, the transaction also sends one `NOTIFY outbox_work_KEY` naming the consumers
     /// that got waiting deliveries, so the streams of other replicas wake at once. It costs this
     /// transaction, never a producer's.
     async fn relay_batch(
@@ -502,7 +518,7 @@ impl Store for PgStore {
             let names = waiting.join(",");
             // Too long a list for a notification: empty means "every consumer".
             let names = if names.len() > 7900 { String::new() } else { names };
-            sqlx::query(q::RELAY_NOTIFY).bind(WORK_CHANNEL).bind(names).execute(&mut *tx).await?;
+            sqlx::query(q::RELAY_NOTIFY).bind(names).execute(&mut *tx).await?;
         }
         // The payloads of pushed messages that the claim did not bring.
         let missing: Vec<i64> = {

@@ -55,7 +55,7 @@ ON CONFLICT ON CONSTRAINT deliveries_pkey DO NOTHING
 RETURNING d.consumer;
 
 -- name: relay_notify
--- Wakes the streams of other replicas: the consumers that got waiting deliveries ($2, comma
--- separated; empty for every consumer).
-SELECT pg_notify($1, $2);
+-- Wakes the streams of other replicas: the consumers that got waiting deliveries ($1, comma
+-- separated; empty for every consumer), on the work channel of this database's key.
+SELECT pg_notify('outbox_work_' || s.channel_key, $1) FROM outbox.settings s;
 
