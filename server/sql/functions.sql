@@ -745,6 +745,47 @@ BEGIN
 END
 $$;
 
+-- ---- outbox.relay_consumers_since ----
+-- The consumers a relay pass may fan out to (ADR 0078): `{"version": V}` alone when the
+-- consumers' version is still `known`, the version the caller holds them at; otherwise
+-- `{"version": V, "consumers": [...]}` with every consumer as `[name, paused, start_seq,
+-- backfill_seq, patterns]` (NULL patterns left out), which the server keeps until the version
+-- moves. The server matches the patterns (`domain::topic_matches`). Called after
+-- `outbox.relay_claim` in the same statement, VOLATILE and PL/pgSQL for the reason
+-- `outbox.relay_consumers` gives: its one statement reads the version and the consumers in one
+-- snapshot taken after the claim's locks, so a change committed while the claim waited is seen
+-- with the version it moved to. (`outbox.relay_consumers`, which sent the list every pass, is
+-- what the release before calls.)
+CREATE OR REPLACE FUNCTION outbox.relay_consumers_since(known bigint)
+RETURNS json
+LANGUAGE plpgsql VOLATILE
+SET jit = off AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN v.version = known THEN json_build_object('version', v.version)
+                        ELSE json_build_object('version', v.version, 'consumers',
+                                (SELECT coalesce(json_agg(json_build_array(s.name, s.paused, s.start_seq,
+                                                                           s.backfill_seq, array_remove(s.topics, NULL))),
+                                                 '[]')
+                                   FROM outbox.consumers s)) END
+              FROM outbox.consumers_version v);
+END
+$$;
+
+-- ---- outbox.consumers_changed ----
+-- Moves the consumers' version (migration 0029) once per statement that writes
+-- `outbox.consumers`, whoever writes it, in the writer's transaction.
+CREATE OR REPLACE FUNCTION outbox.consumers_changed() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE outbox.consumers_version SET version = version + 1;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER consumers_changed AFTER INSERT OR UPDATE OR DELETE ON outbox.consumers
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox.consumers_changed();
+CREATE OR REPLACE TRIGGER consumers_truncated AFTER TRUNCATE ON outbox.consumers
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox.consumers_changed();
+
 -- ---- outbox.relay_pass ----
 -- One relay pass as the release before ran it, for its replicas during a rolling upgrade (this
 -- release claims with `outbox.relay_claim` and fans out in the server, ADR 0067); to be dropped

@@ -1,5 +1,6 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -142,6 +143,25 @@ pub struct PgStore {
     /// `enable_seqscan = off`, so that a plan cached while the tables were empty still reads
     /// them through their indexes once they are not (ADR 0046).
     lease_pool: PgPool,
+    /// The consumers as the last relay pass of this process read them, at their version
+    /// (ADR 0078): a pass's claim brings them again only when the version moved.
+    relay_consumers: Arc<std::sync::Mutex<RelayConsumers>>,
+}
+
+/// The consumers a relay pass matches, at the version of `outbox.consumers_version` they were
+/// read at (0: never read; versions start at 1).
+#[derive(Debug, Default)]
+struct RelayConsumers {
+    version: i64,
+    list: Arc<Vec<ConsumerRow>>,
+}
+
+/// What `outbox.relay_consumers_since` answers: the consumers only when their version is not
+/// the one the relay holds them at.
+#[derive(Debug, serde::Deserialize)]
+struct ConsumersSince {
+    version: i64,
+    consumers: Option<Vec<ConsumerRow>>,
 }
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
@@ -171,21 +191,21 @@ pub(crate) fn multirange(seqs: &[i64]) -> String {
 type ConsumerRow = (String, bool, i64, i64, Vec<String>);
 
 /// The consumers that subscribe to the topics of a pass whose first seq is `first`, matched
-/// here against the consumers the claim listed (those that name a topic of the pass or have a
-/// wildcard pattern), each with the rows it has already for the
-/// pass's messages (only an `EARLIEST` consumer whose backfill reached `first` can have any:
-/// the pass asks for those alone).
+/// here against every consumer (as of the claim, ADR 0078), each with the rows it has already
+/// for the pass's messages (only an `EARLIEST` consumer whose backfill reached `first` can have
+/// any: the pass asks for those alone).
 async fn relay_subscribers(
     tx: &mut Transaction<'_, Postgres>,
     messages: &[StoredMessage],
     first: i64,
-    consumers: Vec<ConsumerRow>,
+    consumers: &[ConsumerRow],
 ) -> Result<Vec<Subscriber>> {
     let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
     let mut subscribers: Vec<Subscriber> = Vec::new();
     let mut probed: Vec<(String, i64)> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (name, paused, start_seq, backfill_seq, patterns) in consumers {
+        let (paused, start_seq, backfill_seq) = (*paused, *start_seq, *backfill_seq);
         let matched: std::collections::HashSet<String> = topics
             .iter()
             .filter(|t| patterns.iter().any(|p| crate::domain::topic_matches(p, t)))
@@ -198,7 +218,13 @@ async fn relay_subscribers(
             probed.push((name.clone(), backfill_seq));
         }
         index.insert(name.clone(), subscribers.len());
-        subscribers.push(Subscriber { name, paused, start_seq, topics: matched, ..Subscriber::default() });
+        subscribers.push(Subscriber {
+            name: name.clone(),
+            paused,
+            start_seq,
+            topics: matched,
+            ..Subscriber::default()
+        });
     }
     if !probed.is_empty() {
         let (mut names, mut ids) = (Vec::new(), Vec::new());
@@ -333,11 +359,30 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.options(LEASE_SETTINGS.iter().copied()))
             .await?;
-        Ok(Self { pool, relay_pool, lease_pool })
+        Ok(Self { pool, relay_pool, lease_pool, relay_consumers: Arc::default() })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The consumers at the version a claim read (ADR 0078): those it brought, kept for the
+    /// passes after it, or those kept when it brought none because the version is the same.
+    fn relay_consumers_at(&self, since: ConsumersSince) -> Result<Arc<Vec<ConsumerRow>>> {
+        let mut kept = self.relay_consumers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match since.consumers {
+            Some(list) => {
+                *kept = RelayConsumers { version: since.version, list: Arc::new(list) };
+                Ok(kept.list.clone())
+            }
+            // Two relays of this process may pass in turns with a change between them: the
+            // version held may be newer or older than this claim's, and only the same will do.
+            None if kept.version == since.version => Ok(kept.list.clone()),
+            None => Err(StoreError::InvalidValue(format!(
+                "a relay claim at consumers version {} came without the consumers (this process holds version {})",
+                since.version, kept.version
+            ))),
+        }
     }
 
     /// This database's notification channels: [`WORK_CHANNEL`] and [`ENQUEUED_CHANNEL`] with
@@ -452,11 +497,13 @@ impl Store for PgStore {
         // Payloads come with the claim for as many messages as the offers have room: in a
         // steady flow every pushed one; past that (a backlog), only what is pushed is read, below.
         let room: usize = offers.iter().map(|o| o.room).sum();
+        let known = self.relay_consumers.lock().map(|c| c.version).unwrap_or(0);
         let claimed = sqlx::query(q::RELAY_CLAIM)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(now)
             .bind(CONSUMERS_LOCK)
             .bind(i64::try_from(room).unwrap_or(i64::MAX))
+            .bind(known)
             .fetch_all(&mut *tx)
             .await?;
         let mut messages = claimed.iter().map(message_from_row).collect::<Result<Vec<_>>>()?;
@@ -467,13 +514,14 @@ impl Store for PgStore {
             tx.commit().await?;
             return Ok(RelayOutcome::default());
         };
-        // The first row carries the consumers; a claim without them would fan out to no one.
-        let consumers =
-            claimed.first().map(|r| r.try_get::<Option<Json<Vec<ConsumerRow>>>, _>("consumers")).transpose()?;
-        let Some(Json(consumers)) = consumers.flatten() else {
+        // The first row carries the consumers' version, and the consumers when it is not the
+        // one this process holds them at; a claim without them would fan out to no one.
+        let since = claimed.first().map(|r| r.try_get::<Option<Json<ConsumersSince>>, _>("consumers")).transpose()?;
+        let Some(Json(since)) = since.flatten() else {
             return Err(StoreError::InvalidValue("a relay claim came without its consumers".into()));
         };
-        let subscribers = relay_subscribers(&mut tx, &messages, first, consumers).await?;
+        let consumers = self.relay_consumers_at(since)?;
+        let subscribers = relay_subscribers(&mut tx, &messages, first, &consumers).await?;
         let plan = fanout::plan(&messages.iter().map(PassMessage::from).collect::<Vec<_>>(), &subscribers, offers, now);
 
         let mut ranges: (Vec<&str>, Vec<Option<&str>>, Vec<Option<DateTime<Utc>>>, Vec<String>) = Default::default();

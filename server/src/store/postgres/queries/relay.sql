@@ -5,17 +5,18 @@
 -- name: relay_claim
 -- The messages the pass claims (`outbox.relay_claim`), in seq order; the payload (only pushed
 -- deliveries carry it) for the first $4, the room the streams offered (`with_payload`). The
--- first row also carries the consumers that may subscribe to a topic of the claim
--- (`outbox.relay_consumers`, read under the locks the claim took), for the pass to match in Rust
--- (`domain::topic_matches`, as on SQLite); matching in SQL called a PL/pgSQL function per
--- consumer and topic (5 ms a pass with 1,000 consumers, ADR 0071).
+-- first row also carries the consumers' version and, when it is not $5 (the version the
+-- relay holds them at), the consumers (`outbox.relay_consumers_since`, read under the locks the
+-- claim took, ADR 0078), for the pass to match in Rust (`domain::topic_matches`, as on SQLite);
+-- matching in SQL called a PL/pgSQL function per consumer and topic (5 ms a pass with 1,000
+-- consumers, ADR 0071).
 WITH c AS MATERIALIZED (
     SELECT x.*, row_number() OVER (ORDER BY x.seq) AS n FROM outbox.relay_claim($1, $2, $3) x
 )
 SELECT c.message_id, c.seq, c.topic, c.type, CASE WHEN c.n <= $4 THEN c.payload ELSE ''::bytea END AS payload,
        c.n <= $4 AS with_payload, c.headers, c.ordering_key, c.enqueued_at, c.available_at,
        $2::timestamptz AS relayed_at,
-       CASE WHEN c.n = 1 THEN outbox.relay_consumers((SELECT array_agg(DISTINCT c2.topic) FROM c c2)) END AS consumers
+       CASE WHEN c.n = 1 THEN outbox.relay_consumers_since($5) END AS consumers
   FROM c
  ORDER BY c.seq;
 
