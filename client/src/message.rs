@@ -15,6 +15,23 @@ pub const MAX_HEADERS: usize = 64;
 pub const MAX_HEADER_KEY_BYTES: usize = 256;
 /// Keys and values of all headers together.
 pub const MAX_HEADERS_BYTES: usize = 16 * 1024;
+/// outboxd's default `--max-payload-bytes`. A producer's login cannot read the server's flag:
+/// where it is raised, set `OUTBOXD_MAX_PAYLOAD_BYTES` to the same value for the clients.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The payload limit checked before any SQL runs: `OUTBOXD_MAX_PAYLOAD_BYTES` when set, else
+/// [`DEFAULT_MAX_PAYLOAD_BYTES`].
+pub fn max_payload_bytes() -> Result<usize, ClientError> {
+    match std::env::var("OUTBOXD_MAX_PAYLOAD_BYTES") {
+        Ok(raw) if !raw.is_empty() => match raw.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ClientError::InvalidMessage(format!(
+                "OUTBOXD_MAX_PAYLOAD_BYTES is {raw:?}; it must be a positive number of bytes"
+            ))),
+        },
+        _ => Ok(DEFAULT_MAX_PAYLOAD_BYTES),
+    }
+}
 
 /// A message to enqueue. Topic and type are required; the rest is optional.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +106,14 @@ impl Message {
         {
             return invalid(format!("ordering_key is {} bytes; the limit is {MAX_ORDERING_KEY_BYTES}", k.len()));
         }
+        let limit = max_payload_bytes()?;
+        if self.payload.len() > limit {
+            return invalid(format!(
+                "payload is {} bytes; the limit is {limit} bytes (outboxd's --max-payload-bytes; set \
+                 OUTBOXD_MAX_PAYLOAD_BYTES to the server's value where it is raised)",
+                self.payload.len()
+            ));
+        }
         check_headers(&self.headers)
     }
 }
@@ -143,8 +168,15 @@ mod tests {
         assert!(err(at_limit.clone().header("x", "")).contains("65 entries"));
         assert!(err(ok.clone().header("", "v")).contains("key is empty"));
         assert!(err(ok.clone().header("k".repeat(257), "")).contains("257 bytes"));
-        let over = Message { headers: full, ..ok }.header("k".repeat(256), "v");
+        let over = Message { headers: full, ..ok.clone() }.header("k".repeat(256), "v");
         assert!(err(over).contains("16385 bytes"));
+        // The server's default --max-payload-bytes (this test's environment sets no other).
+        assert!(Message { payload: vec![0; DEFAULT_MAX_PAYLOAD_BYTES], ..ok.clone() }.validate().is_ok());
+        let big = err(Message { payload: vec![0; 5 * 1024 * 1024], ..ok });
+        assert!(
+            big.contains("payload is 5242880 bytes; the limit is 1048576 bytes (outboxd's --max-payload-bytes"),
+            "{big}"
+        );
     }
 }
 

@@ -101,6 +101,10 @@ def test_bad_messages_raise_before_any_sql_and_leave_the_transaction_usable(pg: 
         ({"headers": {"k": 1}}, "keys and values must be strings"),
         ({"message_id": "not-a-uuid"}, "message_id 'not-a-uuid' is not a UUID"),
         ({"payload": 42}, "payload: expected bytes, str, dict or list, got int"),
+        # Past the server's default --max-payload-bytes: refused here, not by the database
+        # (which would abort the transaction).
+        ({"payload": b"x" * (5 * 1024 * 1024)}, "payload is 5242880 bytes; the limit is 1048576 bytes"),
+        ({"payload": "é" * 524289}, "payload is 1048578 bytes; the limit is 1048576 bytes"),
     ]
     with pg.transaction():
         for change, error in cases:

@@ -39,6 +39,24 @@ const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a
 const MAX_TOPIC_BYTES = 255;
 const MAX_TYPE_BYTES = 255;
 const MAX_ORDERING_KEY_BYTES = 255;
+/**
+ * outboxd's default `--max-payload-bytes`. A producer's login cannot read the server's flag:
+ * where it is raised, set `OUTBOXD_MAX_PAYLOAD_BYTES` to the same value for the clients.
+ */
+export const DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024;
+
+/** The payload limit checked before any SQL runs: `OUTBOXD_MAX_PAYLOAD_BYTES`, else 1 MiB. */
+export function maxPayloadBytes(): number {
+  const raw = process.env.OUTBOXD_MAX_PAYLOAD_BYTES ?? "";
+  if (raw === "") {
+    return DEFAULT_MAX_PAYLOAD_BYTES;
+  }
+  const value = Number(raw);
+  if (!Number.isSafeInteger(value) || value <= 0) {
+    throw new RangeError(`OUTBOXD_MAX_PAYLOAD_BYTES is ${JSON.stringify(raw)}; it must be a positive number of bytes`);
+  }
+  return value;
+}
 
 function text(field: string, value: unknown, max: number): string {
   if (typeof value !== "string" || value === "") {
@@ -59,13 +77,22 @@ export function checkUuid(field: string, value: unknown): string {
 }
 
 function payloadBytes(payload: unknown): Buffer {
+  let bytes: Buffer;
   if (typeof payload === "string") {
-    return Buffer.from(payload, "utf8");
+    bytes = Buffer.from(payload, "utf8");
+  } else if (payload instanceof Uint8Array) {
+    bytes = Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
+  } else {
+    throw new TypeError(`payload: a Uint8Array or a string is required, got ${payload === null ? "null" : typeof payload}`);
   }
-  if (payload instanceof Uint8Array) {
-    return Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
+  const limit = maxPayloadBytes();
+  if (bytes.byteLength > limit) {
+    throw new RangeError(
+      `payload: ${bytes.byteLength} bytes; the limit is ${limit} bytes (outboxd's --max-payload-bytes; ` +
+        "set OUTBOXD_MAX_PAYLOAD_BYTES to the server's value where it is raised)",
+    );
   }
-  throw new TypeError(`payload: a Uint8Array or a string is required, got ${payload === null ? "null" : typeof payload}`);
+  return bytes;
 }
 
 function headersJson(headers: unknown): string {

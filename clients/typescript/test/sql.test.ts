@@ -82,6 +82,11 @@ test("bad arguments throw naming the field, before the database sees them: the t
     /headers: the value of "n" is a number/,
   );
   await assert.rejects(enqueue(client, { topic: "orders.x", type: "T", payload: 5 as unknown as string }), /payload: a Uint8Array or a string/);
+  // Past the server's default --max-payload-bytes: refused here, not by the database.
+  await assert.rejects(
+    enqueue(client, { topic: "orders.x", type: "T", payload: new Uint8Array(5 * 1024 * 1024) }),
+    /payload: 5242880 bytes; the limit is 1048576 bytes \(outboxd's --max-payload-bytes/,
+  );
   await assert.rejects(ackIn(client, "billing", "not-a-uuid"), /messageId: "not-a-uuid" is not a UUID/);
   await client.query("COMMIT");
   assert.equal(await exists(kept), true, "the transaction survived the refused calls and committed");

@@ -80,7 +80,11 @@ pub fn new_message(field: &str, req: pb::EnqueueRequest, limits: &Limits) -> Res
     if req.payload.len() > limits.max_payload_bytes {
         return Err(InvalidField::new(
             f("payload"),
-            format!("payload is {} bytes; the maximum is {}", req.payload.len(), limits.max_payload_bytes),
+            format!(
+                "payload is {} bytes; the limit is {} bytes (outboxd's --max-payload-bytes)",
+                req.payload.len(),
+                limits.max_payload_bytes
+            ),
         ));
     }
     let message_id = match req.message_id.as_deref() {

@@ -349,7 +349,8 @@ async fn payloads_beyond_the_flag_and_requests_beyond_the_decoding_limit_are_ref
     assert_invalid(
         client.enqueue(pb::EnqueueRequest { payload: vec![7; 1025], ..message("t") }).await,
         "payload",
-        &["1025", "1024"],
+        // The words of `outbox.enqueue`'s refusal, naming the flag that sets the limit.
+        &["1025 bytes", "the limit is 1024 bytes", "--max-payload-bytes"],
     );
     // (1024 + 64 KiB) x 16 = 1,064,960 bytes decoded at most.
     let s = client

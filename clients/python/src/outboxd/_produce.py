@@ -34,6 +34,9 @@ MAX_ORDERING_KEY_BYTES = 255
 MAX_HEADERS = 64
 MAX_HEADER_KEY_BYTES = 256
 MAX_HEADERS_BYTES = 16 * 1024
+# outboxd's default --max-payload-bytes. The server's flag is not readable by a producer's login:
+# where it is raised, set OUTBOXD_MAX_PAYLOAD_BYTES to the same value for the clients.
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 T = TypeVar("T")
 
@@ -68,6 +71,21 @@ def uuid7() -> uuid.UUID:
     value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
     return uuid.UUID(int=value)
+
+
+def max_payload_bytes() -> int:
+    """The payload limit this client checks before any SQL runs: OUTBOXD_MAX_PAYLOAD_BYTES when
+    set (the same value as the server's --max-payload-bytes), else the server's default, 1 MiB."""
+    raw = os.environ.get("OUTBOXD_MAX_PAYLOAD_BYTES", "")
+    if not raw:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidMessage(f"OUTBOXD_MAX_PAYLOAD_BYTES is {raw!r}, not a number of bytes") from None
+    if value <= 0:
+        raise InvalidMessage(f"OUTBOXD_MAX_PAYLOAD_BYTES is {value}; it must be positive")
+    return value
 
 
 def _utf8_len(s: str) -> int:
@@ -123,6 +141,12 @@ def _prepare(
             hdrs["content-type"] = JSON_CONTENT_TYPE
     else:
         raise InvalidMessage(f"payload: expected bytes, str, dict or list, got {payload.__class__.__name__}")
+    limit = max_payload_bytes()
+    if len(body) > limit:
+        raise InvalidMessage(
+            f"payload is {len(body)} bytes; the limit is {limit} bytes (outboxd's --max-payload-bytes; "
+            "set OUTBOXD_MAX_PAYLOAD_BYTES to the server's value where it is raised)"
+        )
     _trace.inject(hdrs)
     if len(hdrs) > MAX_HEADERS:
         raise InvalidMessage(f"headers: {len(hdrs)} entries; the limit is {MAX_HEADERS}")
