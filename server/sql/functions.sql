@@ -611,13 +611,19 @@ $$;
 -- holds, as whenever the relay is busy or no relay runs, the function is not even called: a
 -- producer's statement pays one read of the sequence's buffer, and sends no notification (one
 -- per commit would serialise producers' commits). Once per statement, however many rows it
--- inserts. KEY is `outbox.settings.channel_key` (migration 0028), which the inserting role
--- cannot read: so the function runs with its owner's rights, with `search_path` pinned, and
--- only when the trigger's WHEN found a request.
+-- inserts. KEY is `outbox.settings.wake_key` (migration 0028), which the inserting role cannot
+-- read: so the function runs with its owner's rights, with `search_path` pinned, and only when
+-- the trigger's WHEN found a request; with `trace_notify` off, so that the inserting session
+-- cannot have the channel's name printed to it.
 CREATE OR REPLACE FUNCTION outbox.wake_relay() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET trace_notify = off AS $$
 BEGIN
-    PERFORM pg_catalog.pg_notify('outbox_enqueued_' || s.channel_key, '') FROM outbox.settings s;
+    -- Not into a queue that a stuck listener (any login may LISTEN and idle in a transaction)
+    -- has half filled: when it is full, every transaction that notifies fails at commit, this
+    -- producer's included. The relay's fallback poll finds the message instead.
+    IF pg_catalog.pg_notification_queue_usage() < 0.5 THEN
+        PERFORM pg_catalog.pg_notify('outbox_enqueued_' || s.wake_key, '') FROM outbox.settings s;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -746,45 +752,62 @@ END
 $$;
 
 -- ---- outbox.relay_consumers_since ----
--- The consumers a relay pass may fan out to (ADR 0078): `{"version": V}` alone when the
--- consumers' version is still `known`, the version the caller holds them at; otherwise
--- `{"version": V, "consumers": [...]}` with every consumer as `[name, paused, start_seq,
--- backfill_seq, patterns]` (NULL patterns left out), which the server keeps until the version
--- moves. The server matches the patterns (`domain::topic_matches`). Called after
--- `outbox.relay_claim` in the same statement, VOLATILE and PL/pgSQL for the reason
--- `outbox.relay_consumers` gives: its one statement reads the version and the consumers in one
--- snapshot taken after the claim's locks, so a change committed while the claim waited is seen
--- with the version it moved to. (`outbox.relay_consumers`, which sent the list every pass, is
--- what the release before calls.)
-CREATE OR REPLACE FUNCTION outbox.relay_consumers_since(known bigint)
+-- The consumers a relay pass may fan out to (ADR 0078), as JSON:
+--  * `version`: the consumers' version (migration 0029);
+--  * `consumers`, only when `version` is not `known`, the version the caller holds them at:
+--    every consumer as `[name, paused, start_seq, patterns]` (NULL patterns left out), which
+--    the server keeps until the version moves;
+--  * `backfill`: `[name, backfill_seq]` of the consumers whose `backfill_seq` reaches `first`,
+--    the pass's first seq (an `EARLIEST` consumer's backfill, a replay's), which may have rows
+--    for the pass's messages. Read every pass, so that replays, which raise it, do not move the
+--    version and make the next pass read every consumer again.
+-- The server matches the patterns (`domain::topic_matches`). Called after `outbox.relay_claim`
+-- in the same statement, VOLATILE and PL/pgSQL for the reason `outbox.relay_consumers` gives:
+-- its one statement reads the version, the consumers and the backfills in one snapshot taken
+-- after the claim's locks, so a change committed while the claim waited is seen.
+-- (`outbox.relay_consumers`, which sent the list every pass, is what the release before calls.)
+CREATE OR REPLACE FUNCTION outbox.relay_consumers_since(known uuid, first bigint)
 RETURNS json
 LANGUAGE plpgsql VOLATILE
 SET jit = off AS $$
 BEGIN
-    RETURN (SELECT CASE WHEN v.version = known THEN json_build_object('version', v.version)
-                        ELSE json_build_object('version', v.version, 'consumers',
-                                (SELECT coalesce(json_agg(json_build_array(s.name, s.paused, s.start_seq,
-                                                                           s.backfill_seq, array_remove(s.topics, NULL))),
-                                                 '[]')
-                                   FROM outbox.consumers s)) END
+    RETURN (SELECT json_build_object(
+                       'version', v.version,
+                       'consumers', CASE WHEN v.version IS DISTINCT FROM known THEN
+                           (SELECT coalesce(json_agg(json_build_array(s.name, s.paused, s.start_seq,
+                                                                      array_remove(s.topics, NULL))), '[]')
+                              FROM outbox.consumers s) END,
+                       'backfill', (SELECT coalesce(json_agg(json_build_array(s.name, s.backfill_seq)), '[]')
+                                      FROM outbox.consumers s WHERE s.backfill_seq >= first))
               FROM outbox.consumers_version v);
 END
 $$;
 
 -- ---- outbox.consumers_changed ----
--- Moves the consumers' version (migration 0029) once per statement that writes
--- `outbox.consumers`, whoever writes it, in the writer's transaction.
+-- Gives the consumers a new version (migration 0029) in the writer's transaction, whoever
+-- writes: on every consumer created or deleted, and on an update of what a relay pass keeps
+-- (name, topics, paused, start), not of `backfill_seq`, which passes read every time. The
+-- triggers fire in every `session_replication_role` (ENABLE ALWAYS), so that logical
+-- replication's apply moves the version too.
 CREATE OR REPLACE FUNCTION outbox.consumers_changed() RETURNS trigger
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    UPDATE outbox.consumers_version SET version = version + 1;
+    UPDATE outbox.consumers_version SET version = gen_random_uuid();
     RETURN NULL;
 END
 $$;
-CREATE OR REPLACE TRIGGER consumers_changed AFTER INSERT OR UPDATE OR DELETE ON outbox.consumers
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox.consumers_changed();
+CREATE OR REPLACE TRIGGER consumers_changed AFTER INSERT OR DELETE ON outbox.consumers
+    FOR EACH ROW EXECUTE FUNCTION outbox.consumers_changed();
+CREATE OR REPLACE TRIGGER consumers_updated AFTER UPDATE ON outbox.consumers FOR EACH ROW
+    WHEN ((OLD.name, OLD.topics, OLD.paused, OLD.start_seq) IS DISTINCT FROM
+          (NEW.name, NEW.topics, NEW.paused, NEW.start_seq))
+    EXECUTE FUNCTION outbox.consumers_changed();
 CREATE OR REPLACE TRIGGER consumers_truncated AFTER TRUNCATE ON outbox.consumers
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.consumers_changed();
+-- Idempotent, like every statement here.
+ALTER TABLE outbox.consumers ENABLE ALWAYS TRIGGER consumers_changed;
+ALTER TABLE outbox.consumers ENABLE ALWAYS TRIGGER consumers_updated;
+ALTER TABLE outbox.consumers ENABLE ALWAYS TRIGGER consumers_truncated;
 
 -- ---- outbox.relay_pass ----
 -- One relay pass as the release before ran it, for its replicas during a rolling upgrade (this

@@ -93,6 +93,8 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
                 Some("a reserved address (240.0.0.0/4)")
             } else if (o[0], o[1], o[2]) == (192, 0, 0) {
                 Some("an IETF protocol assignment (192.0.0.0/24)")
+            } else if matches!((o[0], o[1], o[2]), (192, 0, 2) | (198, 51, 100) | (203, 0, 113)) {
+                Some("a documentation address (TEST-NET)")
             } else {
                 None
             }
@@ -119,6 +121,22 @@ fn internal(ip: IpAddr) -> Option<&'static str> {
                 // ::a.b.c.d, IPv4-compatible (deprecated by RFC 4291): no route should carry
                 // it, and a stack that still maps it reaches the IPv4 address.
                 return Some("an IPv4-compatible address (::a.b.c.d, deprecated)");
+            }
+            if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
+                // ::ffff:0:a.b.c.d, IPv4-translated (SIIT, RFC 2765).
+                return internal(IpAddr::V4(embedded(seg[6], seg[7])));
+            }
+            if (seg[4] & 0xfdff, seg[5]) == (0, 0x5efe) {
+                // ISATAP (RFC 5214): the interface id carries the IPv4 address of the tunnel's end.
+                if let Some(why) = internal(IpAddr::V4(embedded(seg[6], seg[7]))) {
+                    return Some(why);
+                }
+            }
+            if (first, seg[1]) == (0x2001, 0xdb8) {
+                return Some("a documentation address (2001:db8::/32)");
+            }
+            if (first, seg[1], seg[2]) == (0x2001, 2, 0) {
+                return Some("a benchmarking address (2001:2::/48)");
             }
             if (first, seg[1]) == (0x64, 0xff9b) && seg[2] == 1 {
                 // 64:ff9b:1::/48, NAT64 for local use (RFC 8215): the translator is inside.
@@ -214,6 +232,12 @@ mod tests {
             "http://198.19.255.254/x",
             "http://240.0.0.1/x",
             "http://192.0.0.8/x",
+            "http://[::ffff:0:10.0.0.1]/x",
+            "http://[2a00:1450::5efe:a00:1]/x",
+            "http://[2001:db8::1]/x",
+            "http://[2001:2::1]/x",
+            "http://192.0.2.1/x",
+            "http://203.0.113.9/x",
         ] {
             let e = d.check_url(url).await.unwrap_err();
             assert!(e.contains("--sink-allow-private"), "{url}: {e}");
@@ -223,6 +247,7 @@ mod tests {
         assert!(d.check_url("https://[64:ff9b::5db8:d70e]/hook").await.is_ok());
         assert!(d.check_url("https://[2002:5db8:d70e::1]/hook").await.is_ok());
         assert!(d.check_url("https://198.20.0.1/hook").await.is_ok(), "just past 198.18.0.0/15");
+        assert!(d.check_url("https://[2a00:1450::5efe:5db8:d70e]/hook").await.is_ok(), "ISATAP to a public address");
         assert!(Destinations::anywhere().check_url("http://127.0.0.1:9/x").await.is_ok());
         let one_net = Destinations { allow_private: false, allowed: vec!["10.1.0.0/16".parse().unwrap()].into() };
         assert!(one_net.check_url("amqp://10.1.2.3:5672/%2f").await.is_ok(), "inside the allowed network");

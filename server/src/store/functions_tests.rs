@@ -249,61 +249,91 @@ async fn relay_consumers_lists_those_that_name_a_topic_or_have_a_wildcard() {
     assert_eq!(listed(&none).keys().collect::<Vec<_>>(), ["n", "w"], "the wildcards only");
 }
 
-/// The consumers' version and what `outbox.relay_consumers_since` answers for it.
-async fn consumers_since(pool: &sqlx::PgPool, known: i64) -> serde_json::Value {
-    sqlx::query_scalar("SELECT outbox.relay_consumers_since($1)").bind(known).fetch_one(pool).await.unwrap()
+/// What `outbox.relay_consumers_since` answers for the version `known` and the first seq 1.
+async fn consumers_since(pool: &sqlx::PgPool, known: Option<&str>) -> serde_json::Value {
+    sqlx::query_scalar("SELECT outbox.relay_consumers_since($1::uuid, 1)").bind(known).fetch_one(pool).await.unwrap()
 }
 
 /// A relay keeps the consumers between passes (ADR 0078): `relay_consumers_since` sends them
-/// only when the version it is given is not the current one, and every statement that writes
-/// `outbox.consumers` moves the version, whoever runs it (the store's creates, pauses and
-/// deletes, a replay's `backfill_seq`, raw SQL).
+/// only when the version it is given is not the current one, and a new random version comes
+/// with every consumer created or deleted, and every change of what a pass keeps (name, topics,
+/// paused, start), whoever writes it. A backfill (a replay's, an `EARLIEST` consumer's) moves
+/// no version: the backfills that reach the pass come with every answer.
 #[tokio::test]
 async fn relay_consumers_since_sends_every_consumer_only_when_the_version_moved() {
     let (_db, pool, store, _) = setup(0).await;
-    let first = consumers_since(&pool, 0).await;
-    let v = first["version"].as_i64().unwrap();
+    let first = consumers_since(&pool, None).await;
+    let mut at = first["version"].as_str().unwrap().to_owned();
     assert_eq!(listed(&first["consumers"]).keys().collect::<Vec<_>>(), ["c"]);
-    assert_eq!(consumers_since(&pool, v).await, serde_json::json!({ "version": v }), "unchanged: no list");
+    let same = consumers_since(&pool, Some(&at)).await;
+    assert_eq!(same["version"], first["version"]);
+    assert!(same["consumers"].is_null(), "unchanged: no list: {same}");
 
-    fn moved(at: &mut i64, label: &str, json: serde_json::Value) -> serde_json::Value {
-        let now = json["version"].as_i64().unwrap();
-        assert!(now > *at, "{label} moves the version: {json}");
-        assert!(json.get("consumers").is_some(), "{label}: the list comes with the new version");
+    fn moved(at: &mut String, label: &str, json: serde_json::Value) -> serde_json::Value {
+        let now = json["version"].as_str().unwrap().to_owned();
+        assert_ne!(&now, at, "{label} moves the version: {json}");
+        assert!(json["consumers"].is_array(), "{label}: the list comes with the new version");
         *at = now;
         json
     }
     let name = |n: &str| crate::domain::ConsumerName::parse("consumer", n).unwrap();
-    let mut at = v;
     store.consumer_create(&spec("w", &["orders.*"], 5), Utc::now()).await.unwrap();
-    let json = consumers_since(&pool, at).await;
+    let json = consumers_since(&pool, Some(&at)).await;
     let json = moved(&mut at, "a create", json);
     assert_eq!(listed(&json["consumers"]).keys().collect::<Vec<_>>(), ["c", "w"], "every consumer, wildcard or not");
+    assert_eq!(listed(&json["consumers"])["w"], serde_json::json!(["w", false, 0, ["orders.*"]]));
     store.consumer_set_paused(&name("w"), true).await.unwrap();
-    let json = consumers_since(&pool, at).await;
+    let json = consumers_since(&pool, Some(&at)).await;
     let json = moved(&mut at, "a pause", json);
     assert_eq!(listed(&json["consumers"])["w"][1], serde_json::json!(true));
+    sqlx::query("UPDATE outbox.consumers SET topics = ARRAY['orders.>'] WHERE name = 'w'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let json = consumers_since(&pool, Some(&at)).await;
+    let json = moved(&mut at, "new topics by raw SQL", json);
+    assert_eq!(listed(&json["consumers"])["w"][3], serde_json::json!(["orders.>"]));
+
+    // A replay's backfill: no new version, and the backfill comes with the answer.
     sqlx::query("UPDATE outbox.consumers SET backfill_seq = 7 WHERE name = 'c'").execute(&pool).await.unwrap();
-    let json = consumers_since(&pool, at).await;
-    let json = moved(&mut at, "a replay's backfill", json);
-    assert_eq!(listed(&json["consumers"])["c"][3], serde_json::json!(7));
+    sqlx::query("UPDATE outbox.consumers SET paused = paused").execute(&pool).await.unwrap();
+    let json = consumers_since(&pool, Some(&at)).await;
+    assert!(json["consumers"].is_null(), "a backfill or an update that changes nothing keeps the version: {json}");
+    assert_eq!(json["backfill"], serde_json::json!([["c", 7]]));
+    let later: serde_json::Value = sqlx::query_scalar("SELECT outbox.relay_consumers_since($1::uuid, 8)")
+        .bind(&at)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(later["backfill"], serde_json::json!([]), "a backfill below the pass's first seq is left out");
+
     store.consumer_delete(&name("w")).await.unwrap();
-    let json = consumers_since(&pool, at).await;
+    let json = consumers_since(&pool, Some(&at)).await;
     let json = moved(&mut at, "a delete", json);
     assert_eq!(listed(&json["consumers"]).keys().collect::<Vec<_>>(), ["c"]);
-    assert_eq!(consumers_since(&pool, at).await, serde_json::json!({ "version": at }));
+    // Writes that skip ordinary triggers (logical replication's apply, a restore in replica
+    // mode) still move it.
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET session_replication_role = replica; DELETE FROM outbox.consumers WHERE name = 'c'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let json = consumers_since(&pool, Some(&at)).await;
+    let json = moved(&mut at, "a delete in replica mode", json);
+    assert_eq!(listed(&json["consumers"]).len(), 0);
 }
 
 /// A replay raises a consumer's `backfill_seq` under the relays' turn. A pass whose claim waited
 /// for that turn reads the consumers after it, so it sees the replay's value: read with the
 /// claim statement's own snapshot, taken before the wait, it would not, and the pass would put
-/// the seq in a range beside the replay's row. The relay holds the consumers at the version
-/// before the replay: the claim brings them again, at the version the replay moved to.
+/// the seq in a range beside the replay's row. The relay holds the consumers at their version
+/// already: the backfill comes with the claim all the same (a backfill moves no version).
 #[tokio::test]
 async fn the_claims_consumers_are_read_after_the_turn_it_waited_for() {
     let (_db, pool, _store, messages) = setup(1).await;
     let seq = messages[0].seq;
-    let held = consumers_since(&pool, 0).await["version"].as_i64().unwrap();
+    let held = consumers_since(&pool, None).await["version"].as_str().unwrap().to_owned();
     let mut replay = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock(1869903970, 1)").execute(&mut *replay).await.unwrap();
     sqlx::query("UPDATE outbox.consumers SET backfill_seq = $1 WHERE name = 'c'")
@@ -320,7 +350,7 @@ async fn the_claims_consumers_are_read_after_the_turn_it_waited_for() {
                 .bind(Utc::now())
                 .bind(super::postgres::CONSUMERS_LOCK)
                 .bind(500_i64)
-                .bind(held)
+                .bind(Some(held.clone()))
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();
@@ -343,10 +373,9 @@ async fn the_claims_consumers_are_read_after_the_turn_it_waited_for() {
     replay.commit().await.unwrap();
     let (claimed, consumers) = relay.await.unwrap();
     assert_eq!(claimed, 1);
-    assert!(consumers["version"].as_i64().unwrap() > held, "{consumers}");
     assert_eq!(
-        listed(&consumers["consumers"])["c"][3],
-        serde_json::json!(seq),
+        consumers["backfill"],
+        serde_json::json!([["c", seq]]),
         "the replay's backfill_seq, committed during the wait"
     );
 }

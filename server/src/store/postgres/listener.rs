@@ -88,6 +88,7 @@ mod tests {
 
     use super::*;
     use crate::store::Store as _;
+    use crate::store::postgres::WORK_CHANNEL;
     use crate::testing::TestDb;
 
     async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<WorkHint>) -> WorkHint {
@@ -139,6 +140,19 @@ mod tests {
         let channels = pg.channels().await.unwrap();
         sqlx::query("SELECT pg_notify($1, '')").bind(&channels.enqueued).execute(pg.pool()).await.unwrap();
         assert_eq!(next(&mut rx).await, WorkHint::Enqueued, "the real channel is heard");
+        // A producer's own insert sends on the wake-up channel, in the producer's session: that
+        // channel's key is not the work channel's, and the trigger function does not let the
+        // session trace the name (`trace_notify`).
+        assert_ne!(
+            channels.work.trim_start_matches(WORK_CHANNEL),
+            channels.enqueued.trim_start_matches(super::super::ENQUEUED_CHANNEL)
+        );
+        let config: Vec<String> =
+            sqlx::query_scalar("SELECT unnest(proconfig) FROM pg_proc WHERE oid = 'outbox.wake_relay'::regproc")
+                .fetch_all(pg.pool())
+                .await
+                .unwrap();
+        assert!(config.iter().any(|c| c == "trace_notify=off"), "{config:?}");
 
         cancel.cancel();
         task.await.unwrap();

@@ -42,8 +42,8 @@ pub(crate) const PRUNE_LOCK: i64 = 0x6f75_7462_6f78_0002;
 /// (`outbox.settings.channel_key`, migration 0028: any login may NOTIFY a channel it can name):
 /// the payload is a comma-separated list of consumer names, or empty for "all".
 pub const WORK_CHANNEL: &str = "outbox_work_";
-/// Where producers' statements wake a relay that asked for it (ADR 0051), before the key
-/// (`outbox.wake_relay` in server/sql/functions.sql names it too).
+/// Where producers' statements wake a relay that asked for it (ADR 0051), before the wake key
+/// (`outbox.settings.wake_key`; `outbox.wake_relay` in server/sql/functions.sql names it too).
 pub const ENQUEUED_CHANNEL: &str = "outbox_enqueued_";
 
 /// This database's two notification channels.
@@ -149,19 +149,58 @@ pub struct PgStore {
 }
 
 /// The consumers a relay pass matches, at the version of `outbox.consumers_version` they were
-/// read at (0: never read; versions start at 1).
+/// read at (`None`: never read).
 #[derive(Debug, Default)]
 struct RelayConsumers {
-    version: i64,
-    list: Arc<Vec<ConsumerRow>>,
+    version: Option<String>,
+    list: Arc<ConsumerIndex>,
+}
+
+/// The consumers kept between passes, indexed by the topics they name exactly, so that a pass
+/// matches only those that name one of its topics and those with a wildcard pattern.
+#[derive(Debug, Default)]
+struct ConsumerIndex {
+    rows: Vec<ConsumerRow>,
+    exact: std::collections::HashMap<String, Vec<usize>>,
+    wildcard: Vec<usize>,
+}
+
+impl ConsumerIndex {
+    fn new(rows: Vec<ConsumerRow>) -> Self {
+        let mut exact: std::collections::HashMap<String, Vec<usize>> = std::collections::HashMap::new();
+        let mut wildcard = Vec::new();
+        for (i, (_, _, _, patterns)) in rows.iter().enumerate() {
+            if patterns.iter().any(|p| p.contains(['*', '>'])) {
+                wildcard.push(i);
+            }
+            for p in patterns.iter().filter(|p| !p.contains(['*', '>'])) {
+                let at = exact.entry(p.clone()).or_default();
+                if at.last() != Some(&i) {
+                    at.push(i);
+                }
+            }
+        }
+        Self { rows, exact, wildcard }
+    }
+
+    /// The consumers that may take one of `topics`, each once.
+    fn candidates(&self, topics: &std::collections::BTreeSet<&str>) -> Vec<&ConsumerRow> {
+        let mut at: Vec<usize> = self.wildcard.clone();
+        at.extend(topics.iter().filter_map(|t| self.exact.get(*t)).flatten());
+        at.sort_unstable();
+        at.dedup();
+        at.into_iter().map(|i| &self.rows[i]).collect()
+    }
 }
 
 /// What `outbox.relay_consumers_since` answers: the consumers only when their version is not
-/// the one the relay holds them at.
+/// the one the relay holds them at; the backfills that reach the pass's first seq every time.
 #[derive(Debug, serde::Deserialize)]
 struct ConsumersSince {
-    version: i64,
+    /// A UUID, compared as it is written.
+    version: String,
     consumers: Option<Vec<ConsumerRow>>,
+    backfill: Vec<(String, i64)>,
 }
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
@@ -186,26 +225,29 @@ pub(crate) fn multirange(seqs: &[i64]) -> String {
     format!("{{{}}}", parts.join(","))
 }
 
-/// A consumer as the claim lists it (`relay_claim`): name, paused, start seq, backfill seq,
-/// topic patterns.
-type ConsumerRow = (String, bool, i64, i64, Vec<String>);
+/// A consumer as the claim lists it (`relay_claim`): name, paused, start seq, topic patterns.
+type ConsumerRow = (String, bool, i64, Vec<String>);
 
 /// The consumers that subscribe to the topics of a pass whose first seq is `first`, matched
-/// here against every consumer (as of the claim, ADR 0078), each with the rows it has already
-/// for the pass's messages (only an `EARLIEST` consumer whose backfill reached `first` can have
-/// any: the pass asks for those alone).
+/// here against the consumers kept at the claim's version (ADR 0078), each with the rows it
+/// has already for the pass's messages (only a consumer whose backfill, listed by the claim,
+/// reached `first` can have any: the pass asks for those alone).
 async fn relay_subscribers(
     tx: &mut Transaction<'_, Postgres>,
     messages: &[StoredMessage],
     first: i64,
-    consumers: &[ConsumerRow],
+    consumers: &ConsumerIndex,
+    backfill: &[(String, i64)],
 ) -> Result<Vec<Subscriber>> {
     let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
+    let backfill: std::collections::HashMap<&str, i64> = backfill.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let mut subscribers: Vec<Subscriber> = Vec::new();
     let mut probed: Vec<(String, i64)> = Vec::new();
     let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (name, paused, start_seq, backfill_seq, patterns) in consumers {
-        let (paused, start_seq, backfill_seq) = (*paused, *start_seq, *backfill_seq);
+    for (name, paused, start_seq, patterns) in consumers.candidates(&topics) {
+        let (paused, start_seq) = (*paused, *start_seq);
+        // Listed only where it reaches `first`; below it, no row can exist for the pass.
+        let backfill_seq = backfill.get(name.as_str()).copied().unwrap_or(0);
         let matched: std::collections::HashSet<String> = topics
             .iter()
             .filter(|t| patterns.iter().any(|p| crate::domain::topic_matches(p, t)))
@@ -368,28 +410,29 @@ impl PgStore {
 
     /// The consumers at the version a claim read (ADR 0078): those it brought, kept for the
     /// passes after it, or those kept when it brought none because the version is the same.
-    fn relay_consumers_at(&self, since: ConsumersSince) -> Result<Arc<Vec<ConsumerRow>>> {
+    fn relay_consumers_at(&self, since: ConsumersSince) -> Result<Arc<ConsumerIndex>> {
         let mut kept = self.relay_consumers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match since.consumers {
             Some(list) => {
-                *kept = RelayConsumers { version: since.version, list: Arc::new(list) };
+                *kept = RelayConsumers { version: Some(since.version), list: Arc::new(ConsumerIndex::new(list)) };
                 Ok(kept.list.clone())
             }
-            // Two relays of this process may pass in turns with a change between them: the
-            // version held may be newer or older than this claim's, and only the same will do.
-            None if kept.version == since.version => Ok(kept.list.clone()),
+            // Claims take turns and each reads after the one before committed, so the version
+            // this process holds is the one a claim that brought nothing answered; anything
+            // else is an error, never a pass with another list.
+            None if kept.version.as_deref() == Some(since.version.as_str()) => Ok(kept.list.clone()),
             None => Err(StoreError::InvalidValue(format!(
-                "a relay claim at consumers version {} came without the consumers (this process holds version {})",
+                "a relay claim at consumers version {} came without the consumers (this process holds {:?})",
                 since.version, kept.version
             ))),
         }
     }
 
-    /// This database's notification channels: [`WORK_CHANNEL`] and [`ENQUEUED_CHANNEL`] with
-    /// its channel key.
+    /// This database's notification channels: [`WORK_CHANNEL`] with its channel key and
+    /// [`ENQUEUED_CHANNEL`] with its wake key.
     pub async fn channels(&self) -> Result<Channels> {
-        let key: String = sqlx::query_scalar(q::SETTINGS_CHANNEL_KEY).fetch_one(&self.pool).await?;
-        Ok(Channels { work: format!("{WORK_CHANNEL}{key}"), enqueued: format!("{ENQUEUED_CHANNEL}{key}") })
+        let (work, wake): (String, String) = sqlx::query_as(q::SETTINGS_CHANNEL_KEYS).fetch_one(&self.pool).await?;
+        Ok(Channels { work: format!("{WORK_CHANNEL}{work}"), enqueued: format!("{ENQUEUED_CHANNEL}{wake}") })
     }
 
     /// A listener on this database's channels, on its own connection, and their names.
@@ -497,7 +540,7 @@ impl Store for PgStore {
         // Payloads come with the claim for as many messages as the offers have room: in a
         // steady flow every pushed one; past that (a backlog), only what is pushed is read, below.
         let room: usize = offers.iter().map(|o| o.room).sum();
-        let known = self.relay_consumers.lock().map(|c| c.version).unwrap_or(0);
+        let known = self.relay_consumers.lock().map(|c| c.version.clone()).unwrap_or(None);
         let claimed = sqlx::query(q::RELAY_CLAIM)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(now)
@@ -517,11 +560,12 @@ impl Store for PgStore {
         // The first row carries the consumers' version, and the consumers when it is not the
         // one this process holds them at; a claim without them would fan out to no one.
         let since = claimed.first().map(|r| r.try_get::<Option<Json<ConsumersSince>>, _>("consumers")).transpose()?;
-        let Some(Json(since)) = since.flatten() else {
+        let Some(Json(mut since)) = since.flatten() else {
             return Err(StoreError::InvalidValue("a relay claim came without its consumers".into()));
         };
+        let backfill = std::mem::take(&mut since.backfill);
         let consumers = self.relay_consumers_at(since)?;
-        let subscribers = relay_subscribers(&mut tx, &messages, first, &consumers).await?;
+        let subscribers = relay_subscribers(&mut tx, &messages, first, &consumers, &backfill).await?;
         let plan = fanout::plan(&messages.iter().map(PassMessage::from).collect::<Vec<_>>(), &subscribers, offers, now);
 
         let mut ranges: (Vec<&str>, Vec<Option<&str>>, Vec<Option<DateTime<Utc>>>, Vec<String>) = Default::default();

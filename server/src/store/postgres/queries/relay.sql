@@ -5,9 +5,10 @@
 -- name: relay_claim
 -- The messages the pass claims (`outbox.relay_claim`), in seq order; the payload (only pushed
 -- deliveries carry it) for the first $4, the room the streams offered (`with_payload`). The
--- first row also carries the consumers' version and, when it is not $5 (the version the
--- relay holds them at), the consumers (`outbox.relay_consumers_since`, read under the locks the
--- claim took, ADR 0078), for the pass to match in Rust (`domain::topic_matches`, as on SQLite);
+-- first row also carries the consumers' version, the consumers when it is not $5 (the version
+-- the relay holds them at), and the backfills that reach the pass's first seq
+-- (`outbox.relay_consumers_since`, read under the locks the claim took, ADR 0078), for the
+-- pass to match in Rust (`domain::topic_matches`, as on SQLite);
 -- matching in SQL called a PL/pgSQL function per consumer and topic (5 ms a pass with 1,000
 -- consumers, ADR 0071).
 WITH c AS MATERIALIZED (
@@ -16,7 +17,7 @@ WITH c AS MATERIALIZED (
 SELECT c.message_id, c.seq, c.topic, c.type, CASE WHEN c.n <= $4 THEN c.payload ELSE ''::bytea END AS payload,
        c.n <= $4 AS with_payload, c.headers, c.ordering_key, c.enqueued_at, c.available_at,
        $2::timestamptz AS relayed_at,
-       CASE WHEN c.n = 1 THEN outbox.relay_consumers_since($5) END AS consumers
+       CASE WHEN c.n = 1 THEN outbox.relay_consumers_since($5::uuid, (SELECT min(c2.seq) FROM c c2)) END AS consumers
   FROM c
  ORDER BY c.seq;
 
@@ -58,5 +59,8 @@ RETURNING d.consumer;
 -- name: relay_notify
 -- Wakes the streams of other replicas: the consumers that got waiting deliveries ($1, comma
 -- separated; empty for every consumer), on the work channel of this database's key.
-SELECT pg_notify('outbox_work_' || s.channel_key, $1) FROM outbox.settings s;
+-- Not into a queue that a stuck listener has half filled (see `outbox.wake_relay`): when it is
+-- full, the pass's commit would fail; the streams' fallback polls find the work instead.
+SELECT pg_notify('outbox_work_' || s.channel_key, $1) FROM outbox.settings s
+ WHERE pg_notification_queue_usage() < 0.5;
 

@@ -4,9 +4,9 @@ LOCK TABLE outbox.function_source IN EXCLUSIVE MODE;
 -- name: tables_analyze
 ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.delivery_ranges;
 
--- name: settings_channel_key
--- The key of this database's notification channels (migration 0028).
-SELECT channel_key FROM outbox.settings;
+-- name: settings_channel_keys
+-- The keys of this database's notification channels (migration 0028).
+SELECT channel_key, wake_key FROM outbox.settings;
 
 -- name: settings_write
 UPDATE outbox.settings SET max_payload_bytes = $1 WHERE max_payload_bytes <> $1;
