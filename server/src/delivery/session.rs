@@ -32,7 +32,7 @@ use super::order::Order;
 use super::pace::{Next, Pace, until};
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
+use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
 use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
@@ -221,7 +221,8 @@ impl Session {
         if let Err(e) = self.release(unsent, false).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
         }
-        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
+        // Only a broken stream counts against what it held, and only what it sent; a clean
+        // close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
         if let Err(e) = self.release_all(counts_as_failure).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
@@ -481,10 +482,14 @@ impl Session {
         self.window.expire(self.ctx.clock.now());
         for mut d in self.window.still_held(leased) {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+            let id = d.message.message_id;
             // Open until the delivery is handed to the stream.
             let _span = deliver_span(self.consumer().as_str(), &mut d);
             tokio::select! {
-                sent = out.send(Ok(d)) => if sent.is_err() { return false },
+                sent = out.send(Ok(d)) => match sent {
+                    Ok(()) => self.window.sent(&id),
+                    Err(_) => return false,
+                },
                 // A client that stopped reading must not hold up a shutdown.
                 _ = self.ctx.shutdown.cancelled() => return true,
             }
@@ -577,19 +582,22 @@ impl Session {
         }
         let now = self.ctx.clock.now();
         let max = self.start.consumer.spec.max_deliveries;
-        let error = if counts_as_failure { "stream broke before ack" } else { "stream closed before ack" };
         let releases: Vec<Release> = held
             .into_iter()
             .map(|(id, h)| {
                 // A stream that breaks with a delivery at its last attempt may be a consumer
-                // crashing on it: that counts. A clean close or a server shutdown does not.
-                let dead = counts_as_failure && h.delivery_count >= max;
+                // crashing on it: that counts. A clean close or a server shutdown does not,
+                // nor does anything the stream was never sent: the release takes back the
+                // attempt its lease counted (ADR 0074).
+                let failed = counts_as_failure && h.sent;
+                let dead = failed && h.delivery_count >= max;
                 Release {
                     consumer: self.start.consumer.spec.name.clone(),
                     message_id: id,
                     state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
                     available_at: now,
-                    error: Some(error.to_owned()),
+                    error: Some(if failed { "stream broke before ack" } else { "stream closed before ack" }.to_owned()),
+                    attempt: if failed { Attempt::Failed } else { Attempt::Withdrawn },
                 }
             })
             .collect();

@@ -12,7 +12,7 @@ use chrono::{SubsecRound, Utc};
 use sqlx::Connection as _;
 
 use super::*;
-use crate::domain::DeliveryState;
+use crate::domain::{Attempt, DeliveryState};
 use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
@@ -186,6 +186,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
         state: DeliveryState::Pending,
         available_at: now,
         error: None,
+        attempt: Attempt::Failed,
     };
     // s1 held a (acked now), s2 holds b: s1 can release neither.
     assert_eq!(
@@ -1168,6 +1169,7 @@ async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_ti
                         state: DeliveryState::Pending,
                         available_at: now,
                         error: None,
+                        attempt: Attempt::Failed,
                     })
                     .collect::<Vec<_>>(),
                 ReleaseGuard::Session("s"),
@@ -1694,6 +1696,7 @@ async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: Share
             state: DeliveryState::Dead,
             available_at: now,
             error: Some(e.into()),
+            attempt: Attempt::Failed,
         })
         .collect();
     assert_eq!(store.delivery_release_many(&releases, ReleaseGuard::Session("s"), now).await.unwrap(), 4);
