@@ -645,3 +645,60 @@ where
     }
     Event::Commands(commands, None)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::store::tests::{msg, on_every_store, spec};
+
+    on_every_store!(a_broken_stream_counts_only_what_it_handed_to_the_client);
+
+    /// T16 and T17 of a broken stream, as the session decides them: of three deliveries leased
+    /// at `max_deliveries` 1, the client takes one and goes. That one was sent, so the break
+    /// counts it and it is dead; the other two never left the session (the stream's queue had
+    /// room for one), so they are pending again with their count given back.
+    async fn a_broken_stream_counts_only_what_it_handed_to_the_client(store: SharedStore) {
+        let now = Utc::now();
+        store.consumer_create(&spec("c", &["t"], 1), now).await.unwrap();
+        let ids: Vec<MessageId> = store
+            .message_insert_batch(&[msg("t"), msg("t"), msg("t")], now)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.message_id)
+            .collect();
+        store.relay_batch(100, now, false, &[]).await.unwrap();
+        let ctx = SessionContext {
+            store: store.clone(),
+            clock: Arc::new(SystemClock),
+            hub: Hub::default(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            drain_timeout: Duration::from_secs(1),
+            poll_interval: Duration::from_secs(5),
+        };
+        let consumer = store.consumer_list().await.unwrap().remove(0);
+        let start = SessionStart { consumer, max_in_flight: 4, ack_deadline: Duration::from_secs(30), bytes: None };
+        let (out, mut client) = mpsc::channel(1);
+        let session = tokio::spawn(Session::new(ctx, start).run(futures::stream::pending::<Incoming>(), out));
+        let taken = client.recv().await.unwrap().unwrap().message.message_id;
+        // Gone before the session could send the next: the current-thread runtime runs nothing
+        // else between the receive and the drop.
+        drop(client);
+        session.await.unwrap();
+        for id in ids {
+            let (_, rows) = store.message_get(id).await.unwrap();
+            let d = rows.into_iter().find(|r| r.consumer == "c").unwrap();
+            if id == taken {
+                assert_eq!((d.state, d.delivery_count), (DeliveryState::Dead, 1));
+                assert_eq!(d.last_error.as_deref(), Some("stream broke before ack"));
+            } else {
+                assert_eq!((d.state, d.delivery_count), (DeliveryState::Pending, 0), "never sent: not an attempt");
+                assert_eq!(d.last_error.as_deref(), Some("stream closed before ack"));
+            }
+        }
+    }
+}
