@@ -120,7 +120,10 @@ fn keyed(key: &str) -> NewMessage {
 
 /// One relay pass of up to 100 messages at `at`.
 async fn relay(store: &SharedStore, at: DateTime<Utc>, offers: &[PushOffer]) -> RelayOutcome {
-    store.relay_batch(100, at, false, offers).await.unwrap()
+    let out = store.relay_batch(100, at, false, offers).await.unwrap();
+    // A push is a lease too.
+    invariants_hold(store).await;
+    out
 }
 
 /// A lease of up to `n` for `session` at `at`, the ids in the order leased, with their counts.
