@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::clock;
-use crate::domain::{ConsumerSpec, DeliveryState, MessageId, Release};
+use crate::domain::{Attempt, ConsumerSpec, DeliveryState, MessageId, Release};
 
 pub mod order;
 pub mod pace;
@@ -48,5 +48,6 @@ pub fn failed(
         state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
         available_at: if dead { now } else { due },
         error: Some(error),
+        attempt: Attempt::Failed,
     }
 }

@@ -32,7 +32,7 @@ use super::order::Order;
 use super::pace::{Next, Pace, until};
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
+use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
 use crate::store::{SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
@@ -221,7 +221,8 @@ impl Session {
         if let Err(e) = self.release(unsent, false).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
         }
-        // Only a broken stream counts against what it held; a clean close or a shutdown does not.
+        // Only a broken stream counts against what it held, and only what it sent; a clean
+        // close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
         if let Err(e) = self.release_all(counts_as_failure).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
@@ -481,10 +482,14 @@ impl Session {
         self.window.expire(self.ctx.clock.now());
         for mut d in self.window.still_held(leased) {
             metrics::delivered(self.consumer().as_str(), now, d.message.enqueued_at);
+            let id = d.message.message_id;
             // Open until the delivery is handed to the stream.
             let _span = deliver_span(self.consumer().as_str(), &mut d);
             tokio::select! {
-                sent = out.send(Ok(d)) => if sent.is_err() { return false },
+                sent = out.send(Ok(d)) => match sent {
+                    Ok(()) => self.window.sent(&id),
+                    Err(_) => return false,
+                },
                 // A client that stopped reading must not hold up a shutdown.
                 _ = self.ctx.shutdown.cancelled() => return true,
             }
@@ -577,19 +582,22 @@ impl Session {
         }
         let now = self.ctx.clock.now();
         let max = self.start.consumer.spec.max_deliveries;
-        let error = if counts_as_failure { "stream broke before ack" } else { "stream closed before ack" };
         let releases: Vec<Release> = held
             .into_iter()
             .map(|(id, h)| {
                 // A stream that breaks with a delivery at its last attempt may be a consumer
-                // crashing on it: that counts. A clean close or a server shutdown does not.
-                let dead = counts_as_failure && h.delivery_count >= max;
+                // crashing on it: that counts. A clean close or a server shutdown does not,
+                // nor does anything the stream was never sent: the release takes back the
+                // attempt its lease counted (ADR 0074).
+                let failed = counts_as_failure && h.sent;
+                let dead = failed && h.delivery_count >= max;
                 Release {
                     consumer: self.start.consumer.spec.name.clone(),
                     message_id: id,
                     state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
                     available_at: now,
-                    error: Some(error.to_owned()),
+                    error: Some(if failed { "stream broke before ack" } else { "stream closed before ack" }.to_owned()),
+                    attempt: if failed { Attempt::Failed } else { Attempt::Withdrawn },
                 }
             })
             .collect();
@@ -636,4 +644,61 @@ where
         }
     }
     Event::Commands(commands, None)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::store::tests::{msg, on_every_store, spec};
+
+    on_every_store!(a_broken_stream_counts_only_what_it_handed_to_the_client);
+
+    /// T16 and T17 of a broken stream, as the session decides them: of three deliveries leased
+    /// at `max_deliveries` 1, the client takes one and goes. That one was sent, so the break
+    /// counts it and it is dead; the other two never left the session (the stream's queue had
+    /// room for one), so they are pending again with their count given back.
+    async fn a_broken_stream_counts_only_what_it_handed_to_the_client(store: SharedStore) {
+        let now = Utc::now();
+        store.consumer_create(&spec("c", &["t"], 1), now).await.unwrap();
+        let ids: Vec<MessageId> = store
+            .message_insert_batch(&[msg("t"), msg("t"), msg("t")], now)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.message_id)
+            .collect();
+        store.relay_batch(100, now, false, &[]).await.unwrap();
+        let ctx = SessionContext {
+            store: store.clone(),
+            clock: Arc::new(SystemClock),
+            hub: Hub::default(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            drain_timeout: Duration::from_secs(1),
+            poll_interval: Duration::from_secs(5),
+        };
+        let consumer = store.consumer_list().await.unwrap().remove(0);
+        let start = SessionStart { consumer, max_in_flight: 4, ack_deadline: Duration::from_secs(30), bytes: None };
+        let (out, mut client) = mpsc::channel(1);
+        let session = tokio::spawn(Session::new(ctx, start).run(futures::stream::pending::<Incoming>(), out));
+        let taken = client.recv().await.unwrap().unwrap().message.message_id;
+        // Gone before the session could send the next: the current-thread runtime runs nothing
+        // else between the receive and the drop.
+        drop(client);
+        session.await.unwrap();
+        for id in ids {
+            let (_, rows) = store.message_get(id).await.unwrap();
+            let d = rows.into_iter().find(|r| r.consumer == "c").unwrap();
+            if id == taken {
+                assert_eq!((d.state, d.delivery_count), (DeliveryState::Dead, 1));
+                assert_eq!(d.last_error.as_deref(), Some("stream broke before ack"));
+            } else {
+                assert_eq!((d.state, d.delivery_count), (DeliveryState::Pending, 0), "never sent: not an attempt");
+                assert_eq!(d.last_error.as_deref(), Some("stream closed before ack"));
+            }
+        }
+    }
 }

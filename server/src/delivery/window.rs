@@ -27,6 +27,9 @@ pub struct Held {
     pub seq: i64,
     /// What the delivery weighs against its principal's byte budget.
     pub bytes: usize,
+    /// Handed to the stream's transport: only then may the consumer have seen it, and only
+    /// then can a broken stream count it as a failed attempt.
+    pub sent: bool,
 }
 
 impl Held {
@@ -38,6 +41,7 @@ impl Held {
             has_ordering_key: d.message.ordering_key.is_some(),
             seq: d.message.seq,
             bytes: size_of(d),
+            sent: false,
         }
     }
 }
@@ -241,6 +245,13 @@ impl Window {
         let h = self.held.remove(id)?;
         self.give_bytes(h.bytes);
         Some(h)
+    }
+
+    /// Marks a held delivery as handed to the stream's transport.
+    pub fn sent(&mut self, id: &MessageId) {
+        if let Some(h) = self.held.get_mut(id) {
+            h.sent = true;
+        }
     }
 
     /// The ids among `ids` that this stream holds.

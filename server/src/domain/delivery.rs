@@ -66,6 +66,22 @@ pub struct Release {
     pub state: DeliveryState,
     pub available_at: DateTime<Utc>,
     pub error: Option<String>,
+    /// Whether the lease being released was an attempt (ADR 0074).
+    pub attempt: Attempt,
+}
+
+/// Whether a released lease counts as an attempt. Every lease adds one to `delivery_count`
+/// when it is taken, before the consumer sees anything; a release says whether that one
+/// stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// A failed attempt: a nack, a refused publish, an expired lease, a broken stream holding
+    /// what it had sent. The count stays, and decides `dead` against `max_deliveries`.
+    Failed,
+    /// Not an attempt: a clean close, a shutdown, an unreachable sink target, or a delivery the
+    /// stream was never sent. The release takes back the one its lease added, so that the next
+    /// lease counts the same attempt again and `delivery_count` never passes `max_deliveries`.
+    Withdrawn,
 }
 
 /// Which leases a release may touch.

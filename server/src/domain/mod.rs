@@ -8,7 +8,7 @@ use uuid::Uuid;
 mod delivery;
 pub mod fanout;
 pub mod sink;
-pub use delivery::{LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
+pub use delivery::{Attempt, LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
 pub use sink::{REDACTED, Sink, SinkKind, SinkTarget, Template, WebhookSecret, redact_url};
 
 /// A value at the edge that does not parse; `field` names the offending field.

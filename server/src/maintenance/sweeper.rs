@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, SharedClock};
-use crate::domain::{Backoff, DeliveryState, Release, ReleaseGuard};
+use crate::domain::{Attempt, Backoff, DeliveryState, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::metrics;
 use crate::store::{SharedStore, StoreError};
@@ -43,6 +43,7 @@ impl LeaseSweeper {
                     state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
                     available_at: if dead { now } else { clock::add(now, backoff.delay(e.delivery_count)) },
                     error: Some("ack deadline expired".to_owned()),
+                    attempt: Attempt::Failed,
                 }
             })
             .collect();

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::domain::{ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
+use crate::domain::{Attempt, ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::store::{SharedStore, StoreError};
 
@@ -211,8 +211,8 @@ impl Relay {
     }
 
     /// Releases deliveries leased at fan-out to streams that ended before the hand-over, at
-    /// once, for any stream to take (their delivery count stays at 1, so the next delivery
-    /// says 2).
+    /// once, for any stream to take. No consumer saw them: the count their push added is
+    /// taken back, so the next delivery counts the same attempt.
     async fn release_unsent(&self, unsent: Vec<(String, String, Vec<LeasedDelivery>)>) {
         for (consumer, session, deliveries) in unsent {
             let Ok(name) = ConsumerName::parse("consumer", &consumer) else { continue };
@@ -225,6 +225,7 @@ impl Relay {
                     state: DeliveryState::Pending,
                     available_at: now,
                     error: None,
+                    attempt: Attempt::Withdrawn,
                 })
                 .collect();
             if let Err(e) = self.store.delivery_release_many(&releases, ReleaseGuard::Session(&session), now).await {

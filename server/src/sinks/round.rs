@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::{Outcome, Publish, Target};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
+use crate::domain::{Attempt, Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
 use crate::store::{SharedStore, StoreError};
 
 /// How long a round waits for its target to connect.
@@ -103,6 +103,7 @@ pub async fn run(
                     state: DeliveryState::Pending,
                     available_at: now,
                     error: Some("sink target unreachable before its confirmation".to_owned()),
+                    attempt: Attempt::Withdrawn,
                 });
             }
         }

@@ -10,7 +10,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 
 use super::records::MessageRef;
 use super::*;
-use crate::domain::{Backoff, Consumer, ConsumerSpec, DeliveryState, StartFrom, Topic, TopicPattern};
+use crate::domain::{Attempt, Backoff, Consumer, ConsumerSpec, DeliveryState, StartFrom, Topic, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
 /// Runs each named case once per driver, as `on_postgres::NAME` and `on_sqlite::NAME`.
@@ -362,6 +362,7 @@ async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id<S: Store>(store: 
         state: DeliveryState::Pending,
         available_at: at,
         error: Some("refused".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
     let again = d.delivery_lease_batch(&c, "s1", 1, "", until, at).await.unwrap();
@@ -421,6 +422,7 @@ async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<S: Sto
         state: DeliveryState::Pending,
         available_at: at,
         error: Some("refused".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(std::slice::from_ref(&nack), ReleaseGuard::Session("s2"), at).await.unwrap(), 0);
     assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
@@ -454,6 +456,7 @@ async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones<S: Sto
         state: DeliveryState::Pending,
         available_at: later,
         error: Some("lease expired".into()),
+        attempt: Attempt::Failed,
     };
     let releases: Vec<Release> = ids[2..].iter().map(|id| release(*id)).collect();
     assert_eq!(d.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(later), later).await.unwrap(), 2);
@@ -635,6 +638,7 @@ async fn a_sqlite_streams_ack_of_first_deliveries_holds_them_in_acked_ranges() {
         state: DeliveryState::Pending,
         available_at: at,
         error: Some("refused".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
     let leased = d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap();
@@ -796,6 +800,7 @@ async fn pending_deliveries_wait_in_seq_order_and_count_like_rows<S: Store>(stor
         state: DeliveryState::Pending,
         available_at: at,
         error: Some("refused".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s2"), at).await.unwrap(), 1);
     assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 1)));
@@ -947,6 +952,7 @@ async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_wa
         state: DeliveryState::Pending,
         available_at: at,
         error: None,
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(&[nack], ReleaseGuard::Session("s2"), at).await.unwrap(), 1);
     assert_eq!(state_of(&store, ids[2], "c").await, Some(("pending".to_owned(), 1)));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, Utc};
 
 use super::*;
-use crate::domain::{Backoff, ConsumerSpec, DeadKeyPolicy, DeliveryState, StartFrom, Topic, TopicPattern};
+use crate::domain::{Attempt, Backoff, ConsumerSpec, DeadKeyPolicy, DeliveryState, StartFrom, Topic, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
 #[allow(dead_code)]
@@ -105,6 +105,7 @@ async fn nack(store: &SharedStore, c: &ConsumerSpec, id: MessageId, now: DateTim
         state: DeliveryState::Dead,
         available_at: now,
         error: Some("cannot apply".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(store.delivery_release_many(&[release], ReleaseGuard::Session("s"), now).await.unwrap(), 1);
 }

@@ -20,7 +20,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::*;
-use crate::domain::{Backoff, ConsumerSpec, StartFrom, Topic, TopicPattern};
+use crate::domain::{Attempt, Backoff, ConsumerSpec, StartFrom, Topic, TopicPattern};
 use crate::testing::TestDb;
 
 /// The advisory lock a paused session waits on.
@@ -132,6 +132,7 @@ async fn sweep(store: PgStore, at: DateTime<Utc>) {
             state: DeliveryState::Pending,
             available_at: at + chrono::Duration::milliseconds(250),
             error: Some("ack deadline expired".into()),
+            attempt: Attempt::Failed,
         })
         .collect();
     d.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(at), at).await.unwrap();
@@ -296,6 +297,7 @@ async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
         state: DeliveryState::Pending,
         available_at: at,
         error: None,
+        attempt: Attempt::Failed,
     };
     let mover_store = store.clone();
     let acked = ack_overtaken_by(&db, sent.message_id, async move {
@@ -377,6 +379,7 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
         state: DeliveryState::Dead,
         available_at: until,
         error: Some("gave up".into()),
+        attempt: Attempt::Failed,
     };
     assert_eq!(d.delivery_release_many(&[dead], ReleaseGuard::ExpiredAt(until), until).await.unwrap(), 1);
     assert_eq!(row_state(store.pool(), sent.message_id).await.as_deref(), Some("dead"));
@@ -449,6 +452,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
         state: DeliveryState::Dead,
         available_at: until,
         error: Some("gave up".into()),
+        attempt: Attempt::Failed,
     };
     d.delivery_release_many(&[release], ReleaseGuard::ExpiredAt(until), until).await.unwrap();
     assert!(!ack(dead.message_id.0, "c").await, "dead: only a replay delivers it again");

@@ -12,7 +12,7 @@ use chrono::{SubsecRound, Utc};
 use sqlx::Connection as _;
 
 use super::*;
-use crate::domain::DeliveryState;
+use crate::domain::{Attempt, DeliveryState};
 use crate::domain::{Backoff, ConsumerSpec, StartFrom, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
@@ -186,6 +186,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
         state: DeliveryState::Pending,
         available_at: now,
         error: None,
+        attempt: Attempt::Failed,
     };
     // s1 held a (acked now), s2 holds b: s1 can release neither.
     assert_eq!(
@@ -784,6 +785,82 @@ async fn sqlite_migrated_below(db: &TestSqlite, version: i64) -> sqlx::SqlitePoo
     pool
 }
 
+/// The counts each delivery of consumer `c` shows after the migration of ADR 0074, in seq order:
+/// pending at `max_deliveries` (2) or above gets back its last attempt, anything else above
+/// the bound is brought down to it, and a count within it stays.
+async fn counts_after_the_adr_0074_migration(store: &SharedStore) {
+    let mut counts = Vec::new();
+    for m in store.message_list_after(0, 10).await.unwrap() {
+        let (_, rows) = store.message_get(m.message_id).await.unwrap();
+        let d = rows.into_iter().find(|r| r.consumer == "c").unwrap();
+        counts.push((m.seq, d.state, d.delivery_count));
+    }
+    use DeliveryState::{Acked, Leased, Pending};
+    assert_eq!(counts, [(1, Pending, 1), (2, Pending, 1), (3, Pending, 1), (4, Leased, 2), (5, Acked, 2)]);
+}
+
+/// PostgreSQL migration 0026 (ADR 0074): deliveries counted above `max_deliveries` by the clean
+/// closes of earlier releases are brought within it.
+#[tokio::test]
+async fn a_postgres_database_counted_above_max_deliveries_migrates_within_them() {
+    let db = TestDb::create().await.unwrap();
+    {
+        let pool = postgres_migrated_below(&db, 26).await;
+        sqlx::raw_sql(
+            "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
+                                           ack_deadline_ms, start_from)
+             VALUES ('c', ARRAY['t'], 2, 1000, 10000, 30000, 'earliest');
+             INSERT INTO outbox.messages (message_id, topic, type, payload, enqueued_at, available_at)
+             SELECT gen_random_uuid(), 't', 'T', '\\x00', now(), now() FROM generate_series(1, 5) g ORDER BY g;
+             INSERT INTO outbox.deliveries (message_id, consumer, seq, state, delivery_count, available_at,
+                                            lease_expires_at, leased_by, created_at, updated_at, acked_at)
+             SELECT message_id, 'c', seq,
+                    CASE seq WHEN 4 THEN 'leased' WHEN 5 THEN 'acked' ELSE 'pending' END,
+                    CASE seq WHEN 1 THEN 2 WHEN 2 THEN 3 WHEN 3 THEN 1 WHEN 4 THEN 3 ELSE 4 END,
+                    now(), CASE seq WHEN 4 THEN now() + interval '1 hour' END,
+                    CASE seq WHEN 4 THEN 'old-session' END, now(), now(), CASE seq WHEN 5 THEN now() END
+               FROM outbox.messages;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    counts_after_the_adr_0074_migration(&store).await;
+}
+
+/// SQLite migration 0015 (ADR 0074), as PostgreSQL's 0026.
+#[tokio::test]
+async fn an_sqlite_file_counted_above_max_deliveries_migrates_within_them() {
+    let db = TestSqlite::create().unwrap();
+    {
+        let pool = sqlite_migrated_below(&db, 15).await;
+        sqlx::raw_sql(
+            "INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from, created_at)
+             VALUES ('c', '[\"t\"]', 2, 1000, 10000, 30000, 'earliest', 0);
+             INSERT INTO outbox_messages (topic, type, payload, enqueued_at) VALUES
+                 ('t', 'T', x'01', 1), ('t', 'T', x'02', 2), ('t', 'T', x'03', 3), ('t', 'T', x'04', 4), ('t', 'T', x'05', 5);
+             INSERT INTO outbox_deliveries (message_id, consumer, seq, state, delivery_count, available_at,
+                                            lease_expires_at, leased_by, created_at, updated_at, acked_at)
+             SELECT message_id, 'c', seq,
+                    CASE seq WHEN 4 THEN 'leased' WHEN 5 THEN 'acked' ELSE 'pending' END,
+                    CASE seq WHEN 1 THEN 2 WHEN 2 THEN 3 WHEN 3 THEN 1 WHEN 4 THEN 3 ELSE 4 END,
+                    1, CASE seq WHEN 4 THEN 4000000000000000 END, CASE seq WHEN 4 THEN 'old-session' END,
+                    1, 1, CASE seq WHEN 5 THEN 1 END
+               FROM outbox_messages;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = connect(&db.url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    counts_after_the_adr_0074_migration(&store).await;
+}
+
 /// SQLite migration 0011 (ADR 0066) takes a file whose relay claimed messages one by one
 /// (`relayed_at`) to the relay cursor: the unrelayed messages are relayed once, the relayed ones
 /// get no second delivery (one relayed out of order above an unrelayed one is read again and
@@ -1168,6 +1245,7 @@ async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_ti
                         state: DeliveryState::Pending,
                         available_at: now,
                         error: None,
+                        attempt: Attempt::Failed,
                     })
                     .collect::<Vec<_>>(),
                 ReleaseGuard::Session("s"),
@@ -1694,6 +1772,7 @@ async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: Share
             state: DeliveryState::Dead,
             available_at: now,
             error: Some(e.into()),
+            attempt: Attempt::Failed,
         })
         .collect();
     assert_eq!(store.delivery_release_many(&releases, ReleaseGuard::Session("s"), now).await.unwrap(), 4);

@@ -19,12 +19,34 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, Utc};
 use sqlx::Connection as _;
 
-use super::tests::{Guard, msg, on_every_store, spec};
+use super::tests::{Guard, msg, spec};
 use super::*;
-use crate::domain::{ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
+use crate::domain::{Attempt, ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
 
-on_every_store!(
-    with_db:
+/// Runs each case once per store, as `on_every_store!` does, and then checks what holds after
+/// every transition whatever it was (see [`invariants_hold`]).
+macro_rules! transitions {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres {
+            $(#[tokio::test]
+            async fn $case() {
+                let (db, store) = $crate::store::tests::postgres().await;
+                super::$case(&db, store.clone()).await;
+                super::invariants_hold(&store).await;
+            })*
+        }
+        mod on_sqlite {
+            $(#[tokio::test]
+            async fn $case() {
+                let (db, store) = $crate::store::tests::sqlite().await;
+                super::$case(&db, store.clone()).await;
+                super::invariants_hold(&store).await;
+            })*
+        }
+    };
+}
+
+transitions!(
     t01_a_relay_pass_pushes_a_due_unkeyed_message_to_a_stream_leased_with_count_one,
     t02_a_relay_pass_leaves_what_it_cannot_push_pending_with_count_zero,
     t03_keyed_and_delayed_messages_are_pending_whatever_the_room,
@@ -40,9 +62,9 @@ on_every_store!(
     t13_a_nack_at_max_deliveries_makes_a_dead_letter,
     t14_an_expired_lease_is_pending_again_after_the_backoff,
     t15_an_expired_lease_at_max_deliveries_is_dead,
-    t16_a_closed_stream_releases_what_it_held_due_now_and_counted_as_before,
+    t16_a_closed_stream_releases_what_it_held_due_now_without_counting_it,
     t17_a_broken_stream_at_max_deliveries_leaves_a_dead_letter,
-    t18_a_push_never_handed_over_is_pending_again_keeping_its_count_and_error,
+    t18_a_push_never_handed_over_is_pending_again_uncounted_keeping_its_error,
     t19_a_pending_delivery_becomes_leasable_when_due_its_key_free_and_resumed,
     t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count,
     t21_a_replay_makes_a_dead_letter_pending_with_a_fresh_count,
@@ -98,7 +120,10 @@ fn keyed(key: &str) -> NewMessage {
 
 /// One relay pass of up to 100 messages at `at`.
 async fn relay(store: &SharedStore, at: DateTime<Utc>, offers: &[PushOffer]) -> RelayOutcome {
-    store.relay_batch(100, at, false, offers).await.unwrap()
+    let out = store.relay_batch(100, at, false, offers).await.unwrap();
+    // A push is a lease too.
+    invariants_hold(store).await;
+    out
 }
 
 /// A lease of up to `n` for `session` at `at`, the ids in the order leased, with their counts.
@@ -110,6 +135,8 @@ async fn lease(
     at: DateTime<Utc>,
 ) -> Vec<(MessageId, u32)> {
     let leased = store.delivery_lease_batch(c, session, n, "", at + LEASE, at).await.unwrap();
+    // A lease is where a count grows: the invariant is checked after each, not only at the end.
+    invariants_hold(store).await;
     leased.iter().map(|d| (d.message.message_id, d.delivery_count)).collect()
 }
 
@@ -128,8 +155,53 @@ async fn stats(store: &SharedStore, c: &ConsumerName) -> ConsumerStats {
     store.stats(Some(c), true).await.unwrap().consumers.remove(0)
 }
 
+/// A release of a failed attempt (a nack, an expiry, a broken stream): the count stays.
 fn release(c: &ConsumerName, id: MessageId, state: DeliveryState, at: DateTime<Utc>, error: Option<&str>) -> Release {
-    Release { consumer: c.clone(), message_id: id, state, available_at: at, error: error.map(str::to_owned) }
+    Release {
+        consumer: c.clone(),
+        message_id: id,
+        state,
+        available_at: at,
+        error: error.map(str::to_owned),
+        attempt: Attempt::Failed,
+    }
+}
+
+/// A release that was no attempt (a clean close, a shutdown, a delivery never sent): pending,
+/// due at `at`, the count its lease added taken back.
+fn withdraw(c: &ConsumerName, id: MessageId, at: DateTime<Utc>, error: Option<&str>) -> Release {
+    Release { attempt: Attempt::Withdrawn, ..release(c, id, DeliveryState::Pending, at, error) }
+}
+
+/// What holds after every transition, whatever it was: no delivery has had more attempts than
+/// its consumer's `max_deliveries`. The last attempt's failure makes a delivery dead, so no
+/// lease takes it further; a release that was no attempt gives back the count its lease added.
+/// Read through the seam (every message, every consumer's delivery of it as `GetMessage` shows
+/// it), so it holds for rows and ranges alike.
+async fn invariants_hold(store: &SharedStore) {
+    let max: std::collections::HashMap<String, u32> = store
+        .consumer_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.spec.name.as_str().to_owned(), c.spec.max_deliveries))
+        .collect();
+    let page = store.message_search(&MessageQuery::default(), None, 10_000, 10_000).await.unwrap();
+    assert_eq!(page.next_before_seq, None, "every message read");
+    for m in page.messages {
+        let (_, rows) = store.message_get(m.message_id).await.unwrap();
+        for d in rows {
+            let Some(max) = max.get(&d.consumer) else { continue };
+            assert!(
+                d.delivery_count <= *max,
+                "the delivery of {} to {} ({:?}) counts {} attempts, above max_deliveries {max}",
+                m.message_id,
+                d.consumer,
+                d.state,
+                d.delivery_count,
+            );
+        }
+    }
 }
 
 /// The consumer's transactional ack in a transaction of its own, as the SQL API documents it
@@ -172,7 +244,7 @@ async fn ack_in_transaction(db: &Guard, consumer: &str, id: MessageId, at: DateT
 }
 
 async fn t01_a_relay_pass_pushes_a_due_unkeyed_message_to_a_stream_leased_with_count_one(
-    _db: Guard,
+    _db: &Guard,
     store: SharedStore,
 ) {
     let at = now();
@@ -189,7 +261,7 @@ async fn t01_a_relay_pass_pushes_a_due_unkeyed_message_to_a_stream_leased_with_c
     assert!(lease(&store, &c, "s2", 10, at).await.is_empty(), "held by s1");
 }
 
-async fn t02_a_relay_pass_leaves_what_it_cannot_push_pending_with_count_zero(_db: Guard, store: SharedStore) {
+async fn t02_a_relay_pass_leaves_what_it_cannot_push_pending_with_count_zero(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     store.consumer_create(&spec("paused", &["t"], 5), at).await.unwrap();
@@ -208,7 +280,7 @@ async fn t02_a_relay_pass_leaves_what_it_cannot_push_pending_with_count_zero(_db
     assert_eq!(lease(&store, &c, "s1", 10, at).await, [(ids[1], 1)]);
 }
 
-async fn t03_keyed_and_delayed_messages_are_pending_whatever_the_room(_db: Guard, store: SharedStore) {
+async fn t03_keyed_and_delayed_messages_are_pending_whatever_the_room(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let key = enqueue(&store, keyed("k"), at).await;
@@ -222,7 +294,7 @@ async fn t03_keyed_and_delayed_messages_are_pending_whatever_the_room(_db: Guard
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(61)).await, [(delayed, 1)]);
 }
 
-async fn t04_an_earliest_consumer_starts_with_every_retained_message_pending(_db: Guard, store: SharedStore) {
+async fn t04_an_earliest_consumer_starts_with_every_retained_message_pending(_db: &Guard, store: SharedStore) {
     let at = now();
     let relayed = enqueue(&store, msg("t"), at).await;
     relay(&store, at, &[]).await;
@@ -244,7 +316,7 @@ async fn t04_an_earliest_consumer_starts_with_every_retained_message_pending(_db
     assert!(lease(&store, &name("fresh"), "s2", 10, at).await.is_empty());
 }
 
-async fn t05_a_replay_creates_a_delivery_the_consumer_never_had(_db: Guard, store: SharedStore) {
+async fn t05_a_replay_creates_a_delivery_the_consumer_never_had(_db: &Guard, store: SharedStore) {
     let at = now();
     let before = enqueue(&store, msg("t"), at).await;
     relay(&store, at, &[]).await;
@@ -256,7 +328,7 @@ async fn t05_a_replay_creates_a_delivery_the_consumer_never_had(_db: Guard, stor
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(before, 1)]);
 }
 
-async fn t06_a_lease_takes_a_pending_delivery_and_counts_it(_db: Guard, store: SharedStore) {
+async fn t06_a_lease_takes_a_pending_delivery_and_counts_it(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let ids = [enqueue(&store, msg("t"), at).await, enqueue(&store, msg("t"), at).await];
@@ -265,12 +337,12 @@ async fn t06_a_lease_takes_a_pending_delivery_and_counts_it(_db: Guard, store: S
     let d = delivery(&store, ids[0], "c").await.unwrap();
     assert_eq!((d.state, d.delivery_count, d.lease_expires_at), (DeliveryState::Leased, 1, Some(at + LEASE)));
     assert_eq!(stats(&store, &c).await.in_flight, 2);
-    let back = release(&c, ids[0], DeliveryState::Pending, at, Some("stream closed before ack"));
+    let back = release(&c, ids[0], DeliveryState::Pending, at, Some("boom"));
     assert_eq!(store.delivery_release_many(&[back], ReleaseGuard::Session("s1"), at).await.unwrap(), 1);
     assert_eq!(lease(&store, &c, "s2", 10, at).await, [(ids[0], 2)], "every lease counts");
 }
 
-async fn t07_an_extend_moves_only_the_named_deliveries_deadline(_db: Guard, store: SharedStore) {
+async fn t07_an_extend_moves_only_the_named_deliveries_deadline(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let ids = [enqueue(&store, msg("t"), at).await, enqueue(&store, msg("t"), at).await];
@@ -285,7 +357,7 @@ async fn t07_an_extend_moves_only_the_named_deliveries_deadline(_db: Guard, stor
     assert_eq!(expired.iter().map(|e| e.message_id).collect::<Vec<_>>(), [ids[1]], "only the other one expires");
 }
 
-async fn t08_a_stream_ack_acks_a_leased_delivery_once(_db: Guard, store: SharedStore) {
+async fn t08_a_stream_ack_acks_a_leased_delivery_once(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, seq) = pushed_one(&store, 5, at).await;
     assert_eq!(store.delivery_ack_held(&c, &[(id, seq)], at + secs(1)).await.unwrap(), 1);
@@ -299,11 +371,11 @@ async fn t08_a_stream_ack_acks_a_leased_delivery_once(_db: Guard, store: SharedS
     assert!(lease(&store, &c, "s2", 10, at + secs(60)).await.is_empty());
 }
 
-async fn t09_a_transactional_ack_acks_a_leased_delivery_once(db: Guard, store: SharedStore) {
+async fn t09_a_transactional_ack_acks_a_leased_delivery_once(db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, seq) = pushed_one(&store, 5, at).await;
-    assert!(ack_in_transaction(&db, "c", id, at).await);
-    assert!(!ack_in_transaction(&db, "c", id, at).await, "acked already");
+    assert!(ack_in_transaction(db, "c", id, at).await);
+    assert!(!ack_in_transaction(db, "c", id, at).await, "acked already");
     assert_eq!(state(&store, id, "c").await, (DeliveryState::Acked, 1));
     // The stream's own ack of it, after the effect's transaction: nothing more to do.
     assert_eq!(store.delivery_ack_held(&c, &[(id, seq)], at).await.unwrap(), 0);
@@ -318,21 +390,21 @@ async fn t09_a_transactional_ack_acks_a_leased_delivery_once(db: Guard, store: S
     assert!(lease(&store, &c, "s2", 10, at + secs(60)).await.is_empty());
 }
 
-async fn t10_a_transactional_ack_acks_a_pending_delivery_never_sent(db: Guard, store: SharedStore) {
+async fn t10_a_transactional_ack_acks_a_pending_delivery_never_sent(db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let id = enqueue(&store, msg("t"), at).await;
     let other = enqueue(&store, msg("t"), at + secs(1)).await;
     relay(&store, at, &[]).await;
-    assert!(ack_in_transaction(&db, "c", id, at).await);
+    assert!(ack_in_transaction(db, "c", id, at).await);
     assert_eq!(state(&store, id, "c").await, (DeliveryState::Acked, 0), "never delivered");
-    assert!(!ack_in_transaction(&db, "c", id, at).await);
+    assert!(!ack_in_transaction(db, "c", id, at).await);
     let s = stats(&store, &c).await;
     assert_eq!((s.backlog, s.acked), (1, 1), "the second message waits");
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(other, 1)], "the acked one is not leased");
 }
 
-async fn t11_a_late_stream_ack_acks_a_delivery_released_meanwhile(_db: Guard, store: SharedStore) {
+async fn t11_a_late_stream_ack_acks_a_delivery_released_meanwhile(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, seq) = pushed_one(&store, 5, at).await;
     let back = release(&c, id, DeliveryState::Pending, at + LEASE, Some("ack deadline expired"));
@@ -344,7 +416,7 @@ async fn t11_a_late_stream_ack_acks_a_delivery_released_meanwhile(_db: Guard, st
     assert!(lease(&store, &c, "s2", 10, at + secs(600)).await.is_empty());
 }
 
-async fn t12_a_nack_makes_a_delivery_pending_again_after_its_retry_time(_db: Guard, store: SharedStore) {
+async fn t12_a_nack_makes_a_delivery_pending_again_after_its_retry_time(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, _) = pushed_one(&store, 5, at).await;
     let back = release(&c, id, DeliveryState::Pending, at + secs(5), Some("boom"));
@@ -361,7 +433,7 @@ async fn t12_a_nack_makes_a_delivery_pending_again_after_its_retry_time(_db: Gua
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(5)).await, [(id, 2)]);
 }
 
-async fn t13_a_nack_at_max_deliveries_makes_a_dead_letter(_db: Guard, store: SharedStore) {
+async fn t13_a_nack_at_max_deliveries_makes_a_dead_letter(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, _) = pushed_one(&store, 1, at).await;
     let dead = release(&c, id, DeliveryState::Dead, at, Some("poison"));
@@ -394,7 +466,7 @@ async fn sweep(store: &SharedStore, at: DateTime<Utc>) -> usize {
     expired.len()
 }
 
-async fn t14_an_expired_lease_is_pending_again_after_the_backoff(_db: Guard, store: SharedStore) {
+async fn t14_an_expired_lease_is_pending_again_after_the_backoff(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, _) = pushed_one(&store, 5, at).await;
     assert_eq!(sweep(&store, at + LEASE - secs(1)).await, 0, "not before its deadline");
@@ -406,7 +478,7 @@ async fn t14_an_expired_lease_is_pending_again_after_the_backoff(_db: Guard, sto
     assert_eq!(lease(&store, &c, "s2", 10, at + LEASE + secs(1)).await, [(id, 2)]);
 }
 
-async fn t15_an_expired_lease_at_max_deliveries_is_dead(_db: Guard, store: SharedStore) {
+async fn t15_an_expired_lease_at_max_deliveries_is_dead(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 1, at).await;
     let id = enqueue(&store, msg("t"), at).await;
@@ -418,28 +490,30 @@ async fn t15_an_expired_lease_at_max_deliveries_is_dead(_db: Guard, store: Share
     assert_eq!(stats(&store, &c).await.dead, 1);
 }
 
-async fn t16_a_closed_stream_releases_what_it_held_due_now_and_counted_as_before(_db: Guard, store: SharedStore) {
+async fn t16_a_closed_stream_releases_what_it_held_due_now_without_counting_it(_db: &Guard, store: SharedStore) {
     let at = now();
-    let c = consumer(&store, 5, at).await;
+    // At max_deliveries 1 each lease is the last attempt: a close that kept its count would
+    // have the next lease count past it, and nothing would ever make the delivery dead.
+    let c = consumer(&store, 1, at).await;
     let pushed = enqueue(&store, msg("t"), at).await;
     relay(&store, at, &[offer("c", "s1", 10, at)]).await;
     let leased = enqueue(&store, msg("t"), at).await;
     relay(&store, at, &[]).await;
     assert_eq!(lease(&store, &c, "s1", 10, at).await, [(leased, 1)]);
-    let close: Vec<Release> = [pushed, leased]
-        .iter()
-        .map(|id| release(&c, *id, DeliveryState::Pending, at + secs(2), Some("stream closed before ack")))
-        .collect();
+    let close: Vec<Release> =
+        [pushed, leased].iter().map(|id| withdraw(&c, *id, at + secs(2), Some("stream closed before ack"))).collect();
     assert_eq!(store.delivery_release_many(&close, ReleaseGuard::Session("s1"), at + secs(2)).await.unwrap(), 2);
     for id in [pushed, leased] {
         let d = delivery(&store, id, "c").await.unwrap();
-        assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 1, at + secs(2)));
+        assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 0, at + secs(2)));
         assert_eq!(d.last_error.as_deref(), Some("stream closed before ack"));
     }
-    assert_eq!(lease(&store, &c, "s2", 10, at + secs(2)).await, [(pushed, 2), (leased, 2)]);
+    let s = stats(&store, &c).await;
+    assert_eq!((s.backlog, s.retrying, s.in_flight), (2, 0, 0), "no attempt failed");
+    assert_eq!(lease(&store, &c, "s2", 10, at + secs(2)).await, [(pushed, 1), (leased, 1)], "the same first attempt");
 }
 
-async fn t17_a_broken_stream_at_max_deliveries_leaves_a_dead_letter(_db: Guard, store: SharedStore) {
+async fn t17_a_broken_stream_at_max_deliveries_leaves_a_dead_letter(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, _) = pushed_one(&store, 1, at).await;
     let broke = release(&c, id, DeliveryState::Dead, at, Some("stream broke before ack"));
@@ -448,7 +522,7 @@ async fn t17_a_broken_stream_at_max_deliveries_leaves_a_dead_letter(_db: Guard, 
     assert_eq!((d.state, d.last_error.as_deref()), (DeliveryState::Dead, Some("stream broke before ack")));
 }
 
-async fn t18_a_push_never_handed_over_is_pending_again_keeping_its_count_and_error(_db: Guard, store: SharedStore) {
+async fn t18_a_push_never_handed_over_is_pending_again_uncounted_keeping_its_error(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let fresh = enqueue(&store, msg("t"), at).await;
@@ -461,17 +535,18 @@ async fn t18_a_push_never_handed_over_is_pending_again_keeping_its_count_and_err
     assert_eq!(lease(&store, &c, "s1", 10, at).await, [(retried, 2)]);
     // The relay (or the session, for what reached it after its end) gives back what the stream
     // never saw: no error of its own, due now.
-    let unsent: Vec<Release> =
-        [fresh, retried].iter().map(|id| release(&c, *id, DeliveryState::Pending, at + secs(1), None)).collect();
+    let unsent: Vec<Release> = [fresh, retried].iter().map(|id| withdraw(&c, *id, at + secs(1), None)).collect();
     assert_eq!(store.delivery_release_many(&unsent, ReleaseGuard::Session("s1"), at + secs(1)).await.unwrap(), 2);
     let d = delivery(&store, fresh, "c").await.unwrap();
-    assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 1, at + secs(1)));
+    assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 0, at + secs(1)));
     assert_eq!(d.last_error, None);
+    // The attempt that failed before stays counted; the one never sent does not.
     let d = delivery(&store, retried, "c").await.unwrap();
-    assert_eq!((d.state, d.delivery_count, d.last_error.as_deref()), (DeliveryState::Pending, 2, Some("boom")));
+    assert_eq!((d.state, d.delivery_count, d.last_error.as_deref()), (DeliveryState::Pending, 1, Some("boom")));
+    assert_eq!(stats(&store, &c).await.retrying, 1, "the retried one only");
 }
 
-async fn t19_a_pending_delivery_becomes_leasable_when_due_its_key_free_and_resumed(_db: Guard, store: SharedStore) {
+async fn t19_a_pending_delivery_becomes_leasable_when_due_its_key_free_and_resumed(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let first = enqueue(&store, keyed("k"), at).await;
@@ -487,7 +562,7 @@ async fn t19_a_pending_delivery_becomes_leasable_when_due_its_key_free_and_resum
     assert_eq!(lease(&store, &c, "s2", 10, at).await, [(second, 1)], "its key is free and the consumer resumed");
 }
 
-async fn t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count(_db: Guard, store: SharedStore) {
+async fn t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, seq) = pushed_one(&store, 5, at).await;
     store.delivery_ack_held(&c, &[(id, seq)], at).await.unwrap();
@@ -502,7 +577,7 @@ async fn t20_a_replay_makes_an_acked_delivery_pending_with_a_fresh_count(_db: Gu
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(id, 1)]);
 }
 
-async fn t21_a_replay_makes_a_dead_letter_pending_with_a_fresh_count(_db: Guard, store: SharedStore) {
+async fn t21_a_replay_makes_a_dead_letter_pending_with_a_fresh_count(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, id, _) = pushed_one(&store, 1, at).await;
     let dead = release(&c, id, DeliveryState::Dead, at, Some("poison"));
@@ -515,7 +590,7 @@ async fn t21_a_replay_makes_a_dead_letter_pending_with_a_fresh_count(_db: Guard,
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(id, 1)]);
 }
 
-async fn t22_a_replay_makes_a_retrying_delivery_due_now_with_a_fresh_count(_db: Guard, store: SharedStore) {
+async fn t22_a_replay_makes_a_retrying_delivery_due_now_with_a_fresh_count(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let retrying = enqueue(&store, msg("t"), at).await;
@@ -533,7 +608,7 @@ async fn t22_a_replay_makes_a_retrying_delivery_due_now_with_a_fresh_count(_db: 
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(retrying, 1), (waiting, 1)]);
 }
 
-async fn t23_prune_removes_acked_deliveries_with_their_messages(_db: Guard, store: SharedStore) {
+async fn t23_prune_removes_acked_deliveries_with_their_messages(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 5, at).await;
     let acked = enqueue(&store, msg("t"), at).await;
@@ -547,7 +622,7 @@ async fn t23_prune_removes_acked_deliveries_with_their_messages(_db: Guard, stor
     assert_eq!(store.prune(at + secs(1), 100).await.unwrap(), Pruned::default());
 }
 
-async fn t24_deleting_a_consumer_removes_its_deliveries_in_every_state(_db: Guard, store: SharedStore) {
+async fn t24_deleting_a_consumer_removes_its_deliveries_in_every_state(_db: &Guard, store: SharedStore) {
     let at = now();
     let c = consumer(&store, 1, at).await;
     let mut ids = Vec::new();
@@ -600,7 +675,7 @@ async fn held(store: &SharedStore, at: DateTime<Utc>) -> (ConsumerName, [Message
     (c, ids)
 }
 
-async fn t25_a_dead_keyed_message_of_a_holding_consumer_holds_its_key(_db: Guard, store: SharedStore) {
+async fn t25_a_dead_keyed_message_of_a_holding_consumer_holds_its_key(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, ids) = held(&store, at).await;
     assert_eq!(state(&store, ids[0], "c").await, (DeliveryState::Dead, 1));
@@ -616,7 +691,7 @@ async fn t25_a_dead_keyed_message_of_a_holding_consumer_holds_its_key(_db: Guard
 }
 
 async fn t26_releasing_a_key_with_skip_dead_lets_the_waiting_go_and_leaves_the_dead_one(
-    _db: Guard,
+    _db: &Guard,
     store: SharedStore,
 ) {
     let at = now();
@@ -629,7 +704,7 @@ async fn t26_releasing_a_key_with_skip_dead_lets_the_waiting_go_and_leaves_the_d
     assert_eq!(store.held_key_release(&c, "k", true, at).await.unwrap(), None, "no longer held");
 }
 
-async fn t27_releasing_a_key_without_skip_dead_delivers_the_dead_message_first(_db: Guard, store: SharedStore) {
+async fn t27_releasing_a_key_without_skip_dead_delivers_the_dead_message_first(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, ids) = held(&store, at).await;
     store.held_key_release(&c, "k", false, at + secs(1)).await.unwrap().unwrap();

@@ -24,6 +24,7 @@ conformance!(
     health_and_reflection_are_served,
     a_late_ack_after_the_deadline_still_counts,
     a_clean_close_does_not_count_against_what_the_stream_held,
+    a_stream_that_acks_one_of_three_and_half_closes_gives_the_other_two_back_uncounted,
     a_broken_connection_counts_against_what_the_stream_held_and_dies_at_max_deliveries,
     a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before,
 );
@@ -268,6 +269,7 @@ async fn sigterm_drains_streams_and_releases_leases_for_immediate_redelivery(bac
     let ids: HashSet<_> = again.iter().map(|d| d.message_id.clone()).collect();
     let expected: HashSet<_> = held[1..].iter().map(|d| d.message_id.clone()).collect();
     assert_eq!(ids, expected);
+    assert!(again.iter().all(|d| d.delivery_count == 1), "a shutdown counts no attempt: {again:?}");
     Ok(())
 }
 
@@ -337,7 +339,47 @@ async fn a_clean_close_does_not_count_against_what_the_stream_held(backend: Back
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let again = s.take(1, WAIT).await?.remove(0);
     assert_eq!(again.message_id, d.message_id, "released, not dead-lettered, at max_deliveries 1");
+    assert_eq!(again.delivery_count, 1, "the same attempt again, within max_deliveries");
     assert_eq!(stats(&srv, "c").await?.dead, 0);
+    Ok(())
+}
+
+/// T16 (issue 47): a consumer of `max_deliveries` 1 whose stream receives three deliveries,
+/// acks one and half-closes gets the other two back at once, counted 1 as before its close:
+/// nothing is retrying in between, and no delivery counts more than `max_deliveries`.
+async fn a_stream_that_acks_one_of_three_and_half_closes_gives_the_other_two_back_uncounted(
+    backend: Backend,
+) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut srv.admin().await?, c).await?; // 30 s ack deadline: only the close releases
+    for i in 0..3u8 {
+        db.sql_enqueue("t", "T", &[i]).await?;
+    }
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let held = s.take(3, WAIT).await?;
+    assert!(held.iter().all(|d| d.delivery_count == 1), "{held:?}");
+    s.ack(&[&held[0].message_id]).await;
+    s.close();
+    assert!(s.end_status(WAIT).await?.is_none(), "the server ends the stream cleanly");
+    let st = eventually("the close's release", WAIT, || async {
+        let st = stats(&srv, "c").await?;
+        Ok((st.acked == 1 && st.in_flight == 0 && st.streams == 0).then_some(st))
+    })
+    .await?;
+    assert_eq!((st.backlog, st.retrying, st.dead), (2, 0, 0), "a clean close is no failed attempt");
+
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    let again = s.take(2, WAIT).await?;
+    let ids: HashSet<_> = again.iter().map(|d| d.message_id.clone()).collect();
+    let expected: HashSet<_> = held[1..].iter().map(|d| d.message_id.clone()).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(again.iter().map(|d| d.delivery_count).collect::<Vec<_>>(), [1, 1], "within max_deliveries 1");
+    // Still the last attempt: a nack now makes a dead letter, as max_deliveries 1 says.
+    s.nack(&again[0].message_id, "poison").await;
+    eventually("dead at its one attempt", WAIT, || async { Ok((stats(&srv, "c").await?.dead == 1).then_some(())) })
+        .await?;
     Ok(())
 }
 
@@ -377,7 +419,8 @@ async fn a_broken_connection_counts_against_what_the_stream_held_and_dies_at_max
 
 /// A second `start`, or an ack of more ids than one request may carry, ends the stream with
 /// INVALID_ARGUMENT naming the field; what the client sent before it still counts, and the
-/// leases the stream held are released at once for the next stream.
+/// leases the stream held are released at once for the next stream, as a clean close releases
+/// them: the refusal is the server's, not a failed attempt of the consumer's.
 async fn a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before(
     backend: Backend,
 ) -> Result<()> {
@@ -402,7 +445,7 @@ async fn a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what
     let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
     let again = s.take(1, WAIT).await?.remove(0);
     assert_eq!(again.message_id, got[1].message_id);
-    assert_eq!(again.delivery_count, 2, "redelivered as the second delivery");
+    assert_eq!(again.delivery_count, 1, "the same attempt again: a refused stream counts none (ADR 0074)");
     let too_many: Vec<String> = (0..10_001).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     s.send(pb::subscribe_request::Request::Ack(pb::Ack { message_ids: too_many })).await;
     let st = s.end_status(WAIT).await?.expect("the stream ends with a status");

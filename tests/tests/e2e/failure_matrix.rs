@@ -124,7 +124,10 @@ async fn ack_lost_on_the_wire_is_redelivered_and_the_inbox_prevents_a_second_eff
     let mut s = RawStream::open(&srv.endpoint, "billing", 10).await?;
     let d = s.take(1, WAIT).await?.remove(0);
     assert_eq!(d.message_id, id.to_string());
-    assert_eq!(d.delivery_count, 2, "redelivered");
+    // A drop half-closes the stream and resets it: whichever the server sees first decides
+    // whether the attempt counts (a clean close gives it back, ADR 0074; a broken stream keeps
+    // it), and either is within max_deliveries.
+    assert!(matches!(d.delivery_count, 1 | 2), "redelivered: {d:?}");
     handle(d.clone()).await?;
     s.ack(&[&d.message_id]).await;
 
@@ -171,7 +174,7 @@ async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect(bac
     assert!(r.duplicate);
     assert_eq!(r.message_id, id);
 
-    // The same delivery is in two consumers' hands at once: the first one's stream broke while
+    // The same delivery is in two consumers' hands at once: the first one's stream ended while
     // its handler was still working, and the message was redelivered to a second stream. Both
     // run the effect with a transactional ack: exactly one commits.
     let mut s1 = RawStream::open(&srv.endpoint, "c", 10).await?;
@@ -180,7 +183,8 @@ async fn same_message_twice_even_in_parallel_has_one_delivery_and_one_effect(bac
     let mut s2 = RawStream::open(&srv.endpoint, "c", 10).await?;
     let d2 = s2.take(1, WAIT).await?.remove(0);
     assert_eq!(d1.message_id, d2.message_id);
-    assert_eq!(d2.delivery_count, 2);
+    // As above, the drop counts the first attempt or gives it back (ADR 0074).
+    assert!(matches!(d2.delivery_count, 1 | 2), "{d2:?}");
     let (r1, r2) = tokio::join!(db.effect_with_transactional_ack("c", id), db.effect_with_transactional_ack("c", id));
     assert!(r1? ^ r2?, "exactly one transactional ack wins");
     assert_eq!(db.effect_count().await?, 1);

@@ -13,7 +13,41 @@ conformance!(
     outboxctl_creates_sinks_shows_them_without_secrets_and_marks_them_in_stats,
     outboxctl_publishes_and_consumes_with_acks_and_nacks,
     a_poison_key_waits_until_an_operator_releases_it_or_replays_its_dead_message,
+    consume_max_one_leaves_what_it_did_not_take_uncounted_for_the_next_consume,
 );
+
+/// Issue 47, as a new user met it: on a consumer of `--max-deliveries 1`, `consume --max 1`
+/// takes one of three messages and stops cleanly; what its stream held beyond that one is not
+/// retrying, and the next `consume` gets it as delivery 1, not as a delivery 2 above
+/// `max_deliveries` that could never be dead-lettered.
+async fn consume_max_one_leaves_what_it_did_not_take_uncounted_for_the_next_consume(backend: Backend) -> Result<()> {
+    let (_store, srv, _db) = setup(backend, &[]).await?;
+    let server = srv.endpoint.as_str();
+    json(server, &["consumers", "create", "probe", "--topic", "t", "--max-deliveries", "1"]).await?;
+    for i in 0..3 {
+        json(server, &["publish", "t", "Probe", "--payload", &format!("p{i}")]).await?;
+    }
+    let run = outboxctl(server, &["consume", "probe", "--max", "1"]).await?;
+    anyhow::ensure!(run.code == 0, "consume exited {}: {}", run.code, run.stderr);
+    assert!(run.stdout.contains("(delivery 1)"), "{}", run.stdout);
+    let st = eventually("the stream's end released what it held", WAIT, || async {
+        let st = json(server, &["stats", "--consumer", "probe"]).await?;
+        let c = st["consumers"][0].clone();
+        Ok((c["in_flight"] == 0 && c["streams"] == 0).then_some(c))
+    })
+    .await?;
+    assert_eq!(
+        (&st["backlog"], &st["retrying"], &st["acked"]),
+        (&Value::from(2), &Value::from(0), &Value::from(1)),
+        "{st}"
+    );
+
+    let run = outboxctl(server, &["consume", "probe", "--max", "2"]).await?;
+    anyhow::ensure!(run.code == 0, "consume exited {}: {}", run.code, run.stderr);
+    assert_eq!(run.stdout.matches("(delivery 1)").count(), 2, "{}", run.stdout);
+    assert!(!run.stdout.contains("(delivery 2)"), "{}", run.stdout);
+    Ok(())
+}
 
 /// The tour with nothing but outboxctl: publish messages, consume them (acking), nack one until
 /// it is dead, and a refused connection names the flag that fixes it.

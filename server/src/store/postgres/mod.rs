@@ -20,7 +20,7 @@ use super::{
     Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
-use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
 use listener::WorkListener;
 
 mod listener;
@@ -763,6 +763,7 @@ impl Store for PgStore {
         let states: Vec<&str> = releases.iter().map(|r| r.state.as_str()).collect();
         let due: Vec<DateTime<Utc>> = releases.iter().map(|r| r.available_at).collect();
         let errors: Vec<Option<&str>> = releases.iter().map(|r| r.error.as_deref()).collect();
+        let withdrawn: Vec<bool> = releases.iter().map(|r| r.attempt == Attempt::Withdrawn).collect();
         let (session, expired_at) = match guard {
             ReleaseGuard::Session(s) => (Some(s), None),
             ReleaseGuard::ExpiredAt(t) => (None, Some(t)),
@@ -786,6 +787,7 @@ impl Store for PgStore {
             .bind(now)
             .bind(session)
             .bind(expired_at)
+            .bind(&withdrawn)
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;

@@ -31,7 +31,7 @@ use super::{
     Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
-use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
 /// time by `build.rs`.
@@ -702,6 +702,7 @@ impl Store for SqliteStore {
                     "s": r.state.as_str(),
                     "a": us(r.available_at),
                     "e": r.error,
+                    "w": r.attempt == Attempt::Withdrawn,
                 })
             })
             .collect();

@@ -16,8 +16,8 @@ SELECT outbox.unbatch($1, $2, $3, $4);
 
 -- name: delivery_release_rows
 WITH r AS (
-   SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[])
-       AS r(consumer, message_id, state, available_at, last_error)),
+   SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $9::bool[])
+       AS r(consumer, message_id, state, available_at, last_error, withdrawn)),
 -- Rows another transaction holds (a consumer's transactional ack in progress) are
 -- skipped, never waited for: one slow consumer must not stall the sweeper.
 locked AS (
@@ -30,6 +30,8 @@ released AS (
 UPDATE outbox.deliveries d
    SET state = r.state, available_at = r.available_at,
        last_error = coalesce(r.last_error, d.last_error),
+       -- A withdrawn lease was no attempt: the one its lease counted goes back (ADR 0074).
+       delivery_count = CASE WHEN r.withdrawn THEN greatest(d.delivery_count - 1, 0) ELSE d.delivery_count END,
        lease_expires_at = NULL, leased_by = NULL, updated_at = $6::timestamptz,
        dead_at = CASE WHEN r.state = 'dead' THEN $6::timestamptz END
   FROM r JOIN locked USING (consumer, message_id)

@@ -66,11 +66,14 @@ COMMIT;
 UPDATE outbox_deliveries
    SET state = r.state, available_at = r.available_at,
        last_error = coalesce(r.last_error, outbox_deliveries.last_error),
+       -- A withdrawn lease was no attempt: the one its lease counted goes back (ADR 0074).
+       delivery_count = CASE WHEN r.withdrawn THEN max(outbox_deliveries.delivery_count - 1, 0)
+                             ELSE outbox_deliveries.delivery_count END,
        lease_expires_at = NULL, leased_by = NULL, updated_at = ?2,
        dead_at = CASE WHEN r.state = 'dead' THEN ?2 END
   FROM (SELECT json_extract(value, '$.c') AS consumer, json_extract(value, '$.m') AS message_id,
                json_extract(value, '$.s') AS state, json_extract(value, '$.a') AS available_at,
-               json_extract(value, '$.e') AS last_error
+               json_extract(value, '$.e') AS last_error, json_extract(value, '$.w') AS withdrawn
           FROM json_each(?1)) AS r
  WHERE outbox_deliveries.consumer = r.consumer AND outbox_deliveries.message_id = r.message_id
    AND outbox_deliveries.state = 'leased'
