@@ -102,8 +102,9 @@ fn readable_by(caller: &Caller, mut message: pb::Message) -> pb::Message {
     message
 }
 
-/// Held keys one ListHeldKeys answers with at most.
-const MAX_HELD_KEYS: u32 = 1000;
+/// Held keys one ListHeldKeys answers with at most: each costs up to
+/// [`crate::store::HeldKey::WAITING_COUNTED`] index entries to count its waiting messages.
+const MAX_HELD_KEYS: u32 = 100;
 
 fn pb_held_key(k: crate::store::HeldKey) -> pb::HeldKey {
     pb::HeldKey {
