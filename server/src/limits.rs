@@ -167,9 +167,10 @@ pub struct Limits {
     /// RESOURCE_EXHAUSTED. Every relay pass matches every consumer's topics.
     #[arg(long, env = "OUTBOXD_MAX_CONSUMERS", default_value_t = Limits::DEFAULT.max_consumers)]
     pub max_consumers: usize,
-    /// Most bytes of deliveries one principal's Subscribe streams hold at once (with an auth
-    /// file): leased to them and not yet acked, nacked or expired, whatever their
-    /// max_in_flight. A stream at the limit gets no more deliveries until some come back. Each
+    /// Most bytes of deliveries one principal's Subscribe and Tail streams hold at once:
+    /// leased to them and not yet acked, nacked or expired, or read for a tail and not yet
+    /// taken by its transport, whatever their max_in_flight. Without an auth file every caller
+    /// is one principal and shares it. A stream at the limit gets no more until some come back. Each
     /// delivery counts its payload, headers, topic, type and key; room is reserved at the
     /// largest a delivery may be (--max-payload-bytes plus 16 KiB of headers and 1 KiB of
     /// names), so the limit must hold at least one of those.
@@ -239,6 +240,9 @@ impl Limits {
 pub struct StreamLimiter {
     limits: Limits,
     open: Arc<Mutex<OpenStreams>>,
+    /// Without an auth file every caller is the one trusted caller: its streams share this
+    /// budget, so that the process holds a bounded number of bytes for them too (ADR 0076).
+    unauthenticated: Arc<ByteBudget>,
 }
 
 #[derive(Debug, Default)]
@@ -252,7 +256,8 @@ struct OpenStreams {
 
 /// Who a request's quotas are counted against: the principal's name, put in the request's
 /// extensions by the auth layer when an auth file is in force (without one there is no
-/// per-principal quota: every caller is the same unrestricted one).
+/// per-principal quota: every caller is the same unrestricted one, whose streams share one
+/// byte budget).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaKey(pub Arc<str>);
 
@@ -265,7 +270,8 @@ pub struct PrincipalStreamPermit {
 }
 
 impl PrincipalStreamPermit {
-    /// The byte budget the principal's streams share (`None` without an auth file).
+    /// The byte budget the principal's streams share (without an auth file, the one every
+    /// caller shares).
     pub fn in_flight_bytes(&self) -> Option<Arc<ByteBudget>> {
         self.budget.clone()
     }
@@ -293,7 +299,11 @@ pub struct StreamPermit {
 
 impl StreamLimiter {
     pub fn new(limits: Limits) -> Self {
-        Self { limits, open: Arc::default() }
+        Self {
+            limits,
+            open: Arc::default(),
+            unauthenticated: ByteBudget::new(limits.max_in_flight_bytes_per_principal),
+        }
     }
 
     /// A place for one more stream from `peer`, or RESOURCE_EXHAUSTED naming the limit that is
@@ -326,11 +336,12 @@ impl StreamLimiter {
 
     /// A place for one more stream of `principal`, taken as the stream opens, before it has
     /// said what it wants: one principal's streams cannot take every place of the process. With
-    /// no principal (no auth file) it always succeeds.
+    /// no principal (no auth file) it always succeeds, and its streams share one byte budget.
     #[allow(clippy::result_large_err)] // a Status is what the caller returns
     pub fn acquire_principal(&self, principal: Option<&QuotaKey>) -> Result<PrincipalStreamPermit, Status> {
         let Some(QuotaKey(name)) = principal else {
-            return Ok(PrincipalStreamPermit { open: self.open.clone(), principal: None, budget: None });
+            let budget = Some(self.unauthenticated.clone());
+            return Ok(PrincipalStreamPermit { open: self.open.clone(), principal: None, budget });
         };
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let held = open.per_principal.get(name).copied().unwrap_or(0);
@@ -637,6 +648,9 @@ mod tests {
         assert!(l.acquire_principal(Some(&a)).is_ok(), "given back when dropped");
         let unrestricted: Vec<_> = (0..10).map(|_| l.acquire_principal(None).unwrap()).collect();
         assert_eq!(unrestricted.len(), 10, "no auth file: no per-principal quota");
+        let shared = unrestricted.iter().map(|p| p.in_flight_bytes().expect("a byte budget without an auth file"));
+        assert!(shared.clone().all(|b| Arc::ptr_eq(&b, &unrestricted[0].in_flight_bytes().unwrap())), "one budget");
+        assert_eq!(shared.map(|b| b.limit()).max(), Some(Limits::DEFAULT.max_in_flight_bytes_per_principal));
     }
 
     fn peer(port: u16) -> Option<SocketAddr> {

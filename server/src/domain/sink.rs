@@ -176,7 +176,8 @@ impl SinkTarget {
         if parsed.scheme() == "http" && !is_loopback(&parsed) {
             return Err(InvalidField::new(
                 format!("{field}.url"),
-                format!("{url:?}: plain http:// is allowed only to a loopback host; use https://"),
+                // Shown redacted: the refusal goes back to the caller and into the audit log.
+                format!("{:?}: plain http:// is allowed only to a loopback host; use https://", redact_url(url)),
             ));
         }
         let secret = WebhookSecret::parse(&format!("{field}.secret"), secret)?;
@@ -473,6 +474,10 @@ mod tests {
         assert!(SinkTarget::webhook("s", "http://localhost:9/hook", &secret, None).is_ok());
         let e = SinkTarget::webhook("s", "http://partner.example/hook", &secret, None).unwrap_err();
         assert!(e.reason.contains("loopback"), "{e}");
+        // The refusal goes back to the caller and into the audit log: the URL is shown redacted.
+        let e = SinkTarget::webhook("s", "http://u:PASSWORD@10.0.0.1/x?token=t0k", &secret, None).unwrap_err();
+        assert!(e.reason.contains("http://u:***@10.0.0.1/x?token=***"), "{e}");
+        assert!(!e.to_string().contains("PASSWORD") && !e.to_string().contains("t0k"), "{e}");
         let e = SinkTarget::webhook("s", "https://p.example/", "hunter2", None).unwrap_err();
         assert_eq!(e.field, "s.secret");
         let e = SinkTarget::webhook("s", "https://p.example/", &secret, Some(Duration::from_secs(301))).unwrap_err();

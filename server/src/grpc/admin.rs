@@ -102,8 +102,9 @@ fn readable_by(caller: &Caller, mut message: pb::Message) -> pb::Message {
     message
 }
 
-/// Held keys one ListHeldKeys answers with at most.
-const MAX_HELD_KEYS: u32 = 1000;
+/// Held keys one ListHeldKeys answers with at most: each costs up to
+/// [`crate::store::HeldKey::WAITING_COUNTED`] index entries to count its waiting messages.
+const MAX_HELD_KEYS: u32 = 100;
 
 fn pb_held_key(k: crate::store::HeldKey) -> pb::HeldKey {
     pb::HeldKey {
@@ -123,17 +124,60 @@ const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 const PAGE_CHUNK: usize = 16;
 const MAX_PAGE: u32 = 1000;
 
-/// Messages a tail holds ahead of its reader.
+/// Messages a tail holds ahead of its reader; it reads no more than there is room for here.
 const TAIL_BUFFER: usize = 8;
-/// Messages a tail reads at a time (each may be a MiB).
-const TAIL_READ: i64 = 32;
+/// Messages a tail looks at per read, by topic and size only (no payloads): a tail of a quiet
+/// topic passes over other topics' traffic in steps of this many.
+const TAIL_SCAN: i64 = 512;
 
 /// How often a tail looks for new messages when not woken.
 const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// A message's bytes counted against its principal's in-flight budget from the moment a tail
+/// reads it until the transport has taken it; given back when dropped.
+#[derive(Debug)]
+struct Held {
+    budget: Option<std::sync::Arc<crate::limits::ByteBudget>>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give(self.bytes);
+        }
+    }
+}
+
+/// A tail's answer stream: each message counts against the budget until the transport asks for
+/// the one after it (it has taken that one into its own buffer by then).
+pub struct TailMessages {
+    rx: tokio::sync::mpsc::Receiver<Result<(pb::Message, Held), Status>>,
+    handed: Option<Held>,
+}
+
+impl futures::Stream for TailMessages {
+    type Item = Result<pb::Message, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.handed = None;
+        self.rx.poll_recv(cx).map(|item| {
+            item.map(|r| {
+                r.map(|(message, held)| {
+                    self.handed = Some(held);
+                    message
+                })
+            })
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl pb::outbox_admin_server::OutboxAdmin for AdminService {
-    type TailStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Message, Status>>;
+    type TailStream = TailMessages;
 
     async fn tail(&self, request: Request<pb::TailRequest>) -> Result<Response<Self::TailStream>, Status> {
         let caller = auth::caller(&request)?;
@@ -145,52 +189,20 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         for p in if patterns.is_empty() { &everything[..] } else { &patterns[..] } {
             caller.check(Need::Tail(p))?;
         }
+        let budget = mine.in_flight_bytes();
         let permit = (self.streams.acquire(peer)?, mine);
-        let mut cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
-        // A few messages buffered ahead of a slow reader, not hundreds: each may be a MiB.
+        let cursor = self.ctx.store.message_last_seq().await.map_err(store_status)?;
         let (tx, rx) = tokio::sync::mpsc::channel(TAIL_BUFFER);
         let ctx = self.ctx.clone();
+        let wanted: Vec<TopicPattern> = if patterns.is_empty() { everything.to_vec() } else { patterns };
+        let matched = wanted.clone();
         // A reloaded auth file that takes the caller's permission away ends the tail.
-        let wanted: Vec<TopicPattern> = if patterns.is_empty() { everything.to_vec() } else { patterns.clone() };
         let revoked = async move { caller.revoked(move |p| wanted.iter().all(|t| p.allows(&Need::Tail(t)))).await };
         ctx.tasks.clone().spawn(async move {
             let _permit = permit;
-            let mut enqueued = ctx.hub.enqueued().subscribe();
-            let mut revoked = std::pin::pin!(revoked);
-            loop {
-                if let Some(status) = futures::FutureExt::now_or_never(revoked.as_mut()) {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
-                match ctx.store.message_list_after(cursor, TAIL_READ).await {
-                    Ok(batch) => {
-                        let full = batch.len() == TAIL_READ as usize;
-                        for m in batch {
-                            cursor = m.seq;
-                            let wanted = patterns.is_empty() || patterns.iter().any(|p| p.matches(&m.topic));
-                            if wanted && tx.send(Ok(convert::pb_message(m))).await.is_err() {
-                                return;
-                            }
-                        }
-                        if full {
-                            continue;
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "tail read failed; retrying"),
-                }
-                tokio::select! {
-                    status = revoked.as_mut() => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                    _ = tx.closed() => return,
-                    _ = ctx.shutdown.cancelled() => return,
-                    _ = enqueued.changed() => {}
-                    _ = tokio::time::sleep(TAIL_POLL) => {}
-                }
-            }
+            tail_loop(ctx, matched, cursor, budget, tx, revoked).await;
         });
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        Ok(Response::new(TailMessages { rx, handed: None }))
     }
 
     async fn create_consumer(
@@ -583,6 +595,136 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         }
         .await;
         audit.done(result)
+    }
+}
+
+/// Feeds a tail: it reads only when its reader has room, only messages of its patterns, and
+/// only what its principal's byte budget has room for; each message read counts against that
+/// budget until the transport takes it ([`TailMessages`]). A slow or stalled reader therefore
+/// holds at most [`TAIL_BUFFER`] messages here, and all of a principal's tails and Subscribe
+/// streams together at most `--max-in-flight-bytes-per-principal`.
+async fn tail_loop(
+    ctx: SessionContext,
+    patterns: Vec<TopicPattern>,
+    mut cursor: i64,
+    budget: Option<std::sync::Arc<crate::limits::ByteBudget>>,
+    tx: tokio::sync::mpsc::Sender<Result<(pb::Message, Held), Status>>,
+    revoked: impl std::future::Future<Output = Status>,
+) {
+    let mut enqueued = ctx.hub.enqueued().subscribe();
+    let mut returned = budget.as_ref().map(|b| b.returned());
+    let mut revoked = std::pin::pin!(revoked);
+    loop {
+        // Room in the reader's buffer first: nothing is read ahead of it.
+        let room = tokio::select! {
+            biased;
+            status = revoked.as_mut() => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+            _ = ctx.shutdown.cancelled() => return,
+            room = tx.reserve() => match room {
+                Ok(room) => room,
+                Err(_) => return,
+            },
+        };
+        let fits = 1 + tx.capacity();
+        if let Some(r) = returned.as_mut() {
+            r.borrow_and_update();
+        }
+        let (read, short) = match tail_read(&ctx, &patterns, &mut cursor, fits, budget.as_ref()).await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(error = %e, "tail read failed; retrying");
+                (Vec::new(), false)
+            }
+        };
+        let more = !read.is_empty() && !short;
+        let mut read = read.into_iter();
+        if let Some(first) = read.next() {
+            room.send(Ok(first));
+            for m in read {
+                // Fits: `fits` counted the free places, and this task alone sends.
+                if tx.try_send(Ok(m)).is_err() {
+                    return;
+                }
+            }
+        } else {
+            drop(room);
+        }
+        if more {
+            continue;
+        }
+        let budget_back = async {
+            match (short, returned.as_mut()) {
+                (true, Some(r)) => {
+                    let _ = r.changed().await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = revoked.as_mut() => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+            _ = tx.closed() => return,
+            _ = ctx.shutdown.cancelled() => return,
+            _ = budget_back => {}
+            _ = enqueued.changed(), if !short => {}
+            _ = tokio::time::sleep(TAIL_POLL), if !short => {}
+        }
+    }
+}
+
+/// One read of a tail: up to `fits` messages of `patterns` after `cursor`, each with its bytes
+/// taken from `budget`, and the cursor moved past what was looked at. `short` when the budget
+/// had no room for the next match (the cursor stays before it).
+async fn tail_read(
+    ctx: &SessionContext,
+    patterns: &[TopicPattern],
+    cursor: &mut i64,
+    fits: usize,
+    budget: Option<&std::sync::Arc<crate::limits::ByteBudget>>,
+) -> Result<(Vec<(pb::Message, Held)>, bool), crate::store::StoreError> {
+    loop {
+        let page = ctx.store.message_tail(*cursor, patterns, TAIL_SCAN, fits).await?;
+        let mut taken = Vec::new();
+        let mut short = false;
+        for hit in &page.hits {
+            // A message never needs more than the whole budget (the flag holds at least one).
+            let bytes = budget.map_or(0, |b| hit.bytes.min(b.limit()));
+            match budget {
+                Some(b) if b.take_units(1, bytes) == 0 => {
+                    crate::limits::refused("max_in_flight_bytes_per_principal");
+                    short = true;
+                    break;
+                }
+                _ => taken.push((hit.seq, bytes)),
+            }
+        }
+        *cursor = match (short, page.hits.get(taken.len())) {
+            // Up to the first match it could not take: that one is read again.
+            (true, Some(next)) => next.seq - 1,
+            _ => page.next_after,
+        };
+        if taken.is_empty() {
+            if short || !page.more {
+                return Ok((Vec::new(), short));
+            }
+            // A window of other topics: look further at once.
+            continue;
+        }
+        let seqs: Vec<i64> = taken.iter().map(|(seq, _)| *seq).collect();
+        // The bytes come back when what holds them is dropped, an error included.
+        let mut holds: std::collections::HashMap<i64, Held> =
+            taken.iter().map(|&(seq, bytes)| (seq, Held { budget: budget.cloned(), bytes })).collect();
+        let messages = ctx.store.message_list_of_seqs(&seqs).await?;
+        let read = messages
+            .into_iter()
+            .filter_map(|m| holds.remove(&m.seq).map(|hold| (convert::pb_message(m), hold)))
+            .collect();
+        return Ok((read, short));
     }
 }
 

@@ -21,11 +21,11 @@ use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
 use super::{
     ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, MessageQuery,
     NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats, StoreError,
-    TableHealth, VacuumHorizon,
+    TableHealth, TailEntry, TailPage, VacuumHorizon,
 };
 use crate::domain::{
     Consumer, ConsumerName, ConsumerSpec, LeasedDelivery, MessageId, PushOffer, RelayOutcome, Release, ReleaseGuard,
-    StartFrom, StoredMessage,
+    StartFrom, StoredMessage, TopicPattern,
 };
 
 /// Messages read per round trip when a consumer starting from EARLIEST walks the log.
@@ -70,6 +70,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn message_find(&self, id: MessageId) -> Result<Option<StoredMessage>>;
     /// Up to `limit` messages with `seq > after`, in `seq` order (for tailing).
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>>;
+    /// Up to `limit` messages with `seq > after`, in `seq` order, without their payloads: seq,
+    /// topic and size, for a tail to match before it reads anything large.
+    async fn message_tail_window(&self, after: i64, limit: i64) -> Result<Vec<TailEntry>>;
+    /// The messages of `seqs` that are still there, in `seq` order.
+    async fn message_list_of_seqs(&self, seqs: &[i64]) -> Result<Vec<StoredMessage>>;
     /// Whether a committed message waits for the relay: one indexed probe.
     async fn message_unrelayed_exists(&self) -> Result<bool>;
     /// [`Store::message_unrelayed_exists`], for a relay that has backed off: the same statement
@@ -228,6 +233,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>>;
 
     // ---- Operations of several statements (provided, the same on every backend).
+
+    /// What a tail of `patterns` reads next: among at most `scan` messages after `after`, the
+    /// first `limit` whose topic a pattern matches (`domain::topic_matches`, as the relay
+    /// matches). Only topics and sizes are read here: a tail loads the payloads of its matches
+    /// alone, and only as many as its reader has room for ([`Store::message_list_of_seqs`]).
+    async fn message_tail(&self, after: i64, patterns: &[TopicPattern], scan: i64, limit: usize) -> Result<TailPage> {
+        let window = self.message_tail_window(after, scan).await?;
+        let mut page = TailPage { hits: Vec::new(), next_after: after, more: window.len() as i64 >= scan };
+        for entry in window {
+            if patterns.iter().any(|p| p.matches(&entry.topic)) {
+                if page.hits.len() >= limit {
+                    page.more = true;
+                    break;
+                }
+                page.next_after = entry.seq;
+                page.hits.push(entry);
+            } else {
+                page.next_after = entry.seq;
+            }
+        }
+        Ok(page)
+    }
 
     /// All or nothing: one transaction for the whole batch.
     async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {

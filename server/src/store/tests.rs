@@ -88,6 +88,7 @@ on_every_store!(
     dead_letters_group_by_last_error_and_a_group_replays_alone,
     a_search_pages_newest_first_through_bounded_windows,
     a_relay_pass_fans_each_message_out_to_the_consumers_whose_patterns_match_its_topic,
+    a_tail_reads_only_its_patterns_topics_in_bounded_windows_and_payloads_of_its_matches,
 );
 
 /// How many sessions of this test's database wait for the relays' turn (the advisory lock
@@ -1840,4 +1841,48 @@ async fn a_search_pages_newest_first_through_bounded_windows(store: SharedStore)
     let all = MessageQuery { after: Some(now), type_: Some("Wanted".into()), ..Default::default() };
     let page = store.message_search(&all, None, 2, 10).await.unwrap();
     assert_eq!(page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![seqs[27], seqs[24]]);
+}
+
+/// A tail's read (issue 47 item 2): it looks at topics and sizes only, in windows of `scan`,
+/// matches its patterns as the relay does (`*` one segment, `>` the rest), takes at most
+/// `limit` matches and moves its cursor past what it looked at and no further than the first
+/// match it left; payloads are read for the matches alone.
+async fn a_tail_reads_only_its_patterns_topics_in_bounded_windows_and_payloads_of_its_matches(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let mut seqs = Vec::new();
+    for topic in ["orders.created", "payments.card", "orders.eu.created", "orders.updated", "payments.cash", "orders.x"]
+    {
+        let payload = if topic.starts_with("payments") { vec![7u8; 100_000] } else { b"{}".to_vec() };
+        seqs.push(store.message_insert(&NewMessage { payload, ..msg(topic) }, now).await.unwrap().seq);
+    }
+    let orders = [TopicPattern::parse("topics", "orders.*").unwrap()];
+    let page = store.message_tail(0, &orders, 100, 2).await.unwrap();
+    assert_eq!(
+        page.hits.iter().map(|h| h.seq).collect::<Vec<_>>(),
+        [seqs[0], seqs[3]],
+        "orders.eu.created is two segments"
+    );
+    assert_eq!((page.next_after, page.more), (seqs[4], true), "up to the match left out, past payments.cash");
+    // payload, headers (`{}`), topic and type.
+    assert_eq!(page.hits[0].bytes, 2 + 2 + "orders.created".len() + 1);
+    let page = store.message_tail(page.next_after, &orders, 100, 2).await.unwrap();
+    assert_eq!(page.hits.iter().map(|h| h.seq).collect::<Vec<_>>(), [seqs[5]]);
+    assert_eq!((page.next_after, page.more), (seqs[5], false));
+    // A window of other topics moves the cursor on, and says more may follow.
+    let eu = [TopicPattern::parse("topics", "orders.eu.>").unwrap()];
+    let page = store.message_tail(0, &eu, 2, 8).await.unwrap();
+    assert!(page.hits.is_empty());
+    assert_eq!((page.next_after, page.more), (seqs[1], true));
+    let page = store.message_tail(page.next_after, &eu, 2, 8).await.unwrap();
+    assert_eq!(page.hits.iter().map(|h| h.seq).collect::<Vec<_>>(), [seqs[2]]);
+    assert_eq!((page.next_after, page.more), (seqs[3], true));
+    // `>` is everything; the payments' sizes are known before their payloads are read.
+    let all = [TopicPattern::parse("topics", ">").unwrap()];
+    let page = store.message_tail(0, &all, 100, 8).await.unwrap();
+    assert_eq!(page.hits.len(), 6);
+    assert!(page.hits[1].bytes > 100_000 && page.hits[1].bytes < 100_100, "{:?}", page.hits[1]);
+    // Payloads only of the seqs asked for (one of them gone).
+    let read = store.message_list_of_seqs(&[seqs[1], seqs[5], seqs[5] + 100]).await.unwrap();
+    assert_eq!(read.iter().map(|m| (m.seq, m.payload.len())).collect::<Vec<_>>(), [(seqs[1], 100_000), (seqs[5], 2)]);
+    assert!(store.message_list_of_seqs(&[]).await.unwrap().is_empty());
 }

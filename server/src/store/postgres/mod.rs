@@ -17,7 +17,7 @@ use super::records::{
 use super::{
     ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
     MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon,
+    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -1114,6 +1114,27 @@ impl Store for PgStore {
 
     async fn message_list_after(&self, after: i64, limit: i64) -> Result<Vec<StoredMessage>> {
         let rows = sqlx::query(q::MESSAGE_LIST_AFTER).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter().map(message_from_row).collect()
+    }
+
+    async fn message_tail_window(&self, after: i64, limit: i64) -> Result<Vec<TailEntry>> {
+        let rows = sqlx::query(q::MESSAGE_TAIL_WINDOW).bind(after).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(TailEntry {
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    bytes: usize::try_from(r.try_get::<i64, _>("bytes")?).unwrap_or(usize::MAX),
+                })
+            })
+            .collect()
+    }
+
+    async fn message_list_of_seqs(&self, seqs: &[i64]) -> Result<Vec<StoredMessage>> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(q::MESSAGE_LIST_OF_SEQS).bind(seqs).fetch_all(&self.pool).await?;
         rows.iter().map(message_from_row).collect()
     }
 

@@ -34,6 +34,18 @@ SELECT {{message_columns}} FROM outbox.messages m WHERE m.message_id = $1;
 -- name: message_list_after
 SELECT {{message_columns}} FROM outbox.messages m WHERE m.seq > $1 ORDER BY m.seq LIMIT $2;
 
+-- name: message_tail_window
+-- Up to $2 messages with seq > $1, in seq order, as a tail matches them: seq, topic and size,
+-- never the payload (`octet_length` of a bytea reads its stored length, not its bytes).
+SELECT m.seq, m.topic,
+       (octet_length(m.payload)::int8 + octet_length(m.headers::text) + octet_length(m.topic) + octet_length(m.type)
+        + coalesce(octet_length(m.ordering_key), 0)) AS bytes
+  FROM outbox.messages m WHERE m.seq > $1 ORDER BY m.seq LIMIT $2;
+
+-- name: message_list_of_seqs
+-- The messages of the seqs $1, in seq order.
+SELECT {{message_columns}} FROM outbox.messages m WHERE m.seq = ANY ($1::int8[]) ORDER BY m.seq;
+
 -- name: message_search_window
 -- The matches in the window of the `$3` newest messages below `$1` and from `$2`, each with the
 -- size and the lowest seq of the window.

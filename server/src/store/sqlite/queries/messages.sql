@@ -37,6 +37,19 @@ SELECT {{message_columns}} FROM outbox_messages m WHERE m.message_id = ?1;
 -- name: message_list_after
 SELECT {{message_columns}} FROM outbox_messages m WHERE m.seq > ?1 ORDER BY m.seq LIMIT ?2;
 
+-- name: message_tail_window
+-- Up to ?2 messages with seq > ?1, in seq order, as a tail matches them: seq, topic and size,
+-- never the payload (`length` of a blob reads its stored length, not its bytes).
+SELECT m.seq, m.topic,
+       length(m.payload) + length(CAST(m.headers AS BLOB)) + length(CAST(m.topic AS BLOB))
+       + length(CAST(m.type AS BLOB)) + coalesce(length(CAST(m.ordering_key AS BLOB)), 0) AS bytes
+  FROM outbox_messages m WHERE m.seq > ?1 ORDER BY m.seq LIMIT ?2;
+
+-- name: message_list_of_seqs
+-- The messages of the seqs in the JSON array ?1, in seq order.
+SELECT {{message_columns}} FROM outbox_messages m
+ WHERE m.seq IN (SELECT value FROM json_each(?1)) ORDER BY m.seq;
+
 -- name: message_list_of_ids
 -- The messages whose ids the JSON array ?1 holds, in seq order.
 SELECT {{message_columns}} FROM outbox_messages m
