@@ -474,6 +474,69 @@ impl Caller {
     }
 }
 
+/// A change to consumers, as [`Caller::check_consumer`] judges it (ADR 0072).
+#[derive(Debug, Clone, Copy)]
+pub enum ConsumerChange<'a> {
+    /// Creating a consumer of this definition (beyond `admin:write`, which the layer checks).
+    Create(&'a crate::domain::ConsumerSpec),
+    /// Deleting this existing consumer.
+    Delete(&'a crate::domain::Consumer),
+}
+
+impl Caller {
+    /// The one rule of who may create and change consumers, besides `admin:write`:
+    ///
+    /// - a consumer takes only topics its creator may read: `tail:` covering each of them, as
+    ///   for a sink, which also needs `sink:NAME`. Otherwise `admin:write` would read any topic
+    ///   through a consumer of its own.
+    /// - a consumer is deleted only by its creator, or by a principal that may consume it
+    ///   anyway (`consume:NAME`, `*`): one principal cannot delete another's consumer (and its
+    ///   waiting messages), nor create it again on other topics under the name that application
+    ///   subscribes to. A consumer created without an auth file (or before creators were
+    ///   recorded) has none: `consume:NAME` or `*`.
+    /// - pausing and resuming stay `admin:write`'s alone: the operator's brake, which moves no
+    ///   message anywhere and is undone by resuming (both audited).
+    ///
+    /// Without an auth file there is one trusted caller and everything is allowed.
+    pub fn check_consumer(&self, change: ConsumerChange<'_>) -> Result<(), Status> {
+        let Some(p) = &self.principal else { return Ok(()) };
+        match change {
+            ConsumerChange::Create(spec) => {
+                if spec.sink.is_some() {
+                    // A sink sends every payload of its topics out of outboxd: a permission of its own.
+                    self.check(Need::Sink(spec.name.as_str()))?;
+                }
+                for t in &spec.topics {
+                    self.check(Need::Tail(t)).map_err(|s| {
+                        Status::permission_denied(format!(
+                            "{}: a consumer takes only topics its creator may read",
+                            s.message()
+                        ))
+                    })?;
+                }
+                Ok(())
+            }
+            ConsumerChange::Delete(c) => {
+                let name = c.spec.name.as_str();
+                if c.created_by.as_deref() == Some(p.name.as_str()) || p.allows(&Need::Consume(name)) {
+                    count(&p.name, "allowed");
+                    return Ok(());
+                }
+                count(&p.name, "denied");
+                let creator = c
+                    .created_by
+                    .as_ref()
+                    .map_or_else(|| "no recorded principal".to_owned(), |o| format!("principal {o:?}"));
+                Err(Status::permission_denied(format!(
+                    "principal {:?} lacks the permission consume:{name} for consumer {name:?}: it was created by \
+                     {creator}, and only its creator or a principal that may consume it deletes it",
+                    p.name
+                )))
+            }
+        }
+    }
+}
+
 fn count(principal: &str, outcome: &'static str) {
     metrics::counter!(DECISIONS, "principal" => principal.to_owned(), "outcome" => outcome).increment(1);
 }

@@ -101,7 +101,7 @@ async fn insert<S: Store>(store: &S, topics: &[&str], at: DateTime<Utc>) -> Vec<
 async fn create<S: Store>(store: &S, spec: &ConsumerSpec, at: DateTime<Utc>) {
     let d = &store;
     let mut tx = d.begin_consumer_change().await.unwrap();
-    tx.consumer_insert(spec, at).await.unwrap();
+    tx.consumer_insert(spec, None, at).await.unwrap();
     tx.commit().await.unwrap();
 }
 

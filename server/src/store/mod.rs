@@ -88,6 +88,8 @@ pub enum StoreError {
          (delete it first to change it)"
     )]
     ConsumerConflict { name: String, field: &'static str },
+    #[error("{count} consumers exist, the limit is {max} (--max-consumers); delete some first")]
+    ConsumerLimit { count: usize, max: usize },
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
     /// An enqueue under an existing message_id of another message (SQLSTATE 23505 from

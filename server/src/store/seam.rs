@@ -257,6 +257,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// consumer gets a pending row for every retained message it matches, relayed or not (the
     /// relay's insert later finds it there), in the same transaction.
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
+        self.consumer_create_by(spec, None, usize::MAX, now).await
+    }
+
+    /// [`Store::consumer_create`] on behalf of `created_by`, refused with
+    /// [`StoreError::ConsumerLimit`] when `max` consumers exist already: counted under the
+    /// consumer-change lock, so concurrent creates (on any replica) never exceed it.
+    async fn consumer_create_by(
+        &self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        max: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Consumer> {
         let mut tx = self.begin_consumer_change().await?;
         if let Some(existing) = tx.consumer_find(spec.name.as_str()).await? {
             let existing = Consumer::try_from(existing)?;
@@ -265,7 +278,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
                 Some(field) => Err(StoreError::ConsumerConflict { name: spec.name.to_string(), field }),
             };
         }
-        let consumer = Consumer::try_from(tx.consumer_insert(spec, now).await?)?;
+        let count = usize::try_from(tx.consumer_count().await?).unwrap_or(usize::MAX);
+        if count >= max {
+            return Err(StoreError::ConsumerLimit { count, max });
+        }
+        let consumer = Consumer::try_from(tx.consumer_insert(spec, created_by, now).await?)?;
         if spec.start_from == StartFrom::Earliest {
             let mut after = 0;
             loop {
@@ -406,8 +423,16 @@ pub trait StoreTx: Send {
     /// Up to `limit` messages with `seq > after`, in `seq` order: what a backfill needs of each.
     async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>>;
     async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>>;
-    /// Inserts a consumer: `start_seq` is the highest `seq` so far for NEW, 0 for EARLIEST.
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord>;
+    /// How many consumers exist (under the consumer-change lock: no create slips in after it).
+    async fn consumer_count(&mut self) -> Result<i64>;
+    /// Inserts a consumer: `start_seq` is the highest `seq` so far for NEW, 0 for EARLIEST;
+    /// `created_by` is the principal that creates it (ADR 0072).
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord>;
     /// Deletes a consumer and its inbox rows; false when there was none.
     async fn consumer_delete(&mut self, name: &str) -> Result<bool>;
     /// Creates pending inbox rows of `consumer` for `messages`; existing rows are left alone.

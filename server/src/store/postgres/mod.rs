@@ -230,6 +230,7 @@ fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
         created_at: row.try_get("created_at")?,
+        created_by: row.try_get("created_by")?,
     })
 }
 
@@ -1141,7 +1142,17 @@ impl StoreTx for PgTx {
         consumer_find(&mut *self.0, name).await
     }
 
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+    async fn consumer_count(&mut self) -> Result<i64> {
+        let conn: &mut PgConnection = &mut self.0;
+        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
+    }
+
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let conn: &mut PgConnection = &mut self.0;
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(q::CONSUMER_INSERT)
@@ -1155,6 +1166,7 @@ impl StoreTx for PgTx {
             .bind(now)
             .bind(spec.sink.as_ref().map(Json))
             .bind(spec.dead_key_policy.as_str())
+            .bind(created_by)
             .fetch_one(conn)
             .await?;
         consumer_from_row(&row)

@@ -128,6 +128,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<ConsumerRecord> {
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
         created_at: time(row.try_get("created_at")?),
+        created_by: row.try_get("created_by")?,
         name,
     })
 }
@@ -1079,7 +1080,17 @@ impl StoreTx for SqliteTx {
         consumer_find(&mut *self.0, name).await
     }
 
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+    async fn consumer_count(&mut self) -> Result<i64> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
+    }
+
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let conn: &mut SqliteConnection = &mut self.0;
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let sink = spec
@@ -1099,6 +1110,7 @@ impl StoreTx for SqliteTx {
             .bind(us(now))
             .bind(sink)
             .bind(spec.dead_key_policy.as_str())
+            .bind(created_by)
             .fetch_one(conn)
             .await?;
         consumer_from_row(&row)
