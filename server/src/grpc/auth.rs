@@ -467,6 +467,15 @@ impl Caller {
         }
     }
 
+    /// The SHA-256 of the bearer token it was authenticated with (what a console session keeps
+    /// to look it up again: never the token).
+    pub fn token_hash(&self) -> Option<[u8; 32]> {
+        match &self.credential {
+            Some((_, Credential::Token(hash))) => Some(*hash),
+            _ => None,
+        }
+    }
+
     /// The principal's name when an auth file is in force (for per-principal quotas); `None`
     /// without one, where every caller is unrestricted.
     pub fn principal_name(&self) -> Option<&str> {
@@ -713,6 +722,19 @@ impl Authenticator {
         Err(Status::unauthenticated(
             "no credential: send \"authorization: Bearer <token>\" or a client certificate that the auth file names",
         ))
+    }
+
+    /// The caller whose bearer token has this SHA-256, in the auth file in force (a console
+    /// session, which keeps the hash of the token it signed in with).
+    pub fn authenticate_token_hash(&self, hash: &[u8; 32]) -> Result<Caller, Status> {
+        match self.table().by_token.get(hash) {
+            Some(p) if self.enabled() => Ok(Caller {
+                name: p.name.as_str().into(),
+                principal: Some(p.clone()),
+                credential: Some((self.clone(), Credential::Token(*hash))),
+            }),
+            _ => Err(Status::unauthenticated("the token of this session is no longer valid")),
+        }
     }
 
     /// Re-reads the file every `interval` and on SIGHUP until `cancel`.

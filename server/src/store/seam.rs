@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, MessageQuery,
-    NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats, StoreError,
-    TableHealth, VacuumHorizon,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender,
+    MessageQuery, NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats,
+    StoreError, TableHealth, VacuumHorizon,
 };
 use crate::domain::{
     Consumer, ConsumerName, ConsumerSpec, LeasedDelivery, MessageId, PushOffer, RelayOutcome, Release, ReleaseGuard,
@@ -122,6 +122,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer>;
     /// Counts per consumer (all, or only `only`), in name order. See [`Store::stats`].
     async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>>;
+
+    // ---- Console sessions (required; ADR 0073).
+
+    async fn console_session_insert(&self, session: &ConsoleSession) -> Result<()>;
+    async fn console_session_find(&self, id_hash: &[u8; 32]) -> Result<Option<ConsoleSession>>;
+    /// Records a request of the session at `now` (idle expiry counts from it).
+    async fn console_session_touch(&self, id_hash: &[u8; 32], now: DateTime<Utc>) -> Result<()>;
+    /// Ends a session (sign-out, or found expired); false when there was none.
+    async fn console_session_delete(&self, id_hash: &[u8; 32]) -> Result<bool>;
+    /// Deletes the sessions past `expires_at` or not seen since `idle_since`.
+    async fn console_session_delete_expired(&self, now: DateTime<Utc>, idle_since: DateTime<Utc>) -> Result<u64>;
+    /// Deletes `principal`'s oldest sessions beyond its newest `keep`.
+    async fn console_session_delete_oldest(&self, principal: &str, keep: i64) -> Result<u64>;
 
     // ---- Deliveries (required).
 

@@ -26,9 +26,9 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
-    MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
+    MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
+    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, VacuumHorizon, WorkHint,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -597,6 +597,66 @@ impl Store for SqliteStore {
 
     async fn consumer_list(&self) -> Result<Vec<Consumer>> {
         consumers_on(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn console_session_insert(&self, s: &ConsoleSession) -> Result<()> {
+        retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_INSERT)
+                .bind(&s.id_hash[..])
+                .bind(&s.principal)
+                .bind(&s.token_hash[..])
+                .bind(us(s.created_at))
+                .bind(us(s.expires_at))
+                .execute(&self.writer)
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn console_session_find(&self, id_hash: &[u8; 32]) -> Result<Option<ConsoleSession>> {
+        let Some(row) = sqlx::query(q::CONSOLE_SESSION_FIND).bind(&id_hash[..]).fetch_optional(&self.pool).await?
+        else {
+            return Ok(None);
+        };
+        let token: Vec<u8> = row.try_get("token_hash")?;
+        Ok(Some(ConsoleSession {
+            id_hash: *id_hash,
+            principal: row.try_get("principal")?,
+            token_hash: token
+                .try_into()
+                .map_err(|_| StoreError::InvalidValue("stored console session: token_hash is not 32 bytes".into()))?,
+            created_at: time(row.try_get("created_at")?),
+            seen_at: time(row.try_get("seen_at")?),
+            expires_at: time(row.try_get("expires_at")?),
+        }))
+    }
+
+    async fn console_session_touch(&self, id_hash: &[u8; 32], now: DateTime<Utc>) -> Result<()> {
+        retry_busy(|| sqlx::query(q::CONSOLE_SESSION_TOUCH).bind(&id_hash[..]).bind(us(now)).execute(&self.writer))
+            .await?;
+        Ok(())
+    }
+
+    async fn console_session_delete(&self, id_hash: &[u8; 32]) -> Result<bool> {
+        let done =
+            retry_busy(|| sqlx::query(q::CONSOLE_SESSION_DELETE).bind(&id_hash[..]).execute(&self.writer)).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn console_session_delete_expired(&self, now: DateTime<Utc>, idle_since: DateTime<Utc>) -> Result<u64> {
+        let done = retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_DELETE_EXPIRED).bind(us(now)).bind(us(idle_since)).execute(&self.writer)
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn console_session_delete_oldest(&self, principal: &str, keep: i64) -> Result<u64> {
+        let done = retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_DELETE_OLDEST).bind(principal).bind(keep).execute(&self.writer)
+        })
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
