@@ -1168,6 +1168,45 @@ permissions = ["consume:inventory-*"]
     }
 
     #[test]
+    fn a_consumer_takes_its_creators_topics_and_is_deleted_by_its_creator_or_a_consumer() {
+        use crate::domain::Consumer;
+        let caller = |name: &str, perms: &[&str]| Caller {
+            name: name.into(),
+            principal: Some(Arc::new(Principal {
+                name: name.into(),
+                permissions: perms.iter().map(|s| Permission::parse(s).unwrap()).collect(),
+            })),
+            credential: None,
+        };
+        let spec = |name: &str, topics: &[&str]| crate::store::tests::spec(name, topics, 5);
+        let made_by = |name: &str, by: Option<&str>| Consumer {
+            spec: spec(name, &["payments.>"]),
+            paused: false,
+            start_seq: 0,
+            created_at: chrono::Utc::now(),
+            created_by: by.map(str::to_owned),
+        };
+        let team = caller("team", &["admin:write", "consume:team-*"]);
+        let err = team.check_consumer(ConsumerChange::Create(&spec("team-x", &["payments.>"]))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("tail:payments.>"), "{err:?}");
+        let orders = caller("orders", &["admin:write", "tail:orders.>"]);
+        assert!(orders.check_consumer(ConsumerChange::Create(&spec("o", &["orders.*", "orders.eu.>"]))).is_ok());
+        assert!(orders.check_consumer(ConsumerChange::Create(&spec("o", &["orders.*", ">"]))).is_err());
+
+        let billing = made_by("billing", Some("payments"));
+        let err = orders.check_consumer(ConsumerChange::Delete(&billing)).unwrap_err();
+        assert!(err.message().contains("consume:billing") && err.message().contains("\"payments\""), "{err:?}");
+        assert!(caller("payments", &["admin:write"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        assert!(caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        assert!(caller("root", &["*"]).check_consumer(ConsumerChange::Delete(&made_by("x", None))).is_ok());
+        assert!(orders.check_consumer(ConsumerChange::Delete(&made_by("billing", None))).is_err(), "no creator");
+        let anyone = Caller::unrestricted("anonymous");
+        assert!(anyone.check_consumer(ConsumerChange::Delete(&billing)).is_ok(), "no auth file");
+        assert!(anyone.check_consumer(ConsumerChange::Create(&spec("x", &[">"]))).is_ok());
+    }
+
+    #[test]
     fn every_method_of_both_services_has_a_route_and_none_is_open() {
         use prost::Message as _;
         let fds = prost_types::FileDescriptorSet::decode(outbox_proto::FILE_DESCRIPTOR_SET).unwrap();
