@@ -186,9 +186,17 @@ impl App {
         let console = match config.console_listen {
             Some(addr) => {
                 let trace_url = config.console_trace_url.clone();
-                let console =
-                    crate::console::Console::new(admin_service.clone(), auth.clone(), tls.is_some(), trace_url, addr)
-                        .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
+                let sessions =
+                    crate::console::SessionTimes { idle: config.console_session_idle, max: config.console_session_max };
+                let console = crate::console::Console::new(
+                    admin_service.clone(),
+                    auth.clone(),
+                    tls.is_some(),
+                    trace_url,
+                    addr,
+                    sessions,
+                )
+                .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
                 let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
                 Some((console, listener))
             }

@@ -173,6 +173,12 @@ pub struct ServeArgs {
     /// of its `traceparent` (`https://jaeger.example/trace/{trace_id}`).
     #[arg(long, env = "OUTBOXD_CONSOLE_TRACE_URL", value_name = "TEMPLATE", value_parser = parse_trace_url)]
     pub console_trace_url: Option<String>,
+    /// A console sign-in ends after this long without a request.
+    #[arg(long, env = "OUTBOXD_CONSOLE_SESSION_IDLE", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub console_session_idle: Duration,
+    /// A console sign-in ends this long after it began, however active.
+    #[arg(long, env = "OUTBOXD_CONSOLE_SESSION_MAX", default_value = "12h", value_parser = humantime::parse_duration)]
+    pub console_session_max: Duration,
     /// How often the per-consumer gauges are refreshed from the database.
     #[arg(long, env = "OUTBOXD_METRICS_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_interval: Duration,
@@ -244,6 +250,9 @@ pub struct ServeConfig {
     pub health_listen: Option<SocketAddr>,
     pub console_listen: Option<SocketAddr>,
     pub console_trace_url: Option<String>,
+    /// `--console-session-idle`, `--console-session-max`.
+    pub console_session_idle: Duration,
+    pub console_session_max: Duration,
     pub metrics_interval: Duration,
     pub limits: crate::limits::Limits,
     pub security: Security,
@@ -305,6 +314,8 @@ impl ServeConfig {
             metrics_listen: None,
             console_listen: None,
             console_trace_url: None,
+            console_session_idle: Duration::from_secs(3600),
+            console_session_max: Duration::from_secs(12 * 3600),
             health_listen: None,
             metrics_interval: Duration::from_secs(10),
             limits: crate::limits::Limits::DEFAULT,
@@ -342,6 +353,8 @@ impl ServeConfig {
             ("--retention", self.retention),
             ("--metrics-interval", self.metrics_interval),
             ("--reload-interval", self.security.reload_interval),
+            ("--console-session-idle", self.console_session_idle),
+            ("--console-session-max", self.console_session_max),
         ] {
             if d.is_zero() {
                 return Err(ConfigError(format!("{name} must be positive")));
@@ -426,6 +439,8 @@ impl TryFrom<ServeArgs> for ServeConfig {
         c.health_listen = a.health_listen;
         c.console_listen = a.console_listen;
         c.console_trace_url = a.console_trace_url.clone();
+        c.console_session_idle = a.console_session_idle;
+        c.console_session_max = a.console_session_max;
         c.metrics_interval = a.metrics_interval;
         c.vacuum_interval = a.vacuum_interval;
         c.limits = a.limits;

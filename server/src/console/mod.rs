@@ -34,6 +34,8 @@ use crate::grpc::auth::Authenticator;
 use crate::listen::ConnectionLimit;
 use crate::tls::TlsState;
 
+pub use session::SessionTimes;
+
 /// How long a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request may take in all, its body included: a slow body gives up its place.
@@ -52,8 +54,11 @@ const MAX_BODY_BYTES: usize = 16 * 1024;
 pub(crate) struct State {
     pub admin: AdminService,
     pub auth: Authenticator,
-    /// Signs the CSRF tokens of this process's sessions (HMAC-SHA256 of the session cookie).
+    /// Signs the CSRF tokens of the sessions that are not stored (without an auth file, over
+    /// mutual TLS): HMAC-SHA256 of what identifies the session.
     pub csrf_key: [u8; 32],
+    /// How long a signed-in session lasts (ADR 0073).
+    pub sessions: SessionTimes,
     /// Served over TLS: cookies are `Secure`.
     pub secure: bool,
     pub history: history::History,
@@ -85,12 +90,15 @@ impl Console {
         secure: bool,
         trace_url: Option<String>,
         listen: SocketAddr,
+        sessions: SessionTimes,
     ) -> Result<Self, getrandom::Error> {
         let loopback_only = !auth.enabled() && crate::listen::is_loopback(listen.ip());
         let mut csrf_key = [0u8; 32];
         getrandom::fill(&mut csrf_key)?;
         let history = history::History::new(admin.ctx.store.clone(), admin.ctx.clock.clone(), admin.ctx.hub.clone());
-        Ok(Self { state: Arc::new(State { admin, auth, csrf_key, secure, history, trace_url, loopback_only }) })
+        Ok(Self {
+            state: Arc::new(State { admin, auth, csrf_key, sessions, secure, history, trace_url, loopback_only }),
+        })
     }
 
     /// Samples the stats for the lag charts every minute until `cancel`.

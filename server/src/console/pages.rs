@@ -604,9 +604,15 @@ async fn login(
     }
     match state.auth.authenticate_credential(Some(token), None) {
         Ok(caller) => {
+            // The cookie gets a random session id, never the token (ADR 0073).
+            let id = match state.start_session(&caller).await {
+                Ok(id) => id,
+                Err(s) => return views::status_page(&s).into_response(),
+            };
             tracing::info!(target: "outboxd::audit", principal = &*caller.name, ?peer, action = "console_sign_in", outcome = "ok", "console sign-in");
             let mut r = Redirect::to("/").into_response();
-            if let Ok(v) = HeaderValue::from_str(&session_cookie(token, state.secure, None).to_string()) {
+            let age = cookie::time::Duration::try_from(state.sessions.max).ok();
+            if let Ok(v) = HeaderValue::from_str(&session_cookie(&id, state.secure, age).to_string()) {
                 r.headers_mut().append(header::SET_COOKIE, v);
             }
             r
@@ -617,6 +623,10 @@ async fn login(
 
 async fn logout(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Page {
     viewer.check_csrf(&headers, &f.csrf)?;
+    // The session ends here, on every replica: its cookie, wherever a copy went, opens nothing.
+    if let Some(session) = &viewer.session {
+        state.end_session(session).await?;
+    }
     tracing::info!(target: "outboxd::audit", principal = &*viewer.caller.name, peer = ?viewer.peer, action = "console_sign_out", outcome = "ok", "console sign-out");
     let mut r = Redirect::to("/login").into_response();
     let gone = session_cookie("", state.secure, Some(cookie::time::Duration::ZERO));

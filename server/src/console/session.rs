@@ -1,8 +1,16 @@
-//! Who is looking: sign-in with a token kept in an `HttpOnly`, `SameSite=Strict` cookie
-//! (`Secure` over TLS), or a client certificate over mutual TLS; the CSRF token every
-//! state-changing request must carry; and calls into the admin service as that principal, with
-//! the permission the RPC's route needs checked first, as the gRPC edge checks it.
+//! Who is looking: sign-in with a token, which starts a session kept in the database and named
+//! by a random id in an `HttpOnly`, `SameSite=Strict` cookie (`Secure` over TLS), or a client
+//! certificate over mutual TLS; the CSRF token every state-changing request must carry; and
+//! calls into the admin service as that principal, with the permission the RPC's route needs
+//! checked first, as the gRPC edge checks it.
+//!
+//! The cookie is never a credential (ADR 0073): browsers send a host's cookies to every port of
+//! it, so whatever the cookie holds, any other service on the host may read. A session id is
+//! worth something only to this console, and only until it ends: signed out (its row is
+//! deleted), idle for `--console-session-idle`, older than `--console-session-max`, or its
+//! token or principal gone from the auth file in force (looked up again at every request).
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -17,16 +25,32 @@ use tonic::Status;
 
 use super::{Peer, PeerCert, State};
 use crate::grpc::auth::{self, Caller, Need, Route};
+use crate::grpc::store_status;
+use crate::store::ConsoleSession;
 
-/// The cookie that holds the signed-in principal's token (or, without an auth file, a random
-/// session id that the CSRF token is bound to). Over TLS it is `__Host-` prefixed: the browser
-/// then keeps it to this host, `Secure`, on every path, set by no other.
+/// The cookie that holds the session's random id (with an auth file, the id of a session row;
+/// without one, an id the CSRF token is bound to). Over TLS it is `__Host-` prefixed: the
+/// browser then keeps it to this host, `Secure`, on every path, set by no other.
 pub const SESSION_COOKIE: &str = "outboxd_console";
 const SECURE_SESSION_COOKIE: &str = "__Host-outboxd_console";
-/// How long a sign-in lasts in the browser.
-const SESSION_HOURS: i64 = 12;
 /// The longest token the sign-in form takes.
 const MAX_TOKEN_BYTES: usize = 4096;
+/// Random bytes of a session id: 256 bits, base64url in the cookie (43 characters).
+const SESSION_ID_BYTES: usize = 32;
+/// Sessions one principal keeps at most: signing in again ends its oldest, so that a loop of
+/// sign-ins cannot grow the table without bound.
+const MAX_SESSIONS_PER_PRINCIPAL: i64 = 16;
+/// A session's last request is written at most this often (and at most every half of
+/// `--console-session-idle`): a page's polling does not write at every request.
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
+
+/// How long a signed-in session lasts: `--console-session-idle` without a request,
+/// `--console-session-max` in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTimes {
+    pub idle: Duration,
+    pub max: Duration,
+}
 
 /// The signed-in principal of a request, and its session's CSRF token.
 #[derive(Debug, Clone)]
@@ -36,6 +60,8 @@ pub struct Viewer {
     pub peer: Option<std::net::SocketAddr>,
     /// Signed in with a token (it can sign out); not over mutual TLS or without an auth file.
     pub signed_in: bool,
+    /// The SHA-256 of the stored session's id, when signed in with a token.
+    pub session: Option<[u8; 32]>,
 }
 
 /// Why a page cannot be shown to this request.
@@ -63,7 +89,8 @@ impl IntoResponse for Refusal {
             Refusal::SignIn => Redirect::to("/login").into_response(),
             Refusal::NewSession(id) => {
                 let mut r = Redirect::to("/").into_response();
-                if let Ok(v) = header::HeaderValue::from_str(&session_cookie(&id, false, None).to_string()) {
+                let age = Some(cookie::time::Duration::hours(12));
+                if let Ok(v) = header::HeaderValue::from_str(&session_cookie(&id, false, age).to_string()) {
                     r.headers_mut().append(header::SET_COOKIE, v);
                 }
                 r
@@ -82,13 +109,13 @@ impl IntoResponse for Refusal {
 /// `max_age` zero removes it.
 pub fn session_cookie(value: &str, secure: bool, max_age: Option<cookie::time::Duration>) -> Cookie<'static> {
     let name = if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE };
-    Cookie::build((name, value.to_owned()))
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .path("/")
-        .secure(secure)
-        .max_age(max_age.unwrap_or(cookie::time::Duration::hours(SESSION_HOURS)))
-        .build()
+    let mut c =
+        Cookie::build((name, value.to_owned())).http_only(true).same_site(SameSite::Strict).path("/").secure(secure);
+    // Without one, a browser session's cookie: the stored session's own expiry decides.
+    if let Some(age) = max_age {
+        c = c.max_age(age);
+    }
+    c.build()
 }
 
 fn cookie_value(headers: &HeaderMap) -> Option<String> {
@@ -103,9 +130,9 @@ fn cookie_value(headers: &HeaderMap) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// A new random session id (without an auth file).
+/// A new random session id.
 pub fn new_session_id() -> Result<String, Status> {
-    let mut b = [0u8; 24];
+    let mut b = [0u8; SESSION_ID_BYTES];
     getrandom::fill(&mut b).map_err(|e| Status::internal(format!("no randomness: {e}")))?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b))
 }
@@ -123,9 +150,96 @@ pub fn cookie_safe(token: &str) -> bool {
         })
 }
 
+/// Whether `id` can be a session id this console made (base64url of [`SESSION_ID_BYTES`]): any
+/// other cookie is refused without a look in the database.
+fn well_formed_id(id: &str) -> bool {
+    id.len() == (SESSION_ID_BYTES * 4).div_ceil(3)
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// How a session is found in the database: the SHA-256 of its id, so that a copy of the table
+/// opens no session.
+fn id_hash(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
+/// The CSRF token of a stored session: derived from its secret id alone, so that every replica
+/// computes the same one.
+fn stored_csrf(id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"outboxd console csrf\0");
+    h.update(id.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(h.finalize())
+}
+
+fn chrono_of(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
 impl State {
-    /// The CSRF token of a session: HMAC-SHA256 of what identifies the session, under this
-    /// process's key.
+    /// Starts a session for `caller`, signed in with a token: its row, then the cookie's value
+    /// (the random id). Ended sessions, and the principal's oldest beyond
+    /// [`MAX_SESSIONS_PER_PRINCIPAL`], are deleted on the way.
+    pub async fn start_session(&self, caller: &Caller) -> Result<String, Status> {
+        let (Some(principal), Some(token_hash)) = (caller.principal_name(), caller.token_hash()) else {
+            return Err(Status::internal("a console session is started only for a principal signed in with a token"));
+        };
+        let store = &self.admin.ctx.store;
+        let now = self.admin.ctx.clock.now();
+        let idle_since = now.checked_sub_signed(chrono_of(self.sessions.idle)).unwrap_or(now);
+        store.console_session_delete_expired(now, idle_since).await.map_err(store_status)?;
+        let id = new_session_id()?;
+        let session = ConsoleSession {
+            id_hash: id_hash(&id),
+            principal: principal.to_owned(),
+            token_hash,
+            created_at: now,
+            seen_at: now,
+            expires_at: now.checked_add_signed(chrono_of(self.sessions.max)).unwrap_or(now),
+        };
+        store.console_session_insert(&session).await.map_err(store_status)?;
+        store.console_session_delete_oldest(principal, MAX_SESSIONS_PER_PRINCIPAL).await.map_err(store_status)?;
+        Ok(id)
+    }
+
+    /// Ends the session of this id hash (sign-out).
+    pub async fn end_session(&self, id_hash: &[u8; 32]) -> Result<(), Status> {
+        self.admin.ctx.store.console_session_delete(id_hash).await.map_err(store_status).map(drop)
+    }
+
+    /// The caller of a stored session, if it is still one: not expired, and its token still
+    /// naming the same principal in the auth file in force. A session found ended is deleted.
+    async fn session_caller(&self, id: &str) -> Result<Option<Caller>, Status> {
+        if !well_formed_id(id) {
+            return Ok(None);
+        }
+        let hash = id_hash(id);
+        let store = &self.admin.ctx.store;
+        let Some(s) = store.console_session_find(&hash).await.map_err(store_status)? else { return Ok(None) };
+        let now = self.admin.ctx.clock.now();
+        let idle = chrono_of(self.sessions.idle);
+        let caller = match self.auth.authenticate_token_hash(&s.token_hash) {
+            Ok(c) if *c.name == *s.principal => Some(c),
+            _ => None,
+        };
+        let ended = s.expires_at <= now || s.seen_at.checked_add_signed(idle).is_none_or(|t| t <= now);
+        match caller {
+            Some(c) if !ended => {
+                let touch = chrono_of(TOUCH_EVERY.min(self.sessions.idle / 2));
+                if now - s.seen_at >= touch {
+                    store.console_session_touch(&hash, now).await.map_err(store_status)?;
+                }
+                Ok(Some(c))
+            }
+            _ => {
+                store.console_session_delete(&hash).await.map_err(store_status)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The CSRF token of a session that is not stored: HMAC-SHA256 of what identifies the
+    /// session, under this process's key.
     pub fn csrf_for(&self, session: &[u8]) -> String {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.csrf_mac(session).finalize().into_bytes())
     }
@@ -138,24 +252,26 @@ impl State {
     }
 
     /// The viewer of a request from its parts.
-    fn viewer(&self, parts: &Parts) -> Result<Viewer, Refusal> {
+    async fn viewer(&self, parts: &Parts) -> Result<Viewer, Refusal> {
         let peer = parts.extensions.get::<Peer>().and_then(|p| p.0);
         let cert = parts.extensions.get::<PeerCert>().map(|c| c.0.clone());
         let cookie = cookie_value(&parts.headers);
         if !self.auth.enabled() {
             let caller = self.auth.authenticate_credential(None, cert.as_deref())?;
             let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?)) };
-            return Ok(Viewer { caller, csrf: self.csrf_for(id.as_bytes()), peer, signed_in: false });
+            return Ok(Viewer { caller, csrf: self.csrf_for(id.as_bytes()), peer, signed_in: false, session: None });
         }
         match (cookie, cert) {
-            (Some(token), _) => match self.auth.authenticate_credential(Some(&token), None) {
-                Ok(caller) => Ok(Viewer { caller, csrf: self.csrf_for(token.as_bytes()), peer, signed_in: true }),
-                Err(_) => Err(Refusal::SignIn),
+            (Some(id), _) => match self.session_caller(&id).await? {
+                Some(caller) => {
+                    Ok(Viewer { caller, csrf: stored_csrf(&id), peer, signed_in: true, session: Some(id_hash(&id)) })
+                }
+                None => Err(Refusal::SignIn),
             },
             (None, Some(cert)) => match self.auth.authenticate_credential(None, Some(&cert)) {
                 Ok(caller) => {
                     let session: [u8; 32] = Sha256::digest(&cert).into();
-                    Ok(Viewer { caller, csrf: self.csrf_for(&session), peer, signed_in: false })
+                    Ok(Viewer { caller, csrf: self.csrf_for(&session), peer, signed_in: false, session: None })
                 }
                 Err(_) => Err(Refusal::SignIn),
             },
@@ -168,7 +284,7 @@ impl FromRequestParts<Arc<State>> for Viewer {
     type Rejection = Refusal;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Refusal> {
-        state.viewer(parts)
+        state.viewer(parts).await
     }
 }
 

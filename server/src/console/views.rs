@@ -77,7 +77,7 @@ pub fn login(error: Option<&str>) -> Markup {
         html! {
             div.login {
                 h1 { "Sign in to outboxd" }
-                p.muted { "With a token of the auth file (" code { "outboxctl auth new-token" } " makes one). It is kept in a cookie this browser sends only to this console." }
+                p.muted { "With a token of the auth file (" code { "outboxctl auth new-token" } " makes one). The token is checked and not kept: this browser gets a cookie with a random session id, which opens this console only, until you sign out or the session expires." }
                 @if let Some(e) = error { p #login-error .bad { (e) } }
                 form method="post" action="/login" {
                     label for="token" { "Token" }

@@ -340,6 +340,8 @@ pub struct Consumer {
     pub paused: bool,
     pub start_seq: i64,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// The principal that created it (ADR 0072); `None` when created without an auth file.
+    pub created_by: Option<String>,
 }
 
 /// The delivery (inbox row) state machine; the schema's CHECK lists the same four states.

@@ -2,7 +2,7 @@
 use outbox_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::auth::{self, Caller, Need};
+use super::auth::{self, Caller, ConsumerChange, Need};
 use super::convert::{self, age, pb_consumer};
 use super::{invalid, store_status};
 use crate::delivery::session::SessionContext;
@@ -24,6 +24,13 @@ pub struct AdminService {
 
 impl AdminService {
     /// A consumer as answers show it: a sealed sink opened, then redacted like every sink.
+    /// Refuses `caller` the deletion of consumer `n` unless [`Caller::check_consumer`] allows
+    /// it (NOT_FOUND for a consumer that does not exist).
+    async fn may_delete(&self, caller: &Caller, n: &ConsumerName) -> Result<(), Status> {
+        let c = self.ctx.store.consumer_get(n).await.map_err(store_status)?;
+        caller.check_consumer(ConsumerChange::Delete(&c))
+    }
+
     fn shown(&self, c: &crate::domain::Consumer) -> pb::Consumer {
         let mut c = c.clone();
         c.spec.sink = c.spec.sink.map(|s| crate::sinks::sealed::shown(self.sink_key.as_deref(), &s));
@@ -227,24 +234,13 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                     *sink = key.seal(sink);
                 }
             }
-            if spec.sink.is_some() {
-                // A sink sends every payload of its topics out of outboxd: creating one is a
-                // permission of its own, and it takes only topics its creator may read.
-                audit.caller.check(Need::Sink(spec.name.as_str()))?;
-                for p in &spec.topics {
-                    audit.caller.check(Need::Tail(p))?;
-                }
-            }
+            audit.caller.check_consumer(ConsumerChange::Create(&spec))?;
+            // The limit is counted under the store's consumer-change lock: concurrent creates
+            // cannot both pass it.
             let max = self.streams.limits().max_consumers;
-            let existing = self.ctx.store.consumer_list().await.map_err(store_status)?;
-            if existing.len() >= max && !existing.iter().any(|c| c.spec.name == spec.name) {
-                crate::limits::refused("max_consumers");
-                return Err(Status::resource_exhausted(format!(
-                    "{} consumers exist, the limit is {max} (--max-consumers); delete some first",
-                    existing.len()
-                )));
-            }
-            let consumer = self.ctx.store.consumer_create(&spec, self.ctx.clock.now()).await.map_err(store_status)?;
+            let owner = audit.caller.principal_name();
+            let now = self.ctx.clock.now();
+            let consumer = self.ctx.store.consumer_create_by(&spec, owner, max, now).await.map_err(store_status)?;
             self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(self.shown(&consumer)) }))
         }
@@ -276,6 +272,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let audit = Audit::of("delete_consumer", &request)?;
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
+            self.may_delete(&audit.caller, &n).await?;
             self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
             self.ctx.hub.notify_consumer(n.as_str());
             self.ctx.hub.consumers_changed().notify();

@@ -467,10 +467,82 @@ impl Caller {
         }
     }
 
+    /// The SHA-256 of the bearer token it was authenticated with (what a console session keeps
+    /// to look it up again: never the token).
+    pub fn token_hash(&self) -> Option<[u8; 32]> {
+        match &self.credential {
+            Some((_, Credential::Token(hash))) => Some(*hash),
+            _ => None,
+        }
+    }
+
     /// The principal's name when an auth file is in force (for per-principal quotas); `None`
     /// without one, where every caller is unrestricted.
     pub fn principal_name(&self) -> Option<&str> {
         self.principal.as_ref().map(|p| p.name.as_str())
+    }
+}
+
+/// A change to consumers, as [`Caller::check_consumer`] judges it (ADR 0072).
+#[derive(Debug, Clone, Copy)]
+pub enum ConsumerChange<'a> {
+    /// Creating a consumer of this definition (beyond `admin:write`, which the layer checks).
+    Create(&'a crate::domain::ConsumerSpec),
+    /// Deleting this existing consumer.
+    Delete(&'a crate::domain::Consumer),
+}
+
+impl Caller {
+    /// The one rule of who may create and change consumers, besides `admin:write`:
+    ///
+    /// - a consumer takes only topics its creator may read: `tail:` covering each of them, as
+    ///   for a sink, which also needs `sink:NAME`. Otherwise `admin:write` would read any topic
+    ///   through a consumer of its own.
+    /// - a consumer is deleted only by its creator, or by a principal that may consume it
+    ///   anyway (`consume:NAME`, `*`): one principal cannot delete another's consumer (and its
+    ///   waiting messages), nor create it again on other topics under the name that application
+    ///   subscribes to. A consumer created without an auth file (or before creators were
+    ///   recorded) has none: `consume:NAME` or `*`.
+    /// - pausing and resuming stay `admin:write`'s alone: the operator's brake, which moves no
+    ///   message anywhere and is undone by resuming (both audited).
+    ///
+    /// Without an auth file there is one trusted caller and everything is allowed.
+    pub fn check_consumer(&self, change: ConsumerChange<'_>) -> Result<(), Status> {
+        let Some(p) = &self.principal else { return Ok(()) };
+        match change {
+            ConsumerChange::Create(spec) => {
+                if spec.sink.is_some() {
+                    // A sink sends every payload of its topics out of outboxd: a permission of its own.
+                    self.check(Need::Sink(spec.name.as_str()))?;
+                }
+                for t in &spec.topics {
+                    self.check(Need::Tail(t)).map_err(|s| {
+                        Status::permission_denied(format!(
+                            "{}: a consumer takes only topics its creator may read",
+                            s.message()
+                        ))
+                    })?;
+                }
+                Ok(())
+            }
+            ConsumerChange::Delete(c) => {
+                let name = c.spec.name.as_str();
+                if c.created_by.as_deref() == Some(p.name.as_str()) || p.allows(&Need::Consume(name)) {
+                    count(&p.name, "allowed");
+                    return Ok(());
+                }
+                count(&p.name, "denied");
+                let creator = c
+                    .created_by
+                    .as_ref()
+                    .map_or_else(|| "no recorded principal".to_owned(), |o| format!("principal {o:?}"));
+                Err(Status::permission_denied(format!(
+                    "principal {:?} lacks the permission consume:{name} for consumer {name:?}: it was created by \
+                     {creator}, and only its creator or a principal that may consume it deletes it",
+                    p.name
+                )))
+            }
+        }
     }
 }
 
@@ -650,6 +722,19 @@ impl Authenticator {
         Err(Status::unauthenticated(
             "no credential: send \"authorization: Bearer <token>\" or a client certificate that the auth file names",
         ))
+    }
+
+    /// The caller whose bearer token has this SHA-256, in the auth file in force (a console
+    /// session, which keeps the hash of the token it signed in with).
+    pub fn authenticate_token_hash(&self, hash: &[u8; 32]) -> Result<Caller, Status> {
+        match self.table().by_token.get(hash) {
+            Some(p) if self.enabled() => Ok(Caller {
+                name: p.name.as_str().into(),
+                principal: Some(p.clone()),
+                credential: Some((self.clone(), Credential::Token(*hash))),
+            }),
+            _ => Err(Status::unauthenticated("the token of this session is no longer valid")),
+        }
     }
 
     /// Re-reads the file every `interval` and on SIGHUP until `cancel`.
@@ -1080,6 +1165,45 @@ permissions = ["consume:inventory-*"]
         assert!(!p.allows(&Need::Consume("to-partner")));
         assert_eq!(Need::Sink("x").to_string(), "sink:x");
         assert!(Permission::parse("sink:").is_err());
+    }
+
+    #[test]
+    fn a_consumer_takes_its_creators_topics_and_is_deleted_by_its_creator_or_a_consumer() {
+        use crate::domain::Consumer;
+        let caller = |name: &str, perms: &[&str]| Caller {
+            name: name.into(),
+            principal: Some(Arc::new(Principal {
+                name: name.into(),
+                permissions: perms.iter().map(|s| Permission::parse(s).unwrap()).collect(),
+            })),
+            credential: None,
+        };
+        let spec = |name: &str, topics: &[&str]| crate::store::tests::spec(name, topics, 5);
+        let made_by = |name: &str, by: Option<&str>| Consumer {
+            spec: spec(name, &["payments.>"]),
+            paused: false,
+            start_seq: 0,
+            created_at: chrono::Utc::now(),
+            created_by: by.map(str::to_owned),
+        };
+        let team = caller("team", &["admin:write", "consume:team-*"]);
+        let err = team.check_consumer(ConsumerChange::Create(&spec("team-x", &["payments.>"]))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("tail:payments.>"), "{err:?}");
+        let orders = caller("orders", &["admin:write", "tail:orders.>"]);
+        assert!(orders.check_consumer(ConsumerChange::Create(&spec("o", &["orders.*", "orders.eu.>"]))).is_ok());
+        assert!(orders.check_consumer(ConsumerChange::Create(&spec("o", &["orders.*", ">"]))).is_err());
+
+        let billing = made_by("billing", Some("payments"));
+        let err = orders.check_consumer(ConsumerChange::Delete(&billing)).unwrap_err();
+        assert!(err.message().contains("consume:billing") && err.message().contains("\"payments\""), "{err:?}");
+        assert!(caller("payments", &["admin:write"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        assert!(caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        assert!(caller("root", &["*"]).check_consumer(ConsumerChange::Delete(&made_by("x", None))).is_ok());
+        assert!(orders.check_consumer(ConsumerChange::Delete(&made_by("billing", None))).is_err(), "no creator");
+        let anyone = Caller::unrestricted("anonymous");
+        assert!(anyone.check_consumer(ConsumerChange::Delete(&billing)).is_ok(), "no auth file");
+        assert!(anyone.check_consumer(ConsumerChange::Create(&spec("x", &[">"]))).is_ok());
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub fn store_status(e: StoreError) -> Status {
         StoreError::ConsumerNotFound(_) | StoreError::MessageNotFound(_) => Status::not_found(e.to_string()),
         StoreError::ConsumerConflict { .. } | StoreError::MessageConflict(_) => Status::already_exists(e.to_string()),
         StoreError::BeyondRetention(_) => Status::failed_precondition(e.to_string()),
+        StoreError::ConsumerLimit { .. } => {
+            crate::limits::refused("max_consumers");
+            Status::resource_exhausted(e.to_string())
+        }
         StoreError::InvalidValue(msg) => Status::invalid_argument(msg),
         StoreError::Database(ref inner) if is_unavailable(inner) => {
             tracing::warn!(error = %e, "database unavailable");

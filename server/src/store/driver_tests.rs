@@ -50,6 +50,8 @@ on_every_driver!(
     pending_deliveries_wait_in_seq_order_and_count_like_rows,
     acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id,
     a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_was,
+    consumer_insert_records_its_creator_and_count_counts,
+    console_sessions_are_found_touched_and_deleted_by_their_id_hash,
 );
 
 /// Keeps the database of a case alive for as long as the case runs.
@@ -101,7 +103,7 @@ async fn insert<S: Store>(store: &S, topics: &[&str], at: DateTime<Utc>) -> Vec<
 async fn create<S: Store>(store: &S, spec: &ConsumerSpec, at: DateTime<Utc>) {
     let d = &store;
     let mut tx = d.begin_consumer_change().await.unwrap();
-    tx.consumer_insert(spec, at).await.unwrap();
+    tx.consumer_insert(spec, None, at).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -989,4 +991,60 @@ async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_wa
     assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 5), "acked once each");
     let pruned = d.prune_batch(at + chrono::Duration::hours(1), 100).await.unwrap().unwrap();
     assert_eq!(pruned, Pruned { messages: 5, deliveries: 5 });
+}
+
+async fn consumer_insert_records_its_creator_and_count_counts<S: Store>(store: S, _db: impl Held) {
+    ready(&store).await;
+    let at = now();
+    let mut tx = store.begin_consumer_change().await.unwrap();
+    assert_eq!(tx.consumer_count().await.unwrap(), 0);
+    tx.consumer_insert(&spec("owned", &["a.*"], StartFrom::New), Some("payments"), at).await.unwrap();
+    tx.consumer_insert(&spec("unowned", &["a.*"], StartFrom::New), None, at).await.unwrap();
+    assert_eq!(tx.consumer_count().await.unwrap(), 2, "its own inserts, inside the transaction");
+    tx.commit().await.unwrap();
+    assert_eq!(store.consumer_find("owned").await.unwrap().unwrap().created_by.as_deref(), Some("payments"));
+    assert_eq!(store.consumer_find("unowned").await.unwrap().unwrap().created_by, None);
+    let listed: Vec<_> = store.consumer_list().await.unwrap().into_iter().map(|c| c.created_by).collect();
+    assert_eq!(listed, [Some("payments".to_owned()), None]);
+}
+
+async fn console_sessions_are_found_touched_and_deleted_by_their_id_hash<S: Store>(store: S, _db: impl Held) {
+    ready(&store).await;
+    let at = now();
+    let session = |id: u8, principal: &str, created: DateTime<Utc>| ConsoleSession {
+        id_hash: [id; 32],
+        principal: principal.to_owned(),
+        token_hash: [id ^ 0xff; 32],
+        created_at: created,
+        seen_at: created,
+        expires_at: created + chrono::Duration::hours(12),
+    };
+    let first = session(1, "root", at);
+    store.console_session_insert(&first).await.unwrap();
+    assert_eq!(store.console_session_find(&[1; 32]).await.unwrap(), Some(first.clone()));
+    assert_eq!(store.console_session_find(&[2; 32]).await.unwrap(), None);
+    let later = at + chrono::Duration::minutes(5);
+    store.console_session_touch(&[1; 32], later).await.unwrap();
+    store.console_session_touch(&[1; 32], at).await.unwrap();
+    assert_eq!(store.console_session_find(&[1; 32]).await.unwrap().unwrap().seen_at, later, "never moved back");
+
+    // Expired (absolute) and idle sessions go; the rest stay.
+    let mut expired = session(2, "root", at - chrono::Duration::hours(13));
+    expired.seen_at = at;
+    store.console_session_insert(&expired).await.unwrap();
+    store.console_session_insert(&session(3, "reader", at - chrono::Duration::hours(2))).await.unwrap();
+    let gone = store.console_session_delete_expired(at, at - chrono::Duration::hours(1)).await.unwrap();
+    assert_eq!(gone, 2, "the expired one and the idle one");
+    assert!(store.console_session_find(&[1; 32]).await.unwrap().is_some());
+
+    // A principal keeps its newest `keep`.
+    for i in 10..14u8 {
+        store.console_session_insert(&session(i, "root", at + chrono::Duration::seconds(i64::from(i)))).await.unwrap();
+    }
+    assert_eq!(store.console_session_delete_oldest("root", 3).await.unwrap(), 2);
+    for (id, kept) in [(1, false), (10, false), (11, true), (12, true), (13, true)] {
+        assert_eq!(store.console_session_find(&[id; 32]).await.unwrap().is_some(), kept, "session {id}");
+    }
+    assert!(store.console_session_delete(&[12; 32]).await.unwrap());
+    assert!(!store.console_session_delete(&[12; 32]).await.unwrap(), "deleted once");
 }

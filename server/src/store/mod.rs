@@ -78,6 +78,21 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<SharedStore> {
     }
 }
 
+/// A signed-in console session (ADR 0073), found by the SHA-256 of the cookie's random id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleSession {
+    pub id_hash: [u8; 32],
+    /// The principal that signed in.
+    pub principal: String,
+    /// The SHA-256 of the token it signed in with, looked up again at every request.
+    pub token_hash: [u8; 32],
+    pub created_at: DateTime<Utc>,
+    /// Its last request (idle expiry), written at most once a minute.
+    pub seen_at: DateTime<Utc>,
+    /// Its absolute expiry.
+    pub expires_at: DateTime<Utc>,
+}
+
 /// Errors of the storage layer, carrying the ids involved.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -88,6 +103,8 @@ pub enum StoreError {
          (delete it first to change it)"
     )]
     ConsumerConflict { name: String, field: &'static str },
+    #[error("{count} consumers exist, the limit is {max} (--max-consumers); delete some first")]
+    ConsumerLimit { count: usize, max: usize },
     #[error("message {0} not found")]
     MessageNotFound(MessageId),
     /// An enqueue under an existing message_id of another message (SQLSTATE 23505 from

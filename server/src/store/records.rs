@@ -27,6 +27,7 @@ pub struct ConsumerRecord {
     pub paused: bool,
     pub start_seq: i64,
     pub created_at: DateTime<Utc>,
+    pub created_by: Option<String>,
 }
 
 impl TryFrom<ConsumerRecord> for Consumer {
@@ -62,6 +63,7 @@ impl TryFrom<ConsumerRecord> for Consumer {
             paused: r.paused,
             start_seq: r.start_seq,
             created_at: r.created_at,
+            created_by: r.created_by,
         })
     }
 }
@@ -193,6 +195,7 @@ mod tests {
             paused: false,
             start_seq: 7,
             created_at: Utc::now(),
+            created_by: None,
         }
     }
 

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender, MessageQuery,
-    NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats, StoreError,
-    TableHealth, TailEntry, TailPage, VacuumHorizon,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender,
+    MessageQuery, NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats,
+    StoreError, TableHealth, TailEntry, TailPage, VacuumHorizon,
 };
 use crate::domain::{
     Consumer, ConsumerName, ConsumerSpec, LeasedDelivery, MessageId, PushOffer, RelayOutcome, Release, ReleaseGuard,
@@ -127,6 +127,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer>;
     /// Counts per consumer (all, or only `only`), in name order. See [`Store::stats`].
     async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>>;
+
+    // ---- Console sessions (required; ADR 0073).
+
+    async fn console_session_insert(&self, session: &ConsoleSession) -> Result<()>;
+    async fn console_session_find(&self, id_hash: &[u8; 32]) -> Result<Option<ConsoleSession>>;
+    /// Records a request of the session at `now` (idle expiry counts from it).
+    async fn console_session_touch(&self, id_hash: &[u8; 32], now: DateTime<Utc>) -> Result<()>;
+    /// Ends a session (sign-out, or found expired); false when there was none.
+    async fn console_session_delete(&self, id_hash: &[u8; 32]) -> Result<bool>;
+    /// Deletes the sessions past `expires_at` or not seen since `idle_since`.
+    async fn console_session_delete_expired(&self, now: DateTime<Utc>, idle_since: DateTime<Utc>) -> Result<u64>;
+    /// Deletes `principal`'s oldest sessions beyond its newest `keep`.
+    async fn console_session_delete_oldest(&self, principal: &str, keep: i64) -> Result<u64>;
 
     // ---- Deliveries (required).
 
@@ -284,6 +297,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// consumer gets a pending row for every retained message it matches, relayed or not (the
     /// relay's insert later finds it there), in the same transaction.
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
+        self.consumer_create_by(spec, None, usize::MAX, now).await
+    }
+
+    /// [`Store::consumer_create`] on behalf of `created_by`, refused with
+    /// [`StoreError::ConsumerLimit`] when `max` consumers exist already: counted under the
+    /// consumer-change lock, so concurrent creates (on any replica) never exceed it.
+    async fn consumer_create_by(
+        &self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        max: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Consumer> {
         let mut tx = self.begin_consumer_change().await?;
         if let Some(existing) = tx.consumer_find(spec.name.as_str()).await? {
             let existing = Consumer::try_from(existing)?;
@@ -292,7 +318,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
                 Some(field) => Err(StoreError::ConsumerConflict { name: spec.name.to_string(), field }),
             };
         }
-        let consumer = Consumer::try_from(tx.consumer_insert(spec, now).await?)?;
+        let count = usize::try_from(tx.consumer_count().await?).unwrap_or(usize::MAX);
+        if count >= max {
+            return Err(StoreError::ConsumerLimit { count, max });
+        }
+        let consumer = Consumer::try_from(tx.consumer_insert(spec, created_by, now).await?)?;
         if spec.start_from == StartFrom::Earliest {
             let mut after = 0;
             loop {
@@ -433,8 +463,16 @@ pub trait StoreTx: Send {
     /// Up to `limit` messages with `seq > after`, in `seq` order: what a backfill needs of each.
     async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>>;
     async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>>;
-    /// Inserts a consumer: `start_seq` is the highest `seq` so far for NEW, 0 for EARLIEST.
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord>;
+    /// How many consumers exist (under the consumer-change lock: no create slips in after it).
+    async fn consumer_count(&mut self) -> Result<i64>;
+    /// Inserts a consumer: `start_seq` is the highest `seq` so far for NEW, 0 for EARLIEST;
+    /// `created_by` is the principal that creates it (ADR 0072).
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord>;
     /// Deletes a consumer and its inbox rows; false when there was none.
     async fn consumer_delete(&mut self, name: &str) -> Result<bool>;
     /// Creates pending inbox rows of `consumer` for `messages`; existing rows are left alone.

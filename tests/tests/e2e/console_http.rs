@@ -344,3 +344,88 @@ async fn the_console_over_tls_signs_in_a_client_certificate_and_keeps_cookies_se
     assert!(cookie.starts_with("__Host-"), "kept to this host: {cookie}");
     Ok(())
 }
+
+/// The `Cookie` header of a sign-in: the session cookie's name and value.
+async fn sign_in_cookie(base: &str, token: &str) -> Result<String> {
+    Ok(sign_in(base, token).await?.cookie)
+}
+
+/// Where `GET /` with this cookie leads: 200 (signed in) or 303 to `/login`.
+async fn home(base: &str, cookie: &str) -> Result<u16> {
+    let r = client()?.get(format!("{base}/")).header("cookie", cookie).send().await?;
+    Ok(r.status().as_u16())
+}
+
+/// Issue 47 item 6: the console's cookie is a random session id kept in the database, never
+/// the token: it authenticates no gRPC call, works on every replica of the database, and ends
+/// at sign-out (on every replica) and when its principal leaves the auth file (ADR 0073).
+#[tokio::test]
+async fn the_console_cookie_is_a_stored_session_not_the_token() -> Result<()> {
+    let store = TestStore::create(Backend::Postgres).await?;
+    let scratch = Scratch::new()?;
+    let principals: &[(&str, &[&str])] = &[("root", &["*"]), ("reader", &["admin:read"])];
+    let file = scratch.write("auth.toml", &auth_file(principals))?;
+    let args = ["--auth-file", s(&file), "--console-listen", "127.0.0.1:0", "--reload-interval", "100ms"];
+    let one = start(&store, &args).await?;
+    let two = start(&store, &args).await?;
+    let (base1, base2) = (console_url(&one)?, console_url(&two)?);
+
+    let cookie = sign_in_cookie(&base1, "tok-root").await?;
+    let value = cookie.split_once('=').context("name=value")?.1.to_owned();
+    assert!(!value.contains("tok-root") && value.len() == 43, "a random id, not the token: {cookie}");
+    // Worth nothing outside the console: not a bearer token of the gRPC API.
+    let err = admin_with(&one.endpoint, &outbox_client::Credentials::token(value.clone()))
+        .await?
+        .list_consumers(pb::ListConsumersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    // Valid on the other replica, with the same CSRF token.
+    assert_eq!((home(&base1, &cookie).await?, home(&base2, &cookie).await?), (200, 200));
+    let http = client()?;
+    let page = |base: &str| {
+        let (http, url, cookie) = (http.clone(), format!("{base}/"), cookie.clone());
+        async move { anyhow::Ok(http.get(url).header("cookie", cookie).send().await?.text().await?) }
+    };
+    let token = csrf(&page(&base1).await?)?;
+    assert_eq!(token, csrf(&page(&base2).await?)?, "one session, one CSRF token on every replica");
+
+    // Signing out on one replica ends the session on both: a copy of the cookie opens nothing.
+    let r = http.post(format!("{base2}/logout")).header("cookie", &cookie).form(&[("csrf", &token)]).send().await?;
+    assert_eq!(r.status(), 303);
+    assert_eq!((home(&base1, &cookie).await?, home(&base2, &cookie).await?), (303, 303), "signed out");
+
+    // A principal taken out of the auth file loses its session.
+    let reader = sign_in_cookie(&base1, "tok-reader").await?;
+    assert_eq!(home(&base2, &reader).await?, 200);
+    scratch.write("auth.toml", &auth_file(&principals[..1]))?;
+    eventually("the reader's session ends with its principal", WAIT, || async {
+        Ok((home(&base1, &reader).await? == 303 && home(&base2, &reader).await? == 303).then_some(()))
+    })
+    .await?;
+    // And signing in again with its token fails: the file no longer names it.
+    let r = client()?.post(format!("{base1}/login")).form(&[("token", "tok-reader")]).send().await?;
+    assert_eq!(r.status(), 401);
+    Ok(())
+}
+
+/// A session ends at `--console-session-max` however active it is.
+#[tokio::test]
+async fn an_expired_console_session_is_refused() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write("auth.toml", &auth_file(&[("root", &["*"])]))?;
+    let srv =
+        start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0", "--console-session-max", "3s"])
+            .await?;
+    let base = console_url(&srv)?;
+    let started = std::time::Instant::now();
+    let cookie = sign_in_cookie(&base, "tok-root").await?;
+    assert_eq!(home(&base, &cookie).await?, 200, "signed in");
+    eventually("the session expires", WAIT, || async { Ok((home(&base, &cookie).await? == 303).then_some(())) })
+        .await?;
+    assert!(started.elapsed() >= std::time::Duration::from_secs(3), "not before --console-session-max");
+    let r = client()?.get(format!("{base}/")).header("cookie", &cookie).send().await?;
+    assert_eq!(r.headers()["location"].to_str()?, "/login");
+    Ok(())
+}

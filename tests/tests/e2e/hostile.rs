@@ -375,8 +375,13 @@ async fn a_sink_needs_its_own_permission_and_only_topics_its_creator_may_read() 
     let err = writer.create_consumer(sink("to-exfil", &[">"])).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("sink:to-exfil"), "{err:?}");
-    // A consumer without a sink stays admin:write's.
-    writer.create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("plain", &[">"])) }).await?;
+    // A consumer without a sink takes only readable topics too (ADR 0072).
+    let err = writer
+        .create_consumer(pb::CreateConsumerRequest { consumer: Some(consumer("plain", &[">"])) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("tail:>"), "{err:?}");
 
     let mut sinker = admin_with(&srv.endpoint, &tok("sinker")).await?;
     for topics in [&[">"][..], &["payments.*"], &["orders.*", "secrets.>"]] {
@@ -389,7 +394,7 @@ async fn a_sink_needs_its_own_permission_and_only_topics_its_creator_may_read() 
     sinker.create_consumer(sink("to-partner", &["orders.*", "orders.eu.>"])).await?;
     let list = admin_with(&srv.endpoint, &tok("root")).await?.list_consumers(pb::ListConsumersRequest {}).await?;
     let names: Vec<String> = list.into_inner().consumers.into_iter().map(|c| c.name).collect();
-    assert_eq!(names, ["plain", "to-partner"]);
+    assert_eq!(names, ["to-partner"]);
     Ok(())
 }
 

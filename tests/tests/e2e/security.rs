@@ -30,7 +30,9 @@ const PRINCIPALS: &[(&str, &[&str])] = &[
     ("billing", &["consume:billing"]),
     ("tailer", &["tail:orders.>"]),
     ("reader", &["admin:read"]),
-    ("writer", &["admin:write"]),
+    // A consumer takes only topics its creator may read, and is deleted by its creator or a
+    // principal that may consume it (ADR 0072): what the writer's calls below create and delete.
+    ("writer", &["admin:write", "tail:x.y", "consume:doomed-*"]),
     ("replayer", &["replay:bill*"]),
     ("root", &["*"]),
 ];
@@ -510,7 +512,7 @@ permissions = ["consume:inventory-*", "admin:read"]
 [[principal]]
 name = "billing"
 subjects = ["spiffe://example.org/billing"]
-permissions = ["admin:write"]
+permissions = ["admin:write", "tail:a.b"]
 "#,
     )?;
     let mut srv = start(
@@ -838,7 +840,7 @@ async fn outboxctl_makes_tokens_and_uses_them_over_tls() -> Result<()> {
     let file = scratch.write(
         "auth.toml",
         &format!(
-            "[[principal]]\nname = \"ops\"\ntokens = [{:?}]\npermissions = [\"admin:read\", \"admin:write\"]\n",
+            "[[principal]]\nname = \"ops\"\ntokens = [{:?}]\npermissions = [\"admin:read\", \"admin:write\", \"tail:orders.>\"]\n",
             hash(&token)
         ),
     )?;
@@ -981,5 +983,112 @@ async fn a_plaintext_health_listener_serves_health_only_beside_tls() -> Result<(
         anyhow::Ok(())
     };
     assert!(r.await.is_err(), "plaintext is refused on the TLS port");
+    Ok(())
+}
+
+crate::conformance!(concurrent_creates_do_not_exceed_max_consumers);
+
+/// Issue 47 item 3: `admin:write` reads no topic through a consumer of its own, and does not
+/// redirect another principal's stream. A consumer takes only topics its creator may read
+/// (`tail:`); it is deleted only by its creator or a principal that may consume it (ADR 0072).
+#[tokio::test]
+async fn admin_write_neither_reads_nor_redirects_other_tenants_topics_through_consumers() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write(
+        "auth.toml",
+        &auth_file(&[
+            ("root", &["*"]),
+            // The payments tenant: it creates and consumes `billing`.
+            ("payments", &["admin:write", "tail:payments.>", "consume:billing"]),
+            ("team", &["admin:write", "consume:team-*"]),
+            ("ops", &["admin:write"]),
+            ("orders", &["admin:write", "tail:orders.>"]),
+        ]),
+    )?;
+    let srv = start(&store, &["--auth-file", s(&file)]).await?;
+    let admin = |who: &'static str| {
+        let endpoint = srv.endpoint.clone();
+        async move { admin_with(&endpoint, &tok(who)).await }
+    };
+    let create = |name: &str, topics: &[&str]| {
+        let mut c = consumer(name, topics);
+        c.start_from = pb::consumer::StartFrom::Earliest as i32;
+        pb::CreateConsumerRequest { consumer: Some(c) }
+    };
+    admin("payments").await?.create_consumer(create("billing", &["payments.>"])).await?;
+    outbox_with(&srv.endpoint, &tok("root"))
+        .await?
+        .enqueue(pb::EnqueueRequest {
+            topic: "payments.card".into(),
+            r#type: "CardCharged".into(),
+            payload: br#"{"pan":"4111111111111111"}"#.to_vec(),
+            ..Default::default()
+        })
+        .await?;
+
+    // admin:write and consume:team-*: no consumer of its own on payments.>, from EARLIEST.
+    let err = admin("team").await?.create_consumer(create("team-x", &["payments.>"])).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("lacks the permission tail:payments.>"), "{err:?}");
+    // admin:write alone: neither deletes the tenant's consumer nor creates one on its topics.
+    let mut ops = admin("ops").await?;
+    let err = ops.delete_consumer(pb::DeleteConsumerRequest { consumer: "billing".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("lacks the permission consume:billing"), "{err:?}");
+    assert!(err.message().contains("\"payments\""), "it names the creator: {err:?}");
+    let err = ops.create_consumer(create("billing-2", &["payments.>"])).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("tail:payments.>"), "{err:?}");
+    // Nor may a principal that may read other topics put them under the tenant's name.
+    let err = admin("orders")
+        .await?
+        .delete_consumer(pb::DeleteConsumerRequest { consumer: "billing".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let mut root = admin("root").await?;
+    let names = |list: pb::ListConsumersResponse| list.consumers.into_iter().map(|c| c.name).collect::<Vec<_>>();
+    let listed = names(root.list_consumers(pb::ListConsumersRequest {}).await?.into_inner());
+    assert_eq!(listed, ["billing"], "nothing was created or deleted");
+    let billing = root.get_consumer(pb::GetConsumerRequest { consumer: "billing".into() }).await?.into_inner();
+    assert_eq!(billing.consumer.context("billing")?.topics, ["payments.>"]);
+
+    // A principal with the right tail: creates, and deletes what it created; pausing stays
+    // admin:write's (the operator's brake); the creator and `*` delete.
+    let mut orders = admin("orders").await?;
+    orders.create_consumer(create("orders-audit", &["orders.*", "orders.eu.>"])).await?;
+    orders.delete_consumer(pb::DeleteConsumerRequest { consumer: "orders-audit".into() }).await?;
+    ops.pause_consumer(pb::PauseConsumerRequest { consumer: "billing".into() }).await?;
+    ops.resume_consumer(pb::ResumeConsumerRequest { consumer: "billing".into() }).await?;
+    admin("payments").await?.delete_consumer(pb::DeleteConsumerRequest { consumer: "billing".into() }).await?;
+    root.create_consumer(create("team-y", &["payments.>"])).await?;
+    root.delete_consumer(pb::DeleteConsumerRequest { consumer: "team-y".into() }).await?;
+    assert!(names(root.list_consumers(pb::ListConsumersRequest {}).await?.into_inner()).is_empty());
+    Ok(())
+}
+
+/// Issue 47 item 7: `--max-consumers` is counted where consumers are created (under the
+/// consumer-change lock), so concurrent creates cannot all pass it.
+async fn concurrent_creates_do_not_exceed_max_consumers(backend: Backend) -> Result<()> {
+    let store = TestStore::create(backend).await?;
+    let srv = start(&store, &["--max-consumers", "3"]).await?;
+    let creates = (0..24).map(|i| {
+        let endpoint = srv.endpoint.clone();
+        async move {
+            let mut admin = admin_with(&endpoint, &Credentials::default()).await?;
+            let c = consumer(&format!("racer-{i}"), &["orders.*"]);
+            Ok::<_, anyhow::Error>(admin.create_consumer(pb::CreateConsumerRequest { consumer: Some(c) }).await)
+        }
+    });
+    let results = futures::future::join_all(creates).await.into_iter().collect::<Result<Vec<_>>>()?;
+    let created = results.iter().filter(|r| r.is_ok()).count();
+    for err in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        assert!(err.message().contains("the limit is 3 (--max-consumers)"), "{err:?}");
+    }
+    let mut admin = admin_with(&srv.endpoint, &Credentials::default()).await?;
+    let listed = admin.list_consumers(pb::ListConsumersRequest {}).await?.into_inner().consumers.len();
+    assert_eq!((created, listed), (3, 3), "created and listed under --max-consumers 3");
     Ok(())
 }

@@ -15,9 +15,9 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
 };
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
-    MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
+    MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
+    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -306,6 +306,7 @@ fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
         paused: row.try_get("paused")?,
         start_seq: row.try_get("start_seq")?,
         created_at: row.try_get("created_at")?,
+        created_by: row.try_get("created_by")?,
     })
 }
 
@@ -671,6 +672,57 @@ impl Store for PgStore {
     async fn consumer_list(&self) -> Result<Vec<Consumer>> {
         let rows = sqlx::query(q::CONSUMER_LIST).fetch_all(&self.pool).await?;
         rows.iter().map(|r| Consumer::try_from(consumer_from_row(r)?)).collect()
+    }
+
+    async fn console_session_insert(&self, s: &ConsoleSession) -> Result<()> {
+        sqlx::query(q::CONSOLE_SESSION_INSERT)
+            .bind(&s.id_hash[..])
+            .bind(&s.principal)
+            .bind(&s.token_hash[..])
+            .bind(s.created_at)
+            .bind(s.expires_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn console_session_find(&self, id_hash: &[u8; 32]) -> Result<Option<ConsoleSession>> {
+        let Some(row) = sqlx::query(q::CONSOLE_SESSION_FIND).bind(&id_hash[..]).fetch_optional(&self.pool).await?
+        else {
+            return Ok(None);
+        };
+        let token: Vec<u8> = row.try_get("token_hash")?;
+        Ok(Some(ConsoleSession {
+            id_hash: *id_hash,
+            principal: row.try_get("principal")?,
+            token_hash: token
+                .try_into()
+                .map_err(|_| StoreError::InvalidValue("stored console session: token_hash is not 32 bytes".into()))?,
+            created_at: row.try_get("created_at")?,
+            seen_at: row.try_get("seen_at")?,
+            expires_at: row.try_get("expires_at")?,
+        }))
+    }
+
+    async fn console_session_touch(&self, id_hash: &[u8; 32], now: DateTime<Utc>) -> Result<()> {
+        sqlx::query(q::CONSOLE_SESSION_TOUCH).bind(&id_hash[..]).bind(now).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn console_session_delete(&self, id_hash: &[u8; 32]) -> Result<bool> {
+        let done = sqlx::query(q::CONSOLE_SESSION_DELETE).bind(&id_hash[..]).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn console_session_delete_expired(&self, now: DateTime<Utc>, idle_since: DateTime<Utc>) -> Result<u64> {
+        let done =
+            sqlx::query(q::CONSOLE_SESSION_DELETE_EXPIRED).bind(now).bind(idle_since).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn console_session_delete_oldest(&self, principal: &str, keep: i64) -> Result<u64> {
+        let done = sqlx::query(q::CONSOLE_SESSION_DELETE_OLDEST).bind(principal).bind(keep).execute(&self.pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
@@ -1272,7 +1324,17 @@ impl StoreTx for PgTx {
         consumer_find(&mut *self.0, name).await
     }
 
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+    async fn consumer_count(&mut self) -> Result<i64> {
+        let conn: &mut PgConnection = &mut self.0;
+        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
+    }
+
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let conn: &mut PgConnection = &mut self.0;
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let row = sqlx::query(q::CONSUMER_INSERT)
@@ -1286,6 +1348,7 @@ impl StoreTx for PgTx {
             .bind(now)
             .bind(spec.sink.as_ref().map(Json))
             .bind(spec.dead_key_policy.as_str())
+            .bind(created_by)
             .fetch_one(conn)
             .await?;
         consumer_from_row(&row)

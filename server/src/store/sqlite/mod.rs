@@ -26,9 +26,10 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery, MessageQuery,
-    MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon, WorkHint,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
+    MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
+    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
+    WorkHint,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
@@ -128,6 +129,7 @@ fn consumer_from_row(row: &SqliteRow) -> Result<ConsumerRecord> {
         paused: row.try_get::<i64, _>("paused")? != 0,
         start_seq: row.try_get("start_seq")?,
         created_at: time(row.try_get("created_at")?),
+        created_by: row.try_get("created_by")?,
         name,
     })
 }
@@ -596,6 +598,66 @@ impl Store for SqliteStore {
 
     async fn consumer_list(&self) -> Result<Vec<Consumer>> {
         consumers_on(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn console_session_insert(&self, s: &ConsoleSession) -> Result<()> {
+        retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_INSERT)
+                .bind(&s.id_hash[..])
+                .bind(&s.principal)
+                .bind(&s.token_hash[..])
+                .bind(us(s.created_at))
+                .bind(us(s.expires_at))
+                .execute(&self.writer)
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn console_session_find(&self, id_hash: &[u8; 32]) -> Result<Option<ConsoleSession>> {
+        let Some(row) = sqlx::query(q::CONSOLE_SESSION_FIND).bind(&id_hash[..]).fetch_optional(&self.pool).await?
+        else {
+            return Ok(None);
+        };
+        let token: Vec<u8> = row.try_get("token_hash")?;
+        Ok(Some(ConsoleSession {
+            id_hash: *id_hash,
+            principal: row.try_get("principal")?,
+            token_hash: token
+                .try_into()
+                .map_err(|_| StoreError::InvalidValue("stored console session: token_hash is not 32 bytes".into()))?,
+            created_at: time(row.try_get("created_at")?),
+            seen_at: time(row.try_get("seen_at")?),
+            expires_at: time(row.try_get("expires_at")?),
+        }))
+    }
+
+    async fn console_session_touch(&self, id_hash: &[u8; 32], now: DateTime<Utc>) -> Result<()> {
+        retry_busy(|| sqlx::query(q::CONSOLE_SESSION_TOUCH).bind(&id_hash[..]).bind(us(now)).execute(&self.writer))
+            .await?;
+        Ok(())
+    }
+
+    async fn console_session_delete(&self, id_hash: &[u8; 32]) -> Result<bool> {
+        let done =
+            retry_busy(|| sqlx::query(q::CONSOLE_SESSION_DELETE).bind(&id_hash[..]).execute(&self.writer)).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn console_session_delete_expired(&self, now: DateTime<Utc>, idle_since: DateTime<Utc>) -> Result<u64> {
+        let done = retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_DELETE_EXPIRED).bind(us(now)).bind(us(idle_since)).execute(&self.writer)
+        })
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn console_session_delete_oldest(&self, principal: &str, keep: i64) -> Result<u64> {
+        let done = retry_busy(|| {
+            sqlx::query(q::CONSOLE_SESSION_DELETE_OLDEST).bind(principal).bind(keep).execute(&self.writer)
+        })
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn consumer_set_paused(&self, name: &ConsumerName, paused: bool) -> Result<Consumer> {
@@ -1104,7 +1166,17 @@ impl StoreTx for SqliteTx {
         consumer_find(&mut *self.0, name).await
     }
 
-    async fn consumer_insert(&mut self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<ConsumerRecord> {
+    async fn consumer_count(&mut self) -> Result<i64> {
+        let conn: &mut SqliteConnection = &mut self.0;
+        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
+    }
+
+    async fn consumer_insert(
+        &mut self,
+        spec: &ConsumerSpec,
+        created_by: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<ConsumerRecord> {
         let conn: &mut SqliteConnection = &mut self.0;
         let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
         let sink = spec
@@ -1124,6 +1196,7 @@ impl StoreTx for SqliteTx {
             .bind(us(now))
             .bind(sink)
             .bind(spec.dead_key_policy.as_str())
+            .bind(created_by)
             .fetch_one(conn)
             .await?;
         consumer_from_row(&row)

@@ -10,14 +10,19 @@ SELECT * FROM outbox.consumers ORDER BY name;
 -- name: consumer_insert
 INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
                               ack_deadline_ms, start_from, start_seq, created_at, sink, backfill_seq,
-                              dead_key_policy)
+                              dead_key_policy, created_by)
 VALUES ($1, $2, $3, $4, $5, $6, $7,
         CASE WHEN $7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox.messages) ELSE 0 END,
         $8, $9,
         -- The EARLIEST backfill (same transaction) writes rows up to here.
         CASE WHEN $7 = 'new' THEN 0 ELSE (SELECT coalesce(max(seq), 0) FROM outbox.messages) END,
-        $10)
+        $10, $11)
 RETURNING *;
+
+-- name: consumer_count
+-- Under the consumer-change lock: `--max-consumers` is checked where no other create can
+-- slip in between the count and the insert.
+SELECT count(*) AS n FROM outbox.consumers;
 
 -- name: consumer_delete
 WITH r AS (DELETE FROM outbox.delivery_ranges WHERE consumer = $1)

@@ -6,11 +6,17 @@ SELECT * FROM outbox_consumers WHERE name = ?1;
 
 -- name: consumer_insert
 INSERT INTO outbox_consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms,
-                              ack_deadline_ms, start_from, start_seq, created_at, sink, dead_key_policy)
+                              ack_deadline_ms, start_from, start_seq, created_at, sink, dead_key_policy,
+                              created_by)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
         CASE WHEN ?7 = 'new' THEN (SELECT coalesce(max(seq), 0) FROM outbox_messages) ELSE 0 END, ?8, ?9,
-        ?10)
+        ?10, ?11)
 RETURNING *;
+
+-- name: consumer_count
+-- Inside the write transaction: `--max-consumers` is checked where no other create can slip
+-- in between the count and the insert.
+SELECT count(*) AS n FROM outbox_consumers;
 
 -- name: consumer_delete
 DELETE FROM outbox_consumers WHERE name = ?1;
