@@ -70,7 +70,7 @@ pub enum Refusal {
     /// Not signed in (or the token no longer works): to the sign-in page.
     SignIn,
     /// Without an auth file, a browser without a session cookie yet: it gets one first.
-    NewSession(String),
+    NewSession(String, bool),
     /// A request that changes something without this session's CSRF token, or from another
     /// site.
     Forged,
@@ -87,10 +87,10 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
             Refusal::SignIn => Redirect::to("/login").into_response(),
-            Refusal::NewSession(id) => {
+            Refusal::NewSession(id, secure) => {
                 let mut r = Redirect::to("/").into_response();
                 let age = Some(cookie::time::Duration::hours(12));
-                if let Ok(v) = header::HeaderValue::from_str(&session_cookie(&id, false, age).to_string()) {
+                if let Ok(v) = header::HeaderValue::from_str(&session_cookie(&id, secure, age).to_string()) {
                     r.headers_mut().append(header::SET_COOKIE, v);
                 }
                 r
@@ -118,16 +118,26 @@ pub fn session_cookie(value: &str, secure: bool, max_age: Option<cookie::time::D
     c.build()
 }
 
-fn cookie_value(headers: &HeaderMap) -> Option<String> {
-    headers
+/// The session id of a request: the one cookie of this console's name (`__Host-` over TLS,
+/// which only this host's HTTPS origin can set). Another service of the host, or of a parent
+/// domain, can set the plain name (cookies are not bound to a port), so over TLS that name is
+/// ignored; and a request that carries the name twice is refused rather than served under
+/// whichever came first (a tossed cookie would choose the session: fixation, or a lock-out).
+fn cookie_value(headers: &HeaderMap, secure: bool) -> Option<String> {
+    let name = if secure { SECURE_SESSION_COOKIE } else { SESSION_COOKIE };
+    let mut found = headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(Cookie::split_parse)
         .filter_map(Result::ok)
-        .find(|c| c.name() == SESSION_COOKIE || c.name() == SECURE_SESSION_COOKIE)
-        .map(|c| c.value().to_owned())
-        .filter(|v| !v.is_empty())
+        .filter(|c| c.name() == name)
+        .map(|c| c.value().to_owned());
+    let one = found.next()?;
+    if found.next().is_some() || one.is_empty() {
+        return None;
+    }
+    Some(one)
 }
 
 /// A new random session id.
@@ -255,10 +265,10 @@ impl State {
     async fn viewer(&self, parts: &Parts) -> Result<Viewer, Refusal> {
         let peer = parts.extensions.get::<Peer>().and_then(|p| p.0);
         let cert = parts.extensions.get::<PeerCert>().map(|c| c.0.clone());
-        let cookie = cookie_value(&parts.headers);
+        let cookie = cookie_value(&parts.headers, self.secure);
         if !self.auth.enabled() {
             let caller = self.auth.authenticate_credential(None, cert.as_deref())?;
-            let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?)) };
+            let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?, self.secure)) };
             return Ok(Viewer { caller, csrf: self.csrf_for(id.as_bytes()), peer, signed_in: false, session: None });
         }
         match (cookie, cert) {
@@ -338,5 +348,37 @@ impl Viewer {
         r.extensions_mut()
             .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: self.peer });
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(cookies: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for c in cookies {
+            h.append(header::COOKIE, header::HeaderValue::from_str(c).unwrap_or_else(|_| unreachable!()));
+        }
+        h
+    }
+
+    /// Cookies are not bound to a port: another service of the host can set the plain name. Over
+    /// TLS only the `__Host-` name counts, and a name sent twice chooses no session.
+    #[test]
+    fn a_tossed_or_second_session_cookie_chooses_no_session() {
+        let plain = "outboxd_console=a";
+        let host = "__Host-outboxd_console=b";
+        assert_eq!(cookie_value(&headers(&[plain]), false).as_deref(), Some("a"));
+        assert_eq!(cookie_value(&headers(&[host]), true).as_deref(), Some("b"));
+        assert_eq!(
+            cookie_value(&headers(&[&format!("{plain}; {host}")]), true).as_deref(),
+            Some("b"),
+            "over TLS the plain name is ignored"
+        );
+        assert_eq!(cookie_value(&headers(&[plain]), true), None);
+        assert_eq!(cookie_value(&headers(&["outboxd_console=a; outboxd_console=c"]), false), None);
+        assert_eq!(cookie_value(&headers(&[host, "__Host-outboxd_console=c"]), true), None, "in two headers too");
+        assert_eq!(cookie_value(&headers(&["outboxd_console="]), false), None);
     }
 }

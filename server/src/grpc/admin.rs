@@ -190,7 +190,18 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let caller = auth::caller(&request)?;
         let mine = self.streams.acquire_principal(request.extensions().get::<QuotaKey>())?;
         let peer = request.remote_addr();
-        let patterns = parse_each("topics", &request.into_inner().topics, TopicPattern::parse)?;
+        let topics = request.into_inner().topics;
+        // A tail keeps its patterns and matches every message against each for as long as it
+        // runs: as many as a consumer may have, each once.
+        if topics.len() > crate::limits::MAX_CONSUMER_TOPICS {
+            return Err(invalid(InvalidField::new(
+                "topics",
+                format!("{} topics; the limit is {} per tail", topics.len(), crate::limits::MAX_CONSUMER_TOPICS),
+            )));
+        }
+        let mut patterns = parse_each("topics", &topics, TopicPattern::parse)?;
+        patterns.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        patterns.dedup_by(|a, b| a.as_str() == b.as_str());
         // No topics is every topic: `tail:>`.
         let everything = [TopicPattern::parse("topics", ">").map_err(invalid)?];
         for p in if patterns.is_empty() { &everything[..] } else { &patterns[..] } {

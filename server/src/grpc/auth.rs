@@ -396,6 +396,48 @@ impl Caller {
     /// names lacks the permission (PERMISSION_DENIED). Open streams race it, so that revoking
     /// a principal ends them within a reload. Never resolves for an unrestricted caller.
     pub async fn revoked(&self, still: impl Fn(&Principal) -> bool) -> Status {
+        self.revoked_unless(|p, _| {
+            (!still(p)).then(|| {
+                Status::permission_denied(format!(
+                    "principal {:?} no longer holds the permission this stream needs (the auth file changed)",
+                    p.name
+                ))
+            })
+        })
+        .await
+    }
+
+    /// Resolves once this caller may no longer consume `consumer`: as [`Self::revoked`] for
+    /// `consume:NAME`, and also once the consumer's creator may no longer read one of its
+    /// topics (see [`Self::check_creator`]).
+    pub async fn revoked_consuming(&self, consumer: &crate::domain::Consumer) -> Status {
+        let (spec, owner) = (consumer.spec.clone(), consumer.created_by.clone());
+        self.revoked_unless(move |p, table| {
+            let name = spec.name.as_str();
+            if !p.allows(&Need::Consume(name)) {
+                return Some(Status::permission_denied(format!(
+                    "principal {:?} no longer holds the permission consume:{name} (the auth file changed)",
+                    p.name
+                )));
+            }
+            creator_refusal(table, owner.as_deref(), &spec).map(Status::permission_denied)
+        })
+        .await
+    }
+
+    /// `PERMISSION_DENIED` unless the principal that created `consumer` (when one is recorded and
+    /// an auth file is in force) still may read each of its topics: a consumer reads on its
+    /// creator's authority, as a sink runs on it, so a `tail:` taken away from its creator is
+    /// not kept through a consumer made while it held (ADR 0072).
+    pub fn check_creator(&self, consumer: &crate::domain::Consumer) -> Result<(), Status> {
+        let Some((auth, _)) = &self.credential else { return Ok(()) };
+        match creator_refusal(&auth.table(), consumer.created_by.as_deref(), &consumer.spec) {
+            Some(why) => Err(Status::permission_denied(why)),
+            None => Ok(()),
+        }
+    }
+
+    async fn revoked_unless(&self, refusal: impl Fn(&Principal, &AuthTable) -> Option<Status>) -> Status {
         let Some((auth, credential)) = &self.credential else { return std::future::pending().await };
         let mut reloads = auth.inner.generation.subscribe();
         loop {
@@ -415,14 +457,12 @@ impl Caller {
                         self.name
                     ));
                 }
-                Some(p) if !still(p) => {
-                    tracing::info!(principal = %p.name, "permission revoked: ending its stream");
-                    return Status::permission_denied(format!(
-                        "principal {:?} no longer holds the permission this stream needs (the auth file changed)",
-                        p.name
-                    ));
+                Some(p) => {
+                    if let Some(status) = refusal(p, &table) {
+                        tracing::info!(principal = %p.name, why = status.message(), "permission revoked: ending its stream");
+                        return status;
+                    }
                 }
-                Some(_) => {}
             }
         }
     }
@@ -958,6 +998,25 @@ fn refuse<E: Send + 'static>(
         );
     }
     Box::pin(std::future::ready(Ok(status.into_http())))
+}
+
+/// Why a consumer created by principal `owner` may not be read now: its creator is gone from
+/// `table`, or no longer holds `tail:` on one of its topics. `None` when it may, or when no
+/// creator is recorded (created without an auth file, or before creators were recorded).
+fn creator_refusal(table: &AuthTable, owner: Option<&str>, spec: &crate::domain::ConsumerSpec) -> Option<String> {
+    let owner = owner?;
+    let name = spec.name.as_str();
+    let Some(p) = table.by_token.values().chain(table.by_subject.values()).find(|p| p.name == owner) else {
+        return Some(format!(
+            "consumer {name:?} reads on its creator's authority, and its creator, principal {owner:?}, is no longer \
+             in the auth file: delete and create it again to read its topics on another principal's"
+        ));
+    };
+    let missing = spec.topics.iter().map(Need::Tail).find(|need| !p.allows(need))?;
+    Some(format!(
+        "consumer {name:?} reads on its creator's authority, and its creator, principal {owner:?}, no longer holds \
+         {missing}: its streams wait until it does (or delete and create it again)"
+    ))
 }
 
 /// A sink runs on its creator's authority: while the auth file in force still names that

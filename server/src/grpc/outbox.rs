@@ -120,6 +120,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         // A place of the process and of the connection only once the start is authorised.
         let permit = self.streams.acquire(peer)?;
         let consumer = self.ctx.store.consumer_get(&start.consumer).await.map_err(store_status)?;
+        caller.check_creator(&consumer)?;
         if let Some(sink) = &consumer.spec.sink {
             return Err(Status::failed_precondition(format!(
                 "consumer {:?} is a {} sink: outboxd delivers it itself, so it takes no Subscribe streams",
@@ -131,7 +132,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         let ack_deadline = start.ack_deadline.unwrap_or(consumer.spec.ack_deadline);
         let ack_deadline = ack_deadline.max(MIN_ACK_DEADLINE);
         let (tx, rx) = tokio::sync::mpsc::channel(max_in_flight as usize + 1);
-        let revoked_name = consumer.spec.name.as_str().to_owned();
+        let watched = consumer.clone();
         let bytes = mine.in_flight_bytes().map(|budget| crate::hub::InFlightBytes {
             budget,
             unit: crate::limits::delivery_unit(self.limits.max_payload_bytes),
@@ -139,8 +140,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline, bytes });
         // The session sees commands, never the wire; a request that means nothing, or a
         // reloaded auth file that takes the caller's permission away, ends the stream.
-        let name = revoked_name;
-        let revoked = async move { caller.revoked(move |p| p.allows(&Need::Consume(&name))).await };
+        let revoked = async move { caller.revoked_consuming(&watched).await };
         let (commands, refusal) = stream::commands(inbound, revoked);
         self.ctx.tasks.spawn(async move {
             let _permits = (permit, mine);

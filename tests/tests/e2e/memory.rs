@@ -85,6 +85,11 @@ async fn stalled_tails_hold_only_their_budget_and_read_only_their_topics() -> Re
         tails.push(admin.tail(pb::TailRequest { topics }).await?.into_inner());
     }
     let mut reader = admin_with(&srv.endpoint, &tok("reader")).await?;
+    // A tail keeps its patterns and matches each message against every one: at most 100, as a
+    // consumer's (a 4 MiB request could otherwise carry half a million, kept for its life).
+    let many = reader.tail(pb::TailRequest { topics: vec!["orders.a".into(); 101] }).await.unwrap_err();
+    assert_eq!(many.code(), tonic::Code::InvalidArgument, "{many:?}");
+    assert!(many.message().contains("101 topics; the limit is 100 per tail"), "{many:?}");
     let mut orders = reader.tail(pb::TailRequest { topics: vec!["orders.>".into()] }).await?.into_inner();
 
     let before = rss(srv.pid())?;

@@ -78,7 +78,7 @@ async fn outboxctl_publishes_and_consumes_with_acks_and_nacks(backend: Backend) 
     let other =
         outboxctl(server, &["publish", "orders.created", "OrderCreated", "--payload", "other", "--id", &id]).await?;
     assert_eq!(other.code, 4, "another message under the id: {}", other.stderr);
-    assert!(other.stderr.contains("different payload"), "{}", other.stderr);
+    assert!(other.stderr.contains("different topic, type or payload"), "{}", other.stderr);
     let payload_file = std::env::temp_dir().join(format!("outboxctl-{}.bin", uuid::Uuid::new_v4()));
     std::fs::write(&payload_file, b"from a file")?;
     let file_arg = format!("@{}", payload_file.display());

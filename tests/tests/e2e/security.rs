@@ -1092,3 +1092,77 @@ async fn concurrent_creates_do_not_exceed_max_consumers(backend: Backend) -> Res
     assert_eq!((created, listed), (3, 3), "created and listed under --max-consumers 3");
     Ok(())
 }
+
+/// A consumer reads on its creator's authority (ADR 0072), as a sink runs on it: a `tail:`
+/// taken away from its creator is not kept through a consumer made while it held. The open
+/// stream ends within a reload, a new one is refused naming what the creator lacks, and
+/// streams come back when the permission does.
+#[tokio::test]
+async fn a_consumer_reads_only_while_its_creator_may_read_its_topics() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let with_tail: &[(&str, &[&str])] =
+        &[("root", &["*"]), ("contractor", &["admin:write", "consume:team-*", "tail:payments.>"])];
+    let without_tail: &[(&str, &[&str])] = &[("root", &["*"]), ("contractor", &["admin:write", "consume:team-*"])];
+    let file = scratch.write("auth.toml", &auth_file(with_tail))?;
+    let srv = start(&store, &["--auth-file", s(&file), "--reload-interval", "100ms"]).await?;
+    let mut c = consumer("team-debug", &["payments.>"]);
+    c.start_from = pb::consumer::StartFrom::Earliest as i32;
+    admin_with(&srv.endpoint, &tok("contractor"))
+        .await?
+        .create_consumer(pb::CreateConsumerRequest { consumer: Some(c) })
+        .await?;
+    let mut root = outbox_with(&srv.endpoint, &tok("root")).await?;
+    let card = |n: u8| pb::EnqueueRequest {
+        topic: "payments.card".into(),
+        r#type: "CardCharged".into(),
+        payload: vec![n],
+        ..Default::default()
+    };
+    root.enqueue(card(1)).await?;
+    let open = || {
+        let endpoint = srv.endpoint.clone();
+        async move {
+            let mut c = outbox_with(&endpoint, &tok("contractor")).await.unwrap();
+            let (tx, rx) = mpsc::channel(4);
+            let start = pb::Start { consumer: "team-debug".into(), max_in_flight: 10, ack_deadline: None };
+            tx.send(pb::SubscribeRequest { request: Some(pb::subscribe_request::Request::Start(start)) })
+                .await
+                .unwrap();
+            c.subscribe(ReceiverStream::new(rx)).await.map(|r| (r.into_inner(), tx))
+        }
+    };
+    let (mut stream, _tx) = open().await?;
+    let first = tokio::time::timeout(WAIT, stream.message()).await.context("the first delivery")??;
+    assert!(matches!(first.and_then(|m| m.response), Some(pb::subscribe_response::Response::Delivery(_))));
+
+    // The creator loses tail:payments.>: the open stream ends, a new one is refused.
+    scratch.write("auth.toml", &auth_file(without_tail))?;
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.message().await {
+                Err(status) => return status,
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok("ended without a status"),
+            }
+        }
+    })
+    .await
+    .context("the open stream did not end")?;
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    assert!(ended.message().contains("no longer holds tail:payments.>"), "{ended:?}");
+    root.enqueue(card(2)).await?;
+    let err = open().await.map(drop).unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("its creator, principal \"contractor\", no longer holds tail:payments.>"),
+        "{err:?}"
+    );
+
+    // The permission comes back: so do the streams.
+    scratch.write("auth.toml", &auth_file(with_tail))?;
+    let (mut stream, _tx) = eventually("a stream again", WAIT, || async { Ok(open().await.ok()) }).await?;
+    let again = tokio::time::timeout(WAIT, stream.message()).await.context("a delivery again")??;
+    assert!(matches!(again.and_then(|m| m.response), Some(pb::subscribe_response::Response::Delivery(_))));
+    Ok(())
+}
