@@ -5,7 +5,9 @@
 #     ${CARGO_TARGET_DIR:-<repository>/target}/{release,debug} (the newer of the two). cargo
 #     builds one only when it is missing, or older than the Rust sources (CHECKOUT_BUILD=auto,
 #     the default; CHECKOUT_BUILD=never uses what is there, CHECKOUT_BUILD=always runs cargo).
-#     CHECKOUT_PROFILE=release builds optimised binaries (default debug).
+#     CHECKOUT_PROFILE=release builds optimised binaries; by default what is missing is built in
+#     release when a release outboxd is there already (the README's build: its optimised
+#     dependencies are reused), else in debug.
 #   - a virtualenv for Inventory with the Python client (clients/python) and requirements.txt
 #     (CHECKOUT_VENV, default <repository>/target/checkout-venv; pytest too with
 #     CHECKOUT_TEST=1); pip runs only when the client's sources or a requirements file changed
@@ -31,7 +33,13 @@ case "$build_mode" in auto|never|always) ;; *) fail "CHECKOUT_BUILD is auto, nev
 case "${CHECKOUT_PROFILE:-}" in ''|debug|release) ;; *) fail "CHECKOUT_PROFILE is debug or release, got '$CHECKOUT_PROFILE'" ;; esac
 # Where to look: the profile asked for, or both (the newer binary wins).
 if [ -n "${CHECKOUT_PROFILE:-}" ]; then profiles=("$CHECKOUT_PROFILE"); else profiles=(release debug); fi
-build_profile="${CHECKOUT_PROFILE:-debug}"
+if [ -n "${CHECKOUT_PROFILE:-}" ]; then
+  build_profile="$CHECKOUT_PROFILE"
+elif [ -x "$target_dir/release/outboxd" ]; then
+  build_profile=release
+else
+  build_profile=debug
+fi
 
 # The prebuilt binary `name` (empty when there is none): the newest of the profiles'.
 prebuilt() {
@@ -61,7 +69,11 @@ cargo_build() {
   fi
   local args=()
   [ "$build_profile" = release ] && args=(--release)
-  step "building outboxd, outboxctl and orders with cargo ($build_profile, into $target_dir; from scratch this takes about 25 minutes on 2 cores)"
+  if [ "$build_profile" = release ] && [ -x "$target_dir/release/outboxd" ]; then
+    step "building what is missing with cargo (release, into $target_dir, reusing the release build that is there: a few minutes)"
+  else
+    step "building outboxd, outboxctl and orders with cargo ($build_profile, into $target_dir; from scratch this takes about 25 minutes on 2 cores)"
+  fi
   # The same invocation as CI's image check, so its build is reused.
   (cd "$repo" && cargo build -q "${args[@]}" -p outbox-server --bin outboxd) || fail "cargo build of outboxd failed (see above)"
   (cd "$repo" && cargo build -q "${args[@]}" -p outbox-client -p checkout-orders --bins) || fail "cargo build of outboxctl and orders failed (see above)"

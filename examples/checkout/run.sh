@@ -6,13 +6,15 @@
 #   examples/checkout/run.sh [--style orchestration|choreography] [--limit AMOUNT]
 #                            [--grpc-port N] [--orders-port N] [--inventory-port N] [--payments-port N]
 #
-#   Orders     http://127.0.0.1:8080   (Rust)        POST /orders, GET /orders/{id}
-#   Inventory  http://127.0.0.1:8081   (Python)      GET /stock/{sku}
-#   Payments   http://127.0.0.1:8082   (TypeScript)  GET /payments/{order_id}
-#   outboxd    127.0.0.1:50051         (gRPC)
+#   Orders     http://127.0.0.1:8090   (Rust)        POST /orders, GET /orders/{id}
+#   Inventory  http://127.0.0.1:8091   (Python)      GET /stock/{sku}
+#   Payments   http://127.0.0.1:8092   (TypeScript)  GET /payments/{order_id}
+#   outboxd    127.0.0.1:50061         (gRPC)
 #
-# Ports: --grpc-port (OUTBOXD_PORT, default 50051), --orders-port (ORDERS_PORT, 8080),
-# --inventory-port (INVENTORY_PORT, 8081), --payments-port (PAYMENTS_PORT, 8082); flags win.
+# Ports: --grpc-port (OUTBOXD_PORT, default 50061), --orders-port (ORDERS_PORT, 8090),
+# --inventory-port (INVENTORY_PORT, 8091), --payments-port (PAYMENTS_PORT, 8092); flags win.
+# They are not the README's outboxd's (50051, its console 8080), so both run side by side; a
+# port already in use stops run.sh before it builds, starts or changes anything.
 # DATABASE_URL defaults to the local PostgreSQL, database `checkout` (outboxd creates it).
 # Binaries: OUTBOXD_BIN, OUTBOXCTL_BIN, ORDERS_BIN, or the newest build under
 # ${CARGO_TARGET_DIR:-target}/{release,debug}; cargo builds them only when missing or out of
@@ -23,10 +25,10 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 style=orchestration
 limit=1000
-grpc_port="${OUTBOXD_PORT:-50051}"
-orders_port="${ORDERS_PORT:-8080}"
-inventory_port="${INVENTORY_PORT:-8081}"
-payments_port="${PAYMENTS_PORT:-8082}"
+grpc_port="${OUTBOXD_PORT:-50061}"
+orders_port="${ORDERS_PORT:-8090}"
+inventory_port="${INVENTORY_PORT:-8091}"
+payments_port="${PAYMENTS_PORT:-8092}"
 usage() { sed -n '6,7p' "$0" | sed 's/^#  *//' >&2; exit 2; }
 # `--flag VALUE` and `--flag=VALUE`: sets `value`, and how many arguments it took.
 flag_value() {
@@ -60,6 +62,16 @@ if [ "$(printf '%s\n' "$grpc_port" "$orders_port" "$inventory_port" "$payments_p
   echo "run.sh: the four ports must differ (grpc $grpc_port, orders $orders_port, inventory $inventory_port, payments $payments_port)" >&2
   exit 2
 fi
+
+# Before anything is built, started or changed: the demo runs its own outboxd and services, and
+# must not create its consumers on an outboxd that happens to answer on its port.
+for p in "grpc-port:$grpc_port" "orders-port:$orders_port" "inventory-port:$inventory_port" "payments-port:$payments_port"; do
+  n="${p#*:}"
+  if (exec 3<>"/dev/tcp/127.0.0.1/$n") 2>/dev/null; then
+    echo "run.sh: 127.0.0.1:$n (--${p%%:*}) is in use: is the README's outboxd, or an earlier demo, still running there? Stop it, or pass --${p%%:*} with a free port. Nothing was started or changed." >&2
+    exit 2
+  fi
+done
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout}"
 export OUTBOXD_SERVER="http://127.0.0.1:$grpc_port"
@@ -119,6 +131,12 @@ http_ok() { "$venv_python" -c 'import sys, urllib.request; urllib.request.urlope
 
 start outboxd "$outboxd_bin" serve --database-url "$DATABASE_URL" --listen "127.0.0.1:$grpc_port"
 wait_for outboxd 60 "$outboxd_bin" healthcheck --addr "127.0.0.1:$grpc_port"
+# The outboxd that answered is ours only if ours is still running (another process may have
+# taken the port since the check above, and ours then exited): only then create consumers.
+if ! kill -0 "$(pid_of outboxd)" 2>/dev/null; then
+  echo "checkout: outboxd exited while another process answered on 127.0.0.1:$grpc_port; nothing was changed" >&2
+  exit 1
+fi
 OUTBOXCTL="$outboxctl_bin" bash "$here/consumers.sh"
 
 start orders "$orders_bin" --style "$style" --listen "127.0.0.1:$orders_port"

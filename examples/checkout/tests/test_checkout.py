@@ -283,3 +283,35 @@ def test_a_burst_of_orders_survives_each_service_killed_in_turn(checkout: Checko
     rows = checkout.db.execute("SELECT count(*) FROM orders.orders WHERE idempotency_key = ANY(%s)", (keys,))
     assert rows.fetchone() == (n,)
     check_invariants(checkout)
+
+
+def test_run_sh_stops_before_anything_when_a_port_is_in_use(tmp_path: Any) -> None:
+    """The README's outboxd (or an earlier demo) may still hold a port: run.sh says which and
+    what to do, at once, before it builds, starts or changes anything (it once created its
+    consumers on whichever outboxd answered on its port)."""
+    import socket
+    import subprocess
+    import time
+
+    from conftest import CHECKOUT, free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        others = [str(free_port()) for _ in range(3)]
+        began = time.monotonic()
+        # CHECKOUT_BUILD=never and no binaries: it would fail there if it got that far.
+        env = {k: v for k, v in __import__("os").environ.items()
+               if k not in ("OUTBOXD_BIN", "OUTBOXCTL_BIN", "ORDERS_BIN")}
+        env.update({"CHECKOUT_BUILD": "never", "CARGO_TARGET_DIR": str(tmp_path / "no-builds"),
+                    "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"})
+        done = subprocess.run(
+            ["bash", str(CHECKOUT / "run.sh"), "--grpc-port", str(port), "--orders-port", others[0],
+             "--inventory-port", others[1], "--payments-port", others[2]],
+            env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, done.stderr
+        assert f"127.0.0.1:{port} (--grpc-port) is in use" in done.stderr, done.stderr
+        assert "Nothing was started or changed" in done.stderr, done.stderr
+        assert "checkout: " not in done.stderr, f"it got as far as preparing: {done.stderr}"
+        assert time.monotonic() - began < 10

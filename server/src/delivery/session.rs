@@ -214,6 +214,19 @@ impl Session {
         self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
         let end = self.serve(&mut inbound, &out, &mut wake, &turn).await;
+        // Acks the client sent that could not be written yet (the database busy or away): the
+        // client acked them, so they are written before anything is released, while their
+        // leases may still hold; a late ack counts too (ADR 0006).
+        let settle_until = tokio::time::Instant::now() + self.start.ack_deadline;
+        let mut backoff = SETTLE_BACKOFF;
+        while !self.unwritten_acks.is_empty() && tokio::time::Instant::now() < settle_until {
+            let retry = std::mem::take(&mut self.unwritten_acks);
+            self.write_acks(retry).await;
+            if !self.unwritten_acks.is_empty() {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(SETTLE_BACKOFF_MAX);
+            }
+        }
         // Leased and never sent: the consumer never saw them, so they count against nothing.
         let unsent: Vec<MessageId> = self.order.unsent().into_iter().map(|d| d.message.message_id).collect();
         let unsent: Vec<(MessageId, Held)> =
@@ -601,12 +614,45 @@ impl Session {
                 }
             })
             .collect();
-        let n = self.ctx.store.delivery_release_many(&releases, ReleaseGuard::Session(&self.id), now).await?;
+        // A release that fails, or skips rows another transaction holds locked (PostgreSQL's
+        // release takes only what it can lock at once), is tried again while the leases hold:
+        // left to expire, a withdrawn delivery would be counted as failed by the sweeper. The
+        // guard (this session's lease, still leased) makes a repeat touch nothing twice.
+        let until = tokio::time::Instant::now() + self.start.ack_deadline;
+        let mut backoff = SETTLE_BACKOFF;
+        let mut released = 0;
+        let mut partial_tries = 0;
+        loop {
+            let tried = self.ctx.store.delivery_release_many(&releases, ReleaseGuard::Session(&self.id), now).await;
+            match tried {
+                Ok(n) => {
+                    released += n;
+                    partial_tries += 1;
+                    if released >= releases.len() as u64 || partial_tries >= SETTLE_PARTIAL_TRIES {
+                        break;
+                    }
+                }
+                Err(e) if tokio::time::Instant::now() + backoff < until => {
+                    tracing::warn!(consumer = %self.consumer(), error = %e, "release failed; retrying while the leases hold");
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(SETTLE_BACKOFF_MAX);
+        }
         self.ctx.hub.notify_consumer(self.consumer().as_str());
-        tracing::debug!(consumer = %self.consumer(), released = n, "released held deliveries");
+        tracing::debug!(consumer = %self.consumer(), released, "released held deliveries");
         Ok(())
     }
 }
+
+/// The first wait before an ack or a release at a stream's end is tried again, doubling up to
+/// [`SETTLE_BACKOFF_MAX`], for as long as the stream's ack deadline.
+const SETTLE_BACKOFF: Duration = Duration::from_millis(50);
+const SETTLE_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Tries of a release that did not take all its deliveries: rows locked by another transaction
+/// for a moment, or deliveries acked or expired meanwhile (then the tries find nothing more).
+const SETTLE_PARTIAL_TRIES: u32 = 5;
 
 /// Resolves when the budget announces bytes coming back; never without a budget.
 async fn changed(returned: &mut Option<watch::Receiver<u64>>) {
