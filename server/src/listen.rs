@@ -33,13 +33,17 @@ use crate::metrics::CONNECTIONS_CLOSED;
 const PREFACE_LEN: usize = 24;
 /// PING and SETTINGS frames (not acknowledgements) one HTTP/2 connection may send per
 /// [`CONTROL_FRAME_WINDOW`]; h2 answers each one, at whatever pace the client reads, so without a
-/// bound a client makes outboxd answer for ever. A client sends a keepalive PING every few
+/// bound a client makes outboxd answer for ever; beyond it the connection is sent GOAWAY
+/// (ENHANCE_YOUR_CALM) and closed. A client sends a keepalive PING every few
 /// seconds and SETTINGS a few times; one that measures its bandwidth (BDP) a PING per round
 /// trip while data flows: this leaves room for that and stops a flood.
 pub const MAX_CONTROL_FRAMES: u32 = 1000;
 pub const CONTROL_FRAME_WINDOW: Duration = Duration::from_secs(10);
 const FRAME_PING: u8 = 6;
 const FRAME_SETTINGS: u8 = 4;
+const FRAME_HEADERS: u8 = 1;
+const FRAME_GOAWAY: u8 = 7;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 const FLAG_ACK: u8 = 1;
 
 /// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address: where outboxd serves
@@ -259,28 +263,24 @@ where
     (ReceiverStream::new(general_rx), ReceiverStream::new(health_rx))
 }
 
-/// Counts a connection's PING and SETTINGS frames, reading only frame headers.
+/// Follows the frames of one direction of an HTTP/2 connection, reading only their headers.
 #[derive(Debug)]
-struct FrameCounter {
+struct FrameScan {
     /// Preface bytes still to pass.
     preface_left: usize,
     header: [u8; 9],
     have: usize,
     /// Payload bytes of the current frame still to pass.
     skip: usize,
-    window: Instant,
-    count: u32,
 }
 
-impl Default for FrameCounter {
-    fn default() -> Self {
-        Self { preface_left: PREFACE_LEN, header: [0; 9], have: 0, skip: 0, window: Instant::now(), count: 0 }
+impl FrameScan {
+    fn new(preface: usize) -> Self {
+        Self { preface_left: preface, header: [0; 9], have: 0, skip: 0 }
     }
-}
 
-impl FrameCounter {
-    /// Whether the bytes read keep the connection under its bound.
-    fn read(&mut self, mut bytes: &[u8]) -> bool {
+    /// Passes `bytes`, handing `each` every frame header completed, until it returns false.
+    fn pass(&mut self, mut bytes: &[u8], mut each: impl FnMut(&[u8; 9]) -> bool) -> bool {
         let pass = self.preface_left.min(bytes.len());
         self.preface_left -= pass;
         bytes = &bytes[pass..];
@@ -301,18 +301,79 @@ impl FrameCounter {
             self.have = 0;
             let h = self.header;
             self.skip = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-            if matches!(h[3], FRAME_PING | FRAME_SETTINGS) && h[4] & FLAG_ACK == 0 {
-                if self.window.elapsed() >= CONTROL_FRAME_WINDOW {
-                    self.window = Instant::now();
-                    self.count = 0;
-                }
-                self.count += 1;
-                if self.count > MAX_CONTROL_FRAMES {
-                    return false;
-                }
+            if !each(&h) {
+                return false;
             }
         }
         true
+    }
+
+    /// Between two frames: a frame of our own can go here.
+    fn at_boundary(&self) -> bool {
+        self.preface_left == 0 && self.have == 0 && self.skip == 0
+    }
+}
+
+/// Counts a connection's PING and SETTINGS frames, and follows what h2 writes, so that a
+/// flooding connection can be sent GOAWAY between two of h2's frames before it is closed.
+#[derive(Debug)]
+struct FrameCounter {
+    read: FrameScan,
+    written: FrameScan,
+    /// The highest stream the client opened (the GOAWAY's last stream).
+    last_stream: u32,
+    window: Instant,
+    count: u32,
+}
+
+impl Default for FrameCounter {
+    fn default() -> Self {
+        Self {
+            read: FrameScan::new(PREFACE_LEN),
+            written: FrameScan::new(0),
+            last_stream: 0,
+            window: Instant::now(),
+            count: 0,
+        }
+    }
+}
+
+impl FrameCounter {
+    /// Whether the bytes read keep the connection under its bound.
+    fn read(&mut self, bytes: &[u8]) -> bool {
+        let (window, count, last_stream) = (&mut self.window, &mut self.count, &mut self.last_stream);
+        self.read.pass(bytes, |h| {
+            if h[3] == FRAME_HEADERS {
+                let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+                *last_stream = (*last_stream).max(id);
+            }
+            if !(matches!(h[3], FRAME_PING | FRAME_SETTINGS) && h[4] & FLAG_ACK == 0) {
+                return true;
+            }
+            if window.elapsed() >= CONTROL_FRAME_WINDOW {
+                *window = Instant::now();
+                *count = 0;
+            }
+            *count += 1;
+            *count <= MAX_CONTROL_FRAMES
+        })
+    }
+
+    fn written(&mut self, bytes: &[u8]) {
+        self.written.pass(bytes, |_| true);
+    }
+
+    /// GOAWAY with ENHANCE_YOUR_CALM, if it can go between two of h2's frames.
+    fn goaway(&self) -> Option<[u8; 17]> {
+        if !self.written.at_boundary() {
+            return None;
+        }
+        let mut f = [0u8; 17];
+        f[2] = 8;
+        f[3] = FRAME_GOAWAY;
+        f[9..13].copy_from_slice(&self.last_stream.to_be_bytes());
+        f[13..17].copy_from_slice(&ENHANCE_YOUR_CALM.to_be_bytes());
+        Some(f)
     }
 }
 
@@ -365,7 +426,7 @@ impl<S> Guarded<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
@@ -383,6 +444,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
                 {
                     metrics::counter!(CONNECTIONS_CLOSED, "reason" => "control_frame_flood").increment(1);
                     tracing::debug!(peer = %this.place.addr, "connection closed: PING or SETTINGS flood");
+                    // Best effort: the connection is closed whether or not the GOAWAY fits.
+                    if let Some(goaway) = frames.goaway() {
+                        let _ = Pin::new(&mut this.inner).poll_write(cx, &goaway);
+                        let _ = Pin::new(&mut this.inner).poll_flush(cx);
+                    }
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionAborted,
                         format!(
@@ -403,7 +469,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(frames)) = (&written, &mut this.frames) {
+            frames.written(&buf[..*n]);
+        }
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -419,7 +490,20 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some(frames)) = (&written, &mut this.frames) {
+            let mut left = *n;
+            for b in bufs {
+                if left == 0 {
+                    break;
+                }
+                let take = left.min(b.len());
+                frames.written(&b[..take]);
+                left -= take;
+            }
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -479,5 +563,59 @@ where
             self.limit.opened(addr);
         }
         self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, len: usize) -> Vec<u8> {
+        let l = u32::try_from(len).unwrap().to_be_bytes();
+        let mut f = vec![l[1], l[2], l[3], kind, flags, 0, 0, 0, 1];
+        f.resize(9 + len, 0);
+        f
+    }
+
+    #[test]
+    fn control_frames_are_counted_across_reads_of_any_size_and_acks_are_not() {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // A DATA frame whose payload holds PING-looking bytes, then PINGs, SETTINGS and acks.
+        let mut data = frame(0, 0, 9);
+        data[9..].copy_from_slice(&frame(FRAME_PING, 0, 0));
+        bytes.extend(data);
+        for _ in 0..MAX_CONTROL_FRAMES / 2 {
+            bytes.extend(frame(FRAME_PING, 0, 8));
+            bytes.extend(frame(FRAME_SETTINGS, 0, 6));
+            bytes.extend(frame(FRAME_PING, FLAG_ACK, 8));
+            bytes.extend(frame(FRAME_SETTINGS, FLAG_ACK, 0));
+        }
+        for chunk in [1, 7, 9, 4096] {
+            let mut c = FrameCounter::default();
+            assert!(bytes.chunks(chunk).all(|b| c.read(b)), "chunks of {chunk}");
+            assert_eq!(c.count, MAX_CONTROL_FRAMES, "chunks of {chunk}");
+            assert!(!c.read(&frame(FRAME_PING, 0, 8)), "one more");
+        }
+    }
+
+    #[test]
+    fn a_goaway_goes_only_between_two_written_frames() {
+        let mut c = FrameCounter::default();
+        assert!(c.goaway().is_some());
+        let settings = frame(FRAME_SETTINGS, 0, 12);
+        c.written(&settings[..5]);
+        assert!(c.goaway().is_none());
+        c.written(&settings[5..]);
+        let goaway = c.goaway().unwrap();
+        assert_eq!((goaway[3], &goaway[13..]), (FRAME_GOAWAY, &[0, 0, 0, 0xb][..]));
+    }
+
+    #[test]
+    fn peers_are_ipv4_addresses_and_ipv6_slash_64s() {
+        let key = |s: &str| PeerKey::of(s.parse().unwrap());
+        assert_eq!(key("::ffff:10.0.0.1"), key("10.0.0.1"));
+        assert_eq!(key("2001:db8::1"), key("2001:db8::ffff:1"));
+        assert_ne!(key("2001:db8::1"), key("2001:db8:0:1::1"));
+        assert_eq!(key("2001:db8::1").to_string(), "2001:db8::/64");
     }
 }

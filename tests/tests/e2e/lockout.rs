@@ -197,18 +197,26 @@ fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Sends the preface and then `frames`, and returns how long the server took to close the
-/// connection, if it did within 5 s.
-async fn flood(addr: SocketAddr, frames: Vec<u8>) -> Result<Option<Duration>> {
+/// What the server did with a flood.
+struct Flooded {
+    /// How long it took to close the connection, if it did within 5 s.
+    closed: Option<Duration>,
+    /// The error code of the GOAWAY it sent, if it sent one.
+    goaway: Option<u32>,
+}
+
+/// Sends the preface and then `frames`, and reads what the server answers.
+async fn flood(addr: SocketAddr, frames: Vec<u8>) -> Result<Flooded> {
     let mut c = TcpStream::connect(addr).await?;
     let began = Instant::now();
     let (mut read, mut write) = c.split();
+    let mut answer = Vec::new();
     let reading = async {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
-                Ok(_) => continue,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
             }
         }
     };
@@ -225,13 +233,25 @@ async fn flood(addr: SocketAddr, frames: Vec<u8>) -> Result<Option<Duration>> {
         }
     })
     .await;
-    Ok(done.ok().map(|_| began.elapsed()))
+    let closed = done.ok().map(|_| began.elapsed());
+    // The server's frames, one after another, for a GOAWAY.
+    let (mut at, mut goaway) = (0, None);
+    while at + 9 <= answer.len() {
+        let len = usize::from(answer[at]) << 16 | usize::from(answer[at + 1]) << 8 | usize::from(answer[at + 2]);
+        if answer[at + 3] == 7 && at + 17 <= answer.len() {
+            goaway = Some(u32::from_be_bytes(answer[at + 13..at + 17].try_into()?));
+        }
+        at += 9 + len;
+    }
+    Ok(Flooded { closed, goaway })
 }
 
 /// Issue 47, item 7: a PING flood and a SETTINGS flood are not answered for ever: the
-/// connection is closed once it passes the bound, while a client under it is kept.
+/// connection is sent GOAWAY (ENHANCE_YOUR_CALM) and closed once it passes the bound, while a
+/// client under it is kept.
 #[tokio::test]
 async fn ping_and_settings_floods_are_cut_off() -> Result<()> {
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
     let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "60s"]).await?;
     let settings = frame(4, 0, &[]);
     let ping = frame(6, 0, &[7; 8]);
@@ -239,20 +259,22 @@ async fn ping_and_settings_floods_are_cut_off() -> Result<()> {
     for _ in 0..1500 {
         frames.extend_from_slice(&ping);
     }
-    let closed = flood(srv.addr, frames).await?;
-    assert!(closed.is_some(), "a PING flood was answered for 5 s");
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_some(), "a PING flood was answered for 5 s");
+    assert_eq!(f.goaway, Some(ENHANCE_YOUR_CALM), "the PING flood's GOAWAY");
     let mut frames = Vec::new();
     for _ in 0..1500 {
         frames.extend_from_slice(&settings);
     }
-    let closed = flood(srv.addr, frames).await?;
-    assert!(closed.is_some(), "a SETTINGS flood was answered for 5 s");
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_some(), "a SETTINGS flood was answered for 5 s");
+    assert_eq!(f.goaway, Some(ENHANCE_YOUR_CALM), "the SETTINGS flood's GOAWAY");
     // Under the bound, the connection is kept (until its first-stream deadline, a minute away).
     let mut frames = settings.clone();
     for _ in 0..500 {
         frames.extend_from_slice(&ping);
     }
-    let closed = flood(srv.addr, frames).await?;
-    assert!(closed.is_none(), "a connection under the bound was closed after {closed:?}");
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_none() && f.goaway.is_none(), "a connection under the bound was closed after {:?}", f.closed);
     Ok(())
 }
