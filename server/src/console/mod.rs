@@ -9,8 +9,10 @@
 //! Figures come from the stats outboxd keeps, cached for a moment and shared by every tab
 //! ([`history`]); every list is bounded (limits, cursors).
 //!
-//! The listener takes connections as the gRPC one does (bounded in number, TLS with the same
-//! certificate when configured), HTTP/1.1 only, with a deadline on each request's headers.
+//! The listener takes connections as the gRPC one does (bounded in number and per client
+//! address, TLS with the same certificate when configured), HTTP/1.1 only, with a deadline on
+//! each request's headers; requests of signed-in principals and of anyone else take places of
+//! separate counts, and failed sign-ins are limited per client address ([`places`]).
 mod assets;
 mod history;
 mod pages;

@@ -123,10 +123,8 @@ impl Places {
     pub fn sign_in_failed(&self, peer: Option<SocketAddr>) {
         let k = key(peer);
         let mut sign_ins = self.sign_ins.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = sign_ins.peers.get(&k)
-            && f.since.elapsed() >= SIGN_IN_WINDOW
-        {
-            let f = sign_ins.peers.remove(&k).unwrap_or_else(|| unreachable!());
+        let ended = sign_ins.peers.get(&k).is_some_and(|f| f.since.elapsed() >= SIGN_IN_WINDOW);
+        if ended && let Some(f) = sign_ins.peers.remove(&k) {
             report(k, &f);
         }
         if !sign_ins.peers.contains_key(&k) && sign_ins.peers.len() >= MAX_TRACKED_PEERS {
