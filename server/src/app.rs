@@ -19,7 +19,7 @@ use crate::grpc::auth::{AuthLayer, Authenticator};
 use crate::grpc::convert::Limits;
 use crate::grpc::outbox::OutboxService;
 use crate::hub::Hub;
-use crate::listen::ConnectionLimit;
+use crate::listen::{ConnectionLimit, ListenerLimits};
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::Replayer;
 use crate::maintenance::sweeper::LeaseSweeper;
@@ -84,6 +84,37 @@ const ADMIN_MAX_ENCODE: usize = 64 * 1024 * 1024;
 const REFLECTION_MAX_DECODE: usize = 64 * 1024;
 /// HTTP/2 headers of one request, together (a token and gRPC's own are well under 8 KiB).
 const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
+/// Connections the main port takes beyond --max-client-connections, served health checks only:
+/// a prober is answered while an attack holds every general place (ADR 0075).
+const HEALTH_RESERVED_CONNECTIONS: usize = 16;
+
+/// Serves health checks, and nothing else, on `incoming` until `stop`: the plaintext health
+/// listener, and the main port's connections that found only a place kept for health.
+async fn serve_health_only<T, I, IO>(
+    health: tonic_health::pb::health_server::HealthServer<T>,
+    incoming: I,
+    limit: ConnectionLimit,
+    body_timeout: Duration,
+    stop: CancellationToken,
+) where
+    T: tonic_health::pb::health_server::Health,
+    I: tokio_stream::Stream<Item = std::io::Result<IO>>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+{
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(HEALTH_MAX_STREAMS)
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+        .layer(limit.stream_layer())
+        .layer(crate::limits::BodyDeadlineLayer { timeout: body_timeout })
+        .add_service(health)
+        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "health server failed");
+    }
+}
 
 impl App {
     /// Connects (creating the database if needed), migrates unless told not to, binds the
@@ -205,6 +236,14 @@ impl App {
         let admin = OutboxAdminServer::new(admin_service).max_encoding_message_size(ADMIN_MAX_ENCODE);
 
         let stop_accepting = shutdown.clone();
+        let connections = ConnectionLimit::new(ListenerLimits {
+            max: config.limits.max_client_connections,
+            per_peer: config.limits.max_connections_per_peer,
+            health_reserve: HEALTH_RESERVED_CONNECTIONS,
+            preface_timeout: config.limits.http2_preface_timeout,
+            first_stream_timeout: Some(config.limits.http2_first_stream_timeout),
+            http2: true,
+        });
         let router = tonic::transport::Server::builder()
             // Half-open connections (a consumer host that vanished) are noticed and their
             // streams released instead of leasing into the void.
@@ -217,6 +256,7 @@ impl App {
             // no permission of the method's kind, from its headers alone, before it takes a
             // place of any limit or a byte of its body is read (health excepted) (ADR 0053).
             .layer(AuthLayer { auth: auth.clone() })
+            .layer(connections.stream_layer())
             .layer(crate::limits::UnaryLimitLayer::new(
                 config.limits.max_concurrent_requests,
                 config.limits.max_requests_per_principal,
@@ -228,47 +268,66 @@ impl App {
             .add_service(outbox)
             .add_service(admin);
         let stopped = async move { stop_accepting.cancelled().await };
-        let connections =
-            ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
+        let mut tasks = JoinSet::new();
+        let body_timeout = config.limits.request_body_timeout;
         let server = match &tls {
-            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
-                tls.clone().incoming(listener, connections.clone(), shutdown.clone()),
-                stopped,
-            )),
-            None => tokio::spawn(router.serve_with_incoming_shutdown(connections.clone().incoming(listener), stopped)),
+            Some(tls) => {
+                let incoming = tls.clone().incoming(listener, connections.clone(), shutdown.clone());
+                let (general, health_only) = crate::listen::split(incoming, shutdown.clone());
+                let reserved = serve_health_only(
+                    health_service.clone(),
+                    health_only,
+                    connections.clone(),
+                    body_timeout,
+                    shutdown.clone(),
+                );
+                tasks.spawn(reserved);
+                tokio::spawn(router.serve_with_incoming_shutdown(general, stopped))
+            }
+            None => {
+                let incoming = connections.clone().incoming(listener);
+                let (general, health_only) = crate::listen::split(incoming, shutdown.clone());
+                let reserved = serve_health_only(
+                    health_service.clone(),
+                    health_only,
+                    connections.clone(),
+                    body_timeout,
+                    shutdown.clone(),
+                );
+                tasks.spawn(reserved);
+                tokio::spawn(router.serve_with_incoming_shutdown(general, stopped))
+            }
         };
 
-        let mut tasks = JoinSet::new();
         if let Some(addr) = config.health_listen {
             // Health only, in plaintext, for probes that cannot speak TLS: it shows only whether
             // outboxd serves, which the main port tells anyone anyway. Up until the very end, so
             // that probes see NOT_SERVING while streams drain.
             let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
             let bound = listener.local_addr().map_err(|source| AppError::Bind { addr, source })?;
-            let probe = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(Duration::from_secs(20)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-                .max_concurrent_streams(HEALTH_MAX_STREAMS)
-                .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
-                .layer(crate::limits::BodyDeadlineLayer { timeout: config.limits.request_body_timeout })
-                .add_service(health_service);
-            let cancel = loops.clone();
-            let probes =
-                ConnectionLimit::new(config.limits.max_client_connections, config.limits.http2_preface_timeout);
-            tasks.spawn(async move {
-                let stopped = async move { cancel.cancelled().await };
-                if let Err(e) = probe.serve_with_incoming_shutdown(probes.incoming(listener), stopped).await {
-                    tracing::warn!(error = %e, "health listener failed");
-                }
+            let probes = ConnectionLimit::new(ListenerLimits {
+                max: config.limits.max_client_connections,
+                per_peer: config.limits.max_connections_per_peer,
+                health_reserve: 0,
+                preface_timeout: config.limits.http2_preface_timeout,
+                first_stream_timeout: Some(config.limits.http2_first_stream_timeout),
+                http2: true,
             });
+            let incoming = probes.clone().incoming(listener);
+            tasks.spawn(serve_health_only(health_service, incoming, probes, body_timeout, loops.clone()));
             tracing::info!(addr = %bound, "gRPC health (plaintext) served");
         }
         if let Some((console, listener)) = console {
             let bound = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
-            let limit = ConnectionLimit::new(
-                config.limits.max_client_connections.min(crate::console::MAX_CONNECTIONS),
-                config.limits.http2_preface_timeout,
-            );
+            let limit = ConnectionLimit::new(ListenerLimits {
+                max: config.limits.max_client_connections.min(crate::console::MAX_CONNECTIONS),
+                per_peer: config.limits.max_connections_per_peer.min(crate::console::MAX_CONNECTIONS_PER_PEER),
+                health_reserve: 0,
+                preface_timeout: config.limits.http2_preface_timeout,
+                // HTTP/1.1: each request's headers have their own deadline.
+                first_stream_timeout: None,
+                http2: false,
+            });
             if auth.enabled() && tls.is_none() && !crate::listen::is_loopback(bound.ip()) {
                 tracing::warn!(addr = %bound, "the console's tokens and cookies travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
             }

@@ -49,15 +49,17 @@
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
 //!   per target (RabbitMQ, NATS JetStream, webhooks).
 //! - [`reload`]: re-reading the TLS and auth files on a timer and on SIGHUP.
-//! - [`listen`]: accepting connections: a bounded number per listener, each closed unless it
-//!   sends HTTP/2's preface in time.
+//! - [`listen`]: accepting connections: a bounded number per listener and per client address,
+//!   each closed unless it sends HTTP/2's preface and opens a stream in time, or when it floods
+//!   PING or SETTINGS frames; places kept for health checks on the gRPC port.
 //! - [`tls`]: TLS and mTLS on the gRPC listener, certificates rotated without restarts.
 //! - [`grpc`]: the edge. The `Outbox` and `OutboxAdmin` services, wire conversion, error →
 //!   status, [`grpc::stream`], which turns each `SubscribeRequest` into a validated command,
 //!   each delivery into its wire form and each end of a stream into its status, and
 //!   authentication and permissions ([`grpc::auth`]).
 //! - [`console`]: the web console (`--console-listen`), an edge beside [`grpc`]: pages that read
-//!   and act through the admin service as the signed-in principal, on a listener of their own.
+//!   and act through the admin service as the signed-in principal, on a listener of their own,
+//!   whose request places for signed-in principals are apart from everyone else's.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
 //! - [`config`]: command line and environment, validated before anything binds.
 //! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a

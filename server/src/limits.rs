@@ -163,6 +163,18 @@ pub struct Limits {
     /// as soon as it is accepted.
     #[arg(long, env = "OUTBOXD_MAX_CLIENT_CONNECTIONS", default_value_t = Limits::DEFAULT.max_client_connections)]
     pub max_client_connections: usize,
+    /// Most connections open at once from one client address (an IPv4 address, or an IPv6
+    /// /64) on each listener; a connection beyond it is closed as soon as it is accepted, so that
+    /// one client cannot take every place of --max-client-connections.
+    #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS_PER_PEER", default_value_t = Limits::DEFAULT.max_connections_per_peer)]
+    pub max_connections_per_peer: usize,
+    /// How long a new connection may take to open its first stream (a call that authentication
+    /// lets through, health checks included), counted from its accept (from the end of the TLS
+    /// handshake, with TLS); a connection that opens none, answering keepalive PINGs or not, is
+    /// closed.
+    #[arg(long, env = "OUTBOXD_HTTP2_FIRST_STREAM_TIMEOUT", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    pub http2_first_stream_timeout: Duration,
     /// Most consumers (sinks included) the database may hold; CreateConsumer beyond it gets
     /// RESOURCE_EXHAUSTED. Every relay pass matches every consumer's topics.
     #[arg(long, env = "OUTBOXD_MAX_CONSUMERS", default_value_t = Limits::DEFAULT.max_consumers)]
@@ -195,6 +207,8 @@ impl Limits {
         request_body_timeout: Duration::from_secs(10),
         http2_preface_timeout: Duration::from_secs(10),
         max_client_connections: 4096,
+        max_connections_per_peer: 128,
+        http2_first_stream_timeout: Duration::from_secs(30),
         max_consumers: 1000,
         max_in_flight_bytes_per_principal: 256 * 1024 * 1024,
     };
@@ -208,6 +222,7 @@ impl Limits {
             ("--max-requests-per-principal", self.max_requests_per_principal),
             ("--max-streams-per-principal", self.max_streams_per_principal),
             ("--max-client-connections", self.max_client_connections),
+            ("--max-connections-per-peer", self.max_connections_per_peer),
             ("--max-consumers", self.max_consumers),
         ] {
             if v == 0 || v > 1_000_000 {
@@ -217,6 +232,7 @@ impl Limits {
         for (flag, d) in [
             ("--request-body-timeout", self.request_body_timeout),
             ("--http2-preface-timeout", self.http2_preface_timeout),
+            ("--http2-first-stream-timeout", self.http2_first_stream_timeout),
         ] {
             if d.is_zero() || d > Duration::from_secs(3600) {
                 return Err(format!("{flag} must be between 1ms and 1h, not {d:?}"));

@@ -191,7 +191,7 @@ impl TlsState {
                         }
                     },
                 };
-                let Some(place) = limit.admit() else { continue };
+                let Some(place) = limit.admit(peer) else { continue };
                 let acceptor = TlsAcceptor::from(self.current());
                 let (tx, limit) = (tx.clone(), limit.clone());
                 tokio::spawn(async move {

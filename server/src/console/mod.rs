@@ -9,11 +9,14 @@
 //! Figures come from the stats outboxd keeps, cached for a moment and shared by every tab
 //! ([`history`]); every list is bounded (limits, cursors).
 //!
-//! The listener takes connections as the gRPC one does (bounded in number, TLS with the same
-//! certificate when configured), HTTP/1.1 only, with a deadline on each request's headers.
+//! The listener takes connections as the gRPC one does (bounded in number and per client
+//! address, TLS with the same certificate when configured), HTTP/1.1 only, with a deadline on
+//! each request's headers; requests of signed-in principals and of anyone else take places of
+//! separate counts, and failed sign-ins are limited per client address ([`places`]).
 mod assets;
 mod history;
 mod pages;
+mod places;
 mod session;
 mod views;
 
@@ -40,12 +43,10 @@ pub use session::SessionTimes;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request may take in all, its body included: a slow body gives up its place.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
-/// Requests handled at once, on the whole listener; more are answered 503 at once rather than
-/// queued. Each reads the database through the pool the data plane uses, so this bounds what
-/// the console can take of it.
-const MAX_CONCURRENT_REQUESTS: usize = 8;
 /// Connections the console's listener keeps open at once (each may hold a page being sent).
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections one client address may keep open on the console (browsers open six or so).
+pub const MAX_CONNECTIONS_PER_PEER: usize = 16;
 /// The largest form a page posts (a token, a CSRF token, an error text).
 const MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -67,6 +68,8 @@ pub(crate) struct State {
     /// Served without authentication on a loopback address: only requests addressed to a
     /// loopback host are answered (no DNS rebinding from a web page).
     pub loopback_only: bool,
+    /// Sessions this process found valid lately: which requests take a signed-in place.
+    pub recent: session::RecentSessions,
 }
 
 /// The console of one outboxd process.
@@ -97,7 +100,17 @@ impl Console {
         getrandom::fill(&mut csrf_key)?;
         let history = history::History::new(admin.ctx.store.clone(), admin.ctx.clock.clone(), admin.ctx.hub.clone());
         Ok(Self {
-            state: Arc::new(State { admin, auth, csrf_key, sessions, secure, history, trace_url, loopback_only }),
+            state: Arc::new(State {
+                admin,
+                auth,
+                csrf_key,
+                sessions,
+                secure,
+                history,
+                trace_url,
+                loopback_only,
+                recent: session::RecentSessions::default(),
+            }),
         })
     }
 
@@ -119,11 +132,19 @@ impl Console {
         limit: ConnectionLimit,
         stop: CancellationToken,
     ) {
-        // One place count for the whole listener (a layer on the router would count per route).
-        let router = tower::ServiceBuilder::new()
-            .load_shed()
-            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
-            .service(self.router());
+        // Place counts for the whole listener (a layer on the router would count per route).
+        let router = Handler { state: self.state.clone(), places: Arc::default(), router: self.router() };
+        let flush = router.places.clone();
+        let flushing = stop.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(places::SIGN_IN_WINDOW / 4);
+            loop {
+                tokio::select! {
+                    _ = flushing.cancelled() => return flush.flush(),
+                    _ = every.tick() => flush.flush(),
+                }
+            }
+        });
         match tls {
             Some(tls) => {
                 let mut incoming = tls.incoming(listener, limit, stop.clone());
@@ -146,7 +167,7 @@ impl Console {
                         }
                     },
                 };
-                let Some(place) = limit.admit() else { continue };
+                let Some(place) = limit.admit(addr) else { continue };
                 let conn = limit.guard(tcp, place);
                 tokio::spawn(connection(conn, router.clone(), Peer(Some(addr)), None, stop.clone()));
             },
@@ -154,10 +175,64 @@ impl Console {
     }
 }
 
-type Service = tower::load_shed::LoadShed<tower::limit::ConcurrencyLimit<Router>>;
+/// The router behind its places (ADR 0075).
+#[derive(Debug, Clone)]
+struct Handler {
+    state: Arc<State>,
+    places: Arc<places::Places>,
+    router: Router,
+}
+
+impl Handler {
+    /// A request in a place of its kind: a signed-in principal's, or anyone else's (bounded per
+    /// client), the kind known from its headers before any of its body is read; a client that
+    /// has failed to sign in too often is answered 429 before its form is read.
+    async fn handle(self, peer: Peer, req: axum::extract::Request) -> axum::response::Response {
+        use axum::http::{Method, StatusCode, header};
+        use axum::response::IntoResponse as _;
+        let busy = |why: &'static str| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        let sign_in = req.method() == Method::POST && req.uri().path() == "/login";
+        if sign_in && let Some(wait) = self.places.sign_in_blocked(peer.0) {
+            let secs = wait.as_secs().max(1);
+            let mut r = (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("too many failed sign-ins from this address: try again in {secs} s"),
+            )
+                .into_response();
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+            return r;
+        }
+        let (mut parts, body) = req.into_parts();
+        // A stored session is checked in the database, so the kind of place is decided without
+        // it: a cookie of a session this process found valid lately takes a signed-in place (the
+        // page checks it again), any other cookie an anonymous one, so that made-up cookies
+        // cost a database read only inside the anonymous places.
+        let signed_in = match session::session_id(&parts.headers, &self.state) {
+            Some(id) => self.state.recent.holds(&id),
+            None => <session::Viewer as axum::extract::FromRequestParts<Arc<State>>>::from_request_parts(
+                &mut parts,
+                &self.state,
+            )
+            .await
+            .is_ok(),
+        };
+        let req = axum::extract::Request::from_parts(parts, body);
+        let place = if signed_in { self.places.signed_in() } else { self.places.anonymous(peer.0) };
+        let Some(_place) = place else { return busy("the console is busy: try again in a moment") };
+        let answer = match tokio::time::timeout(REQUEST_TIMEOUT, tower::ServiceExt::oneshot(self.router, req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(_) => busy("the request took too long (its body or its reads)"),
+        };
+        if sign_in && answer.status() == StatusCode::UNAUTHORIZED {
+            self.places.sign_in_failed(peer.0);
+        }
+        answer
+    }
+}
 
 /// One HTTP/1.1 connection, closed gracefully at `stop`.
-async fn connection<S>(io: S, router: Service, peer: Peer, cert: Option<PeerCert>, stop: CancellationToken)
+async fn connection<S>(io: S, router: Handler, peer: Peer, cert: Option<PeerCert>, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -167,18 +242,7 @@ where
             req.extensions_mut().insert(c.clone());
         }
         let router = router.clone();
-        async move {
-            let req = req.map(axum::body::Body::new);
-            let busy = |why: &'static str| {
-                axum::response::IntoResponse::into_response((axum::http::StatusCode::SERVICE_UNAVAILABLE, why))
-            };
-            let answer = match tokio::time::timeout(REQUEST_TIMEOUT, tower::ServiceExt::oneshot(router, req)).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => busy("the console is busy: try again in a moment"),
-                Err(_) => busy("the request took too long (its body or its reads)"),
-            };
-            Ok::<_, Infallible>(answer)
-        }
+        async move { Ok::<_, Infallible>(router.handle(peer, req.map(axum::body::Body::new)).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

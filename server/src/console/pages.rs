@@ -590,10 +590,8 @@ async fn login(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| !matches!(v, "same-origin" | "none"));
     let token = f.token.trim();
-    let refused = |why: &str| {
-        tracing::warn!(target: "outboxd::audit", ?peer, action = "console_sign_in", outcome = "refused", error = why, "console sign-in refused");
-        (StatusCode::UNAUTHORIZED, views::login(Some(why))).into_response()
-    };
+    // Refusals are logged by the listener, a line per client and minute (`places`).
+    let refused = |why: &str| (StatusCode::UNAUTHORIZED, views::login(Some(why))).into_response();
     if cross_site {
         return refused("a sign-in from another site is refused");
     }

@@ -167,6 +167,46 @@ fn well_formed_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// The id of the stored session a request names, when an auth file is in force (without one,
+/// or over mutual TLS without a cookie, no session is stored).
+pub(super) fn session_id(headers: &HeaderMap, state: &State) -> Option<String> {
+    if !state.auth.enabled() {
+        return None;
+    }
+    cookie_value(headers, state.secure).filter(|id| well_formed_id(id))
+}
+
+/// Sessions this process found valid in the last [`RECENT_FOR`], by the hash of their id: a
+/// request that names one takes a signed-in place of the console without a database read
+/// first. Bounded: past [`RECENT_MAX`] entries the old ones go, then all.
+#[derive(Debug, Default)]
+pub struct RecentSessions(std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>);
+
+const RECENT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+const RECENT_MAX: usize = 4096;
+
+impl RecentSessions {
+    fn seen(&self, hash: [u8; 32]) {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= RECENT_MAX && !map.contains_key(&hash) {
+            map.retain(|_, at| at.elapsed() < RECENT_FOR);
+            if map.len() >= RECENT_MAX {
+                map.clear();
+            }
+        }
+        map.insert(hash, std::time::Instant::now());
+    }
+
+    fn forget(&self, hash: &[u8; 32]) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(hash);
+    }
+
+    pub fn holds(&self, id: &str) -> bool {
+        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(&id_hash(id)).is_some_and(|at| at.elapsed() < RECENT_FOR)
+    }
+}
+
 /// How a session is found in the database: the SHA-256 of its id, so that a copy of the table
 /// opens no session.
 fn id_hash(id: &str) -> [u8; 32] {
@@ -209,11 +249,13 @@ impl State {
         };
         store.console_session_insert(&session).await.map_err(store_status)?;
         store.console_session_delete_oldest(principal, MAX_SESSIONS_PER_PRINCIPAL).await.map_err(store_status)?;
+        self.recent.seen(id_hash(&id));
         Ok(id)
     }
 
     /// Ends the session of this id hash (sign-out).
     pub async fn end_session(&self, id_hash: &[u8; 32]) -> Result<(), Status> {
+        self.recent.forget(id_hash);
         self.admin.ctx.store.console_session_delete(id_hash).await.map_err(store_status).map(drop)
     }
 
@@ -239,9 +281,11 @@ impl State {
                 if now - s.seen_at >= touch {
                     store.console_session_touch(&hash, now).await.map_err(store_status)?;
                 }
+                self.recent.seen(hash);
                 Ok(Some(c))
             }
             _ => {
+                self.recent.forget(&hash);
                 store.console_session_delete(&hash).await.map_err(store_status)?;
                 Ok(None)
             }

@@ -429,3 +429,91 @@ async fn an_expired_console_session_is_refused() -> Result<()> {
     assert_eq!(r.headers()["location"].to_str()?, "/login");
     Ok(())
 }
+
+/// A client whose connections come from the loopback address `from`.
+fn client_from(from: &str) -> Result<reqwest::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(from.parse::<std::net::IpAddr>()?)
+        .build()?)
+}
+
+/// A raw connection to the console from the loopback address `from` that sends `bytes` and
+/// then nothing more.
+async fn stalled_from(from: &str, to: std::net::SocketAddr, bytes: &str) -> Result<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt as _;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(from.parse()?, 0))?;
+    let mut c = socket.connect(to).await?;
+    c.write_all(bytes.as_bytes()).await?;
+    Ok(c)
+}
+
+/// Issue 47, item 5: stalled sign-in bodies and slowloris connections from one address take
+/// only that address's share of the places of those who have not signed in: a signed-in
+/// operator's requests are all served meanwhile, and another client still gets the sign-in page.
+#[tokio::test]
+async fn stalled_sign_ins_and_slowloris_do_not_lock_signed_in_operators_out() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write("auth.toml", &auth_file(&[("root", &["*"])]))?;
+    let srv = start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse()?;
+    let operator = sign_in(&base, "tok-root").await?;
+
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let head = format!(
+            "POST /login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+             Content-Length: 1000\r\n\r\ntoken=x"
+        );
+        held.push(stalled_from("127.0.0.2", addr, &head).await?);
+    }
+    // Once the stalled bodies hold their places, the attacker's next request is turned away.
+    let attacker = client_from("127.0.0.2")?;
+    eventually("the attacker's places are taken", WAIT, || async {
+        let r = attacker.get(format!("{base}/login")).send().await;
+        Ok(r.map_or(true, |r| r.status() == 503).then_some(()))
+    })
+    .await?;
+    for _ in 0..40 {
+        if let Ok(c) = stalled_from("127.0.0.2", addr, &format!("GET / HTTP/1.1\r\nHost: {addr}\r\n")).await {
+            held.push(c);
+        }
+    }
+    for i in 0..40 {
+        let r = operator.get("/").await?;
+        ensure!(r.status() == 200, "signed-in request {i}: {}", r.status());
+    }
+    let r = client()?.get(format!("{base}/login")).send().await?;
+    assert_eq!(r.status(), 200, "another client's sign-in page");
+    drop(held);
+    Ok(())
+}
+
+/// Issue 47, item 7: failed sign-ins are limited per client address (429 with Retry-After, while
+/// other addresses still sign in) and logged once per address and minute, not once per guess.
+#[tokio::test]
+async fn failed_sign_ins_are_rate_limited_per_address_and_logged_in_aggregate() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write("auth.toml", &auth_file(&[("root", &["*"])]))?;
+    let srv = start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let guesser = client_from("127.0.0.3")?;
+    for i in 0..10 {
+        let r = guesser.post(format!("{base}/login")).form(&[("token", format!("guess-{i}"))]).send().await?;
+        assert_eq!(r.status(), 401, "guess {i}");
+    }
+    let r = guesser.post(format!("{base}/login")).form(&[("token", "guess-10")]).send().await?;
+    assert_eq!(r.status(), 429, "the eleventh guess");
+    let wait: u64 = r.headers()["retry-after"].to_str()?.parse()?;
+    assert!((1..=60).contains(&wait), "Retry-After {wait}");
+    // Another address signs in all the same.
+    sign_in(&base, "tok-root").await?;
+    let lines = srv.log_lines(&["console sign-in", "refused", "127.0.0.3"]);
+    assert_eq!(lines.len(), 1, "one line for the address's refusals so far: {lines:#?}");
+    Ok(())
+}

@@ -14,6 +14,7 @@ mod failure_matrix;
 mod healthcheck;
 mod hostile;
 mod limits;
+mod lockout;
 mod memory;
 mod metrics;
 mod otlp;

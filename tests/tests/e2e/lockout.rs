@@ -1,0 +1,280 @@
+//! Attacks on the gRPC transport that need no credentials, against a real outboxd with an auth
+//! file: connections that send HTTP/2's preface and then only answer PINGs, from a few client
+//! addresses (the attackers' sockets are bound to 127.0.0.2 and 127.0.0.3, the operator's
+//! clients use 127.0.0.1), and PING and SETTINGS floods (ADR 0075).
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use outbox_client::grpc::admin_with;
+use outbox_proto::v1 as pb;
+use outbox_tests::{Backend, Outboxd, TestStore};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::security::{Scratch, auth_file, s, start, tok};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+async fn serve(extra: &[&str]) -> Result<(TestStore, Scratch, Outboxd)> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write("auth.toml", &auth_file(&[("reader", &["admin:read"])]))?;
+    let mut args = vec!["--auth-file", s(&file)];
+    args.extend_from_slice(extra);
+    let srv = start(&store, &args).await?;
+    Ok((store, scratch, srv))
+}
+
+/// A TCP connection to `to` from the loopback address `from`.
+async fn connect_from(from: &str, to: SocketAddr) -> Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from.parse::<IpAddr>()?, 0))?;
+    Ok(socket.connect(to).await?)
+}
+
+/// An HTTP/2 connection from `from` that sends the preface and its SETTINGS, answers the
+/// server's PINGs, and opens no stream; the task ends when the server closes it.
+async fn idle_h2(from: &str, to: SocketAddr) -> Result<(h2::client::SendRequest<bytes::Bytes>, JoinHandle<()>)> {
+    let tcp = connect_from(from, to).await?;
+    let (client, conn) = h2::client::handshake(tcp).await?;
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok((client, task))
+}
+
+/// Reads until the server closes the connection.
+async fn closed(c: &mut TcpStream) -> Result<()> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf).await {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// A GetStats call of `reader` on a new connection from 127.0.0.1, answered within a second.
+async fn authenticated_call(endpoint: &str) -> Result<()> {
+    let call = async {
+        let mut admin = admin_with(endpoint, &tok("reader")).await?;
+        admin.get_stats(pb::GetStatsRequest::default()).await?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(1), call).await.context("the call was not answered within a second")?
+}
+
+/// A health check on a new connection from 127.0.0.1, answered SERVING within a second.
+async fn health_check(endpoint: &str) -> Result<()> {
+    let check = async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())?.connect().await?;
+        let status = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+            .await?
+            .into_inner()
+            .status;
+        ensure!(status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "status {status}");
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(1), check)
+        .await
+        .context("the health check was not answered within a second")?
+}
+
+/// Waits until every one of the idle connections has been closed by the server.
+async fn all_closed(idle: Vec<JoinHandle<()>>, within: Duration) -> Result<()> {
+    for task in idle {
+        tokio::time::timeout(within, task).await.context("an idle connection was kept open")??;
+    }
+    Ok(())
+}
+
+/// Issue 47, item 4: connections that send the preface and then only answer PINGs are bounded
+/// per client address, are closed when they open no stream in time, and while they are open
+/// another client's calls and health checks are served; when they hold every general place,
+/// health checks still are.
+#[tokio::test]
+async fn preface_only_connections_are_bounded_per_peer_closed_and_lock_out_nobody() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&[
+        "--max-client-connections",
+        "8",
+        "--max-connections-per-peer",
+        "4",
+        "--http2-first-stream-timeout",
+        "2s",
+    ])
+    .await?;
+    let began = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(idle_h2("127.0.0.2", srv.addr).await?);
+    }
+    // The fifth from the same address is closed as soon as it is accepted.
+    let mut fifth = connect_from("127.0.0.2", srv.addr).await?;
+    fifth.write_all(PREFACE).await?;
+    tokio::time::timeout(Duration::from_millis(500), closed(&mut fifth)).await.context("the fifth kept open")??;
+    // Another client is served meanwhile, its calls and its health checks.
+    authenticated_call(&srv.endpoint).await?;
+    health_check(&srv.endpoint).await?;
+    // A second address takes the other four general places: health checks are still answered,
+    // on the places kept for them.
+    for _ in 0..4 {
+        idle.push(idle_h2("127.0.0.3", srv.addr).await?);
+    }
+    health_check(&srv.endpoint).await?;
+    // None of them opened a stream: all are closed after --http2-first-stream-timeout, and
+    // not before it.
+    // (Their handles are kept: h2 ends a connection whose handles are all dropped.)
+    let (_clients, tasks): (Vec<_>, Vec<_>) = idle.into_iter().unzip();
+    all_closed(tasks, Duration::from_secs(6)).await?;
+    assert!(began.elapsed() >= Duration::from_secs(2), "closed before the deadline: {:?}", began.elapsed());
+    // The places are free again for every client.
+    authenticated_call(&srv.endpoint).await?;
+    Ok(())
+}
+
+/// A connection that opens a stream in time is kept past the deadline (it is not a timeout
+/// of every connection).
+#[tokio::test]
+async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
+    let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "1s"]).await?;
+    let channel = tonic::transport::Endpoint::from_shared(srv.endpoint.clone())?.connect().await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await?;
+    // Past the deadline, and then some, the same connection still answers.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }),
+    )
+    .await
+    .context("no answer")??;
+    Ok(())
+}
+
+/// Issue 47, item 4, on `--health-listen`: the same bounds hold there.
+#[tokio::test]
+async fn the_health_listener_bounds_idle_connections_per_peer_and_closes_them() -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let health_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let (_store, _scratch, _srv) = serve(&[
+        "--health-listen",
+        &health_addr.to_string(),
+        "--max-connections-per-peer",
+        "3",
+        "--http2-first-stream-timeout",
+        "2s",
+    ])
+    .await?;
+    let endpoint = format!("http://{health_addr}");
+    outbox_tests::eventually("the health listener answers", crate::WAIT, || async {
+        Ok(health_check(&endpoint).await.ok())
+    })
+    .await?;
+    let began = Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(idle_h2("127.0.0.2", health_addr).await?);
+    }
+    let mut fourth = connect_from("127.0.0.2", health_addr).await?;
+    fourth.write_all(PREFACE).await?;
+    tokio::time::timeout(Duration::from_millis(500), closed(&mut fourth)).await.context("the fourth kept open")??;
+    health_check(&endpoint).await?;
+    // (Their handles are kept: h2 ends a connection whose handles are all dropped.)
+    let (_clients, tasks): (Vec<_>, Vec<_>) = idle.into_iter().unzip();
+    all_closed(tasks, Duration::from_secs(6)).await?;
+    assert!(began.elapsed() >= Duration::from_secs(2), "closed before the deadline: {:?}", began.elapsed());
+    Ok(())
+}
+
+/// An HTTP/2 frame header and payload.
+fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 0];
+    f.extend_from_slice(payload);
+    f
+}
+
+/// What the server did with a flood.
+struct Flooded {
+    /// How long it took to close the connection, if it did within 5 s.
+    closed: Option<Duration>,
+    /// The error code of the GOAWAY it sent, if it sent one.
+    goaway: Option<u32>,
+}
+
+/// Sends the preface and then `frames`, and reads what the server answers.
+async fn flood(addr: SocketAddr, frames: Vec<u8>) -> Result<Flooded> {
+    let mut c = TcpStream::connect(addr).await?;
+    let began = Instant::now();
+    let (mut read, mut write) = c.split();
+    let mut answer = Vec::new();
+    let reading = async {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let writing = async {
+        let _ = write.write_all(PREFACE).await;
+        let _ = write.write_all(&frames).await;
+        // Then nothing: the connection is left to the server.
+        std::future::pending::<()>().await
+    };
+    let done = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::select! {
+            _ = reading => {}
+            _ = writing => {}
+        }
+    })
+    .await;
+    let closed = done.ok().map(|_| began.elapsed());
+    // The server's frames, one after another, for a GOAWAY.
+    let (mut at, mut goaway) = (0, None);
+    while at + 9 <= answer.len() {
+        let len = usize::from(answer[at]) << 16 | usize::from(answer[at + 1]) << 8 | usize::from(answer[at + 2]);
+        if answer[at + 3] == 7 && at + 17 <= answer.len() {
+            goaway = Some(u32::from_be_bytes(answer[at + 13..at + 17].try_into()?));
+        }
+        at += 9 + len;
+    }
+    Ok(Flooded { closed, goaway })
+}
+
+/// Issue 47, item 7: a PING flood and a SETTINGS flood are not answered for ever: the
+/// connection is sent GOAWAY (ENHANCE_YOUR_CALM) and closed once it passes the bound, while a
+/// client under it is kept.
+#[tokio::test]
+async fn ping_and_settings_floods_are_cut_off() -> Result<()> {
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "60s"]).await?;
+    let settings = frame(4, 0, &[]);
+    let ping = frame(6, 0, &[7; 8]);
+    let mut frames = settings.clone();
+    for _ in 0..1500 {
+        frames.extend_from_slice(&ping);
+    }
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_some(), "a PING flood was answered for 5 s");
+    assert_eq!(f.goaway, Some(ENHANCE_YOUR_CALM), "the PING flood's GOAWAY");
+    let mut frames = Vec::new();
+    for _ in 0..1500 {
+        frames.extend_from_slice(&settings);
+    }
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_some(), "a SETTINGS flood was answered for 5 s");
+    assert_eq!(f.goaway, Some(ENHANCE_YOUR_CALM), "the SETTINGS flood's GOAWAY");
+    // Under the bound, the connection is kept (until its first-stream deadline, a minute away).
+    let mut frames = settings.clone();
+    for _ in 0..500 {
+        frames.extend_from_slice(&ping);
+    }
+    let f = flood(srv.addr, frames).await?;
+    assert!(f.closed.is_none() && f.goaway.is_none(), "a connection under the bound was closed after {:?}", f.closed);
+    Ok(())
+}
