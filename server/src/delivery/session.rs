@@ -234,6 +234,9 @@ impl Session {
         if let Err(e) = self.release(unsent, false).await {
             tracing::warn!(consumer = %self.consumer(), error = %e, "could not release leases; the sweeper will");
         }
+        // A lease it sent whose deadline passed while the stream ended is the sweeper's, and
+        // counts as an expiry (T14): the close must not withdraw it.
+        self.window.expire(self.ctx.clock.now());
         // Only a broken stream counts against what it held, and only what it sent; a clean
         // close or a shutdown does not.
         let counts_as_failure = matches!(end, End::Broken);
