@@ -267,7 +267,11 @@ impl State {
         }
         let hash = id_hash(id);
         let store = &self.admin.ctx.store;
-        let Some(s) = store.console_session_find(&hash).await.map_err(store_status)? else { return Ok(None) };
+        let Some(s) = store.console_session_find(&hash).await.map_err(store_status)? else {
+            // Ended elsewhere (a sign-out on another replica, pushed out by newer sessions).
+            self.recent.forget(&hash);
+            return Ok(None);
+        };
         let now = self.admin.ctx.clock.now();
         let idle = chrono_of(self.sessions.idle);
         let caller = match self.auth.authenticate_token_hash(&s.token_hash) {

@@ -109,6 +109,8 @@ pub struct Session {
     key_cursor: String,
     /// Acks whose write failed; retried on the next pass.
     unwritten_acks: Vec<(MessageId, Held)>,
+    /// A client's stream (not a sink's): a cancelled call is a break, see [`Session::run`].
+    cancel_is_break: bool,
     /// When it leases: pending work, turns, timers, batching, backoff.
     pace: Pace,
     /// Announces bytes coming back to the principal's budget (see [`crate::limits::ByteBudget`]).
@@ -173,6 +175,13 @@ fn deliver_span(consumer: &str, d: &mut LeasedDelivery) -> tracing::Span {
 }
 
 impl Session {
+    /// A client's stream over gRPC: a call the client cancels ends it as a break (see
+    /// [`Session::run`]); a sink ends its own sessions, cleanly.
+    pub fn of_client(mut self) -> Self {
+        self.cancel_is_break = true;
+        self
+    }
+
     pub fn new(ctx: SessionContext, start: SessionStart) -> Self {
         let (push_tx, pushed) = mpsc::unbounded_channel();
         let bytes_returned = start.bytes.as_ref().map(|b| b.budget.returned());
@@ -189,6 +198,7 @@ impl Session {
             start,
             key_cursor: String::new(),
             unwritten_acks: Vec::new(),
+            cancel_is_break: false,
             pace: Pace::new(),
             awaits_bytes: false,
             drain_until: None,
@@ -213,7 +223,15 @@ impl Session {
         };
         self.push = Some(self.ctx.hub.offer(self.consumer().as_str(), slot));
         tracing::info!(consumer = %self.consumer(), session = %self.id, max_in_flight = self.start.max_in_flight, "stream attached");
-        let end = self.serve(&mut inbound, &out, &mut wake, &turn).await;
+        let end = match self.serve(&mut inbound, &out, &mut wake, &turn).await {
+            // tonic ends the requests of a call the client cancelled (HTTP/2 `RST_STREAM`) as it
+            // ends those of a half-closed one. A client that half-closed still reads the stream's
+            // end; one that cancelled does not, and the response side goes with the call at
+            // once. A cancel is how some clients fail (a handler's error, a deadline): counted
+            // like a break, so that a message a handler keeps cancelling on becomes a dead letter.
+            End::Closed if self.cancel_is_break && cancelled(&out).await => End::Broken,
+            end => end,
+        };
         // Acks the client sent that could not be written yet (the database busy or away): the
         // client acked them, so they are written before anything is released, while their
         // leases may still hold; a late ack counts too (ADR 0006).
@@ -656,6 +674,15 @@ const SETTLE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Tries of a release that did not take all its deliveries: rows locked by another transaction
 /// for a moment, or deliveries acked or expired meanwhile (then the tries find nothing more).
 const SETTLE_PARTIAL_TRIES: u32 = 5;
+
+/// How long after its requests end a call's response side may take to go with it, when the
+/// client cancelled the call rather than half-closing it.
+const CANCEL_GRACE: Duration = Duration::from_millis(100);
+
+/// Whether the client that ended its requests cancelled the call (see [`Session::run`]).
+async fn cancelled(out: &Outbound) -> bool {
+    tokio::time::timeout(CANCEL_GRACE, out.closed()).await.is_ok()
+}
 
 /// Resolves when the budget announces bytes coming back; never without a budget.
 async fn changed(returned: &mut Option<watch::Receiver<u64>>) {

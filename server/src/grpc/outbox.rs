@@ -137,7 +137,8 @@ impl pb::outbox_server::Outbox for OutboxService {
             budget,
             unit: crate::limits::delivery_unit(self.limits.max_payload_bytes),
         });
-        let session = Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline, bytes });
+        let session =
+            Session::new(self.ctx.clone(), SessionStart { consumer, max_in_flight, ack_deadline, bytes }).of_client();
         // The session sees commands, never the wire; a request that means nothing, or a
         // reloaded auth file that takes the caller's permission away, ends the stream.
         let revoked = async move { caller.revoked_consuming(&watched).await };

@@ -25,6 +25,7 @@ conformance!(
     a_late_ack_after_the_deadline_still_counts,
     a_clean_close_does_not_count_against_what_the_stream_held,
     a_stream_that_acks_one_of_three_and_half_closes_gives_the_other_two_back_uncounted,
+    a_cancelled_call_counts_what_it_was_sent_and_dies_at_max_deliveries,
     a_broken_connection_counts_against_what_the_stream_held_and_dies_at_max_deliveries,
     a_stream_that_breaks_the_protocol_ends_with_invalid_argument_after_what_came_before,
 );
@@ -380,6 +381,30 @@ async fn a_stream_that_acks_one_of_three_and_half_closes_gives_the_other_two_bac
     s.nack(&again[0].message_id, "poison").await;
     eventually("dead at its one attempt", WAIT, || async { Ok((stats(&srv, "c").await?.dead == 1).then_some(())) })
         .await?;
+    Ok(())
+}
+
+/// A client that cancels its call (HTTP/2 `RST_STREAM`, as some gRPC libraries do when a handler
+/// fails or a deadline passes) has not closed cleanly: what it was sent counts, and at
+/// `max_deliveries` it is dead, instead of coming back at count 1 for ever. (Before, the count
+/// depended on whether the server saw the end of the requests or the reset first.)
+async fn a_cancelled_call_counts_what_it_was_sent_and_dies_at_max_deliveries(backend: Backend) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &[]).await?;
+    let mut c = consumer("c", &["t"]);
+    c.max_deliveries = 1;
+    create_consumer(&mut srv.admin().await?, c).await?; // 30 s ack deadline: only the cancel releases
+    db.sql_enqueue("t", "T", b"poison").await?;
+    let mut s = RawStream::open(&srv.endpoint, "c", 10).await?;
+    assert_eq!(s.take(1, WAIT).await?[0].delivery_count, 1);
+    // Dropped whole: the client's HTTP/2 stack ends the requests and resets the call, in
+    // either order; both are a cancel.
+    drop(s);
+    let st = eventually("the cancel's release", WAIT, || async {
+        let st = stats(&srv, "c").await?;
+        Ok((st.in_flight == 0 && st.streams == 0 && st.dead + st.backlog == 1).then_some(st))
+    })
+    .await?;
+    assert_eq!((st.dead, st.backlog), (1, 0), "a cancel is no clean close: its one attempt is used");
     Ok(())
 }
 
