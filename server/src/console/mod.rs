@@ -216,10 +216,25 @@ impl Handler {
             .await
             .is_ok(),
         };
+        // The body is read before a place is taken: a stalled body holds its connection (bounded
+        // per client, and by the request's deadline), never a place that others wait for. At
+        // most MAX_BODY_BYTES: the pages take small forms only.
+        let started = tokio::time::Instant::now();
+        let body = match tokio::time::timeout(REQUEST_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+            Ok(Ok(bytes)) => axum::body::Body::from(bytes),
+            Ok(Err(_)) => {
+                return (StatusCode::PAYLOAD_TOO_LARGE, format!("a request body is at most {MAX_BODY_BYTES} bytes"))
+                    .into_response();
+            }
+            Err(_) => {
+                return (StatusCode::REQUEST_TIMEOUT, "the request's body did not arrive in time").into_response();
+            }
+        };
         let req = axum::extract::Request::from_parts(parts, body);
         let place = if signed_in { self.places.signed_in() } else { self.places.anonymous(peer.0) };
         let Some(_place) = place else { return busy("the console is busy: try again in a moment") };
-        let answer = match tokio::time::timeout(REQUEST_TIMEOUT, tower::ServiceExt::oneshot(self.router, req)).await {
+        let left = REQUEST_TIMEOUT.saturating_sub(started.elapsed());
+        let answer = match tokio::time::timeout(left, tower::ServiceExt::oneshot(self.router, req)).await {
             Ok(Ok(r)) => r,
             Ok(Err(never)) => match never {},
             Err(_) => busy("the request took too long (its body or its reads)"),
