@@ -1219,7 +1219,7 @@ class HeldKey(_message.Message):
     last_error: _builtins.str
     """Its last error."""
     waiting: _builtins.int
-    """Messages of the key waiting behind it, counted up to 100000."""
+    """Messages of the key waiting behind it, counted up to 1000."""
     @_builtins.property
     def held_at(self) -> _timestamp_pb2.Timestamp:
         """When the key was held."""
@@ -1248,7 +1248,7 @@ class ListHeldKeysResponse(_message.Message):
     KEYS_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     truncated: _builtins.bool
-    """More keys are held than the 1000 listed."""
+    """More keys are held than the 100 listed."""
     @_builtins.property
     def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldKey]: ...
     def __init__(

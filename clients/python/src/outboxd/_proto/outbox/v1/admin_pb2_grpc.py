@@ -210,7 +210,7 @@ class OutboxAdminServicer:
 
     def ListHeldKeys(self, request, context):
         """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
-        dead-lettered: oldest first, at most 1000.
+        dead-lettered: oldest first, at most 100, each with its waiting messages counted up to 1000.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

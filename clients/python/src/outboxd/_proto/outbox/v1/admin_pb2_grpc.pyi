@@ -70,7 +70,7 @@ class OutboxAdminStub:
     """
     ListHeldKeys: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListHeldKeysRequest, _admin_pb2.ListHeldKeysResponse]
     """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
-    dead-lettered: oldest first, at most 1000.
+    dead-lettered: oldest first, at most 100, each with its waiting messages counted up to 1000.
     """
     ReleaseKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReleaseKeyRequest, _admin_pb2.ReleaseKeyResponse]
     """Lets a held key flow again. Without skip_dead the dead message is delivered again first
@@ -116,7 +116,7 @@ class OutboxAdminAsyncStub(OutboxAdminStub):
     """
     ListHeldKeys: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListHeldKeysRequest, _admin_pb2.ListHeldKeysResponse]  # type: ignore[assignment]
     """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
-    dead-lettered: oldest first, at most 1000.
+    dead-lettered: oldest first, at most 100, each with its waiting messages counted up to 1000.
     """
     ReleaseKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReleaseKeyRequest, _admin_pb2.ReleaseKeyResponse]  # type: ignore[assignment]
     """Lets a held key flow again. Without skip_dead the dead message is delivered again first
@@ -243,7 +243,7 @@ class OutboxAdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListHeldKeysResponse, _abc.Awaitable[_admin_pb2.ListHeldKeysResponse]]:
         """The ordering keys a consumer with DEAD_KEY_POLICY_HOLD holds because a message of the key
-        dead-lettered: oldest first, at most 1000.
+        dead-lettered: oldest first, at most 100, each with its waiting messages counted up to 1000.
         """
 
     @_abc_1.abstractmethod
