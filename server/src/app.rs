@@ -257,6 +257,7 @@ impl App {
             // place of any limit or a byte of its body is read (health excepted) (ADR 0053).
             .layer(AuthLayer { auth: auth.clone() })
             .layer(connections.stream_layer())
+            .layer(crate::limits::ServiceStreamsLayer::default())
             .layer(crate::limits::UnaryLimitLayer::new(
                 config.limits.max_concurrent_requests,
                 config.limits.max_requests_per_principal,

@@ -278,3 +278,35 @@ async fn ping_and_settings_floods_are_cut_off() -> Result<()> {
     assert!(f.closed.is_none() && f.goaway.is_none(), "a connection under the bound was closed after {:?}", f.closed);
     Ok(())
 }
+
+/// Health `Watch` streams, open to anyone, and reflection streams are counted apart from
+/// `Subscribe`'s places (`--max-streams`, which a caller with no permission must not take): at
+/// most 4 on one connection and 256 in the process. One more is refused at once, and a closed
+/// one gives its place back.
+#[tokio::test]
+async fn health_watches_are_bounded_per_connection() -> Result<()> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let (_store, _scratch, srv) = serve(&[]).await?;
+    let channel = tonic::transport::Endpoint::from_shared(srv.endpoint.clone())?.connect().await?;
+    let health = HealthClient::new(channel);
+    let watch = || {
+        let mut h = health.clone();
+        async move { h.watch(HealthCheckRequest { service: String::new() }).await }
+    };
+    let mut open = Vec::new();
+    for i in 0..4 {
+        let mut s = watch().await.with_context(|| format!("watch {i}"))?.into_inner();
+        s.message().await?.context("the current status")?;
+        open.push(s);
+    }
+    let err = watch().await.map(drop).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("the limit is 4"), "{err:?}");
+    drop(open.pop());
+    outbox_tests::eventually("the closed watch's place back", crate::WAIT, || async {
+        Ok(watch().await.ok().map(drop))
+    })
+    .await?;
+    Ok(())
+}
