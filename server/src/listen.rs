@@ -527,6 +527,9 @@ pub struct StreamOpenedLayer {
     limit: ConnectionLimit,
 }
 
+/// The gRPC health service's methods.
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
 impl<S> tower::Layer<S> for StreamOpenedLayer {
     type Service = StreamOpened<S>;
 
@@ -554,6 +557,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
+        // Health is answered to anyone: a health check does not lift the deadline, or one check
+        // would let a connection that answers PINGs keep its place (a health place too) for
+        // ever. A connection used for health alone is closed at the deadline, and its client
+        // connects again for its next check.
+        if req.uri().path().starts_with(HEALTH_PATH) {
+            return self.inner.call(req);
+        }
         let ext = req.extensions();
         let peer = ext
             .get::<TcpConnectInfo>()

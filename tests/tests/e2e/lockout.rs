@@ -136,21 +136,32 @@ async fn preface_only_connections_are_bounded_per_peer_closed_and_lock_out_nobod
 }
 
 /// A connection that opens a stream in time is kept past the deadline (it is not a timeout
-/// of every connection).
+/// of every connection); one used for health checks alone is not: health is answered to
+/// anyone, so a check must not let a connection keep its place for ever.
 #[tokio::test]
 async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
     let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "1s"]).await?;
-    let channel = tonic::transport::Endpoint::from_shared(srv.endpoint.clone())?.connect().await?;
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await?;
-    // Past the deadline, and then some, the same connection still answers.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    tokio::time::timeout(
-        Duration::from_secs(1),
-        health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }),
-    )
-    .await
-    .context("no answer")??;
+    let mut admin = admin_with(&srv.endpoint, &tok("reader")).await?;
+    admin.list_consumers(pb::ListConsumersRequest {}).await?;
+    // A raw connection that makes one health check and then only answers PINGs.
+    let to: SocketAddr = srv.endpoint.trim_start_matches("http://").parse()?;
+    let (mut h2c, task) = idle_h2("127.0.0.2", to).await?;
+    let check = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())?;
+    let (answer, mut body) = h2c.send_request(check, false)?;
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    let answer = answer.await?;
+    ensure!(answer.status() == 200, "the health check: {}", answer.status());
+    // Past the deadline, and then some, the first connection still answers; the health-only
+    // one is closed.
+    tokio::time::timeout(Duration::from_secs(3), task).await.context("a health-only connection was kept")??;
+    tokio::time::timeout(Duration::from_secs(1), admin.list_consumers(pb::ListConsumersRequest {}))
+        .await
+        .context("no answer")??;
     Ok(())
 }
 
