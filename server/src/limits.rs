@@ -530,6 +530,14 @@ where
 /// stream's acks): its first message, `start`, has the same deadline in the service instead.
 const OPEN_ENDED_BODY: &str = "/outbox.v1.Outbox/Subscribe";
 
+/// The client address of a request, over plain TCP or TLS (`None` on other transports).
+pub fn peer_addr(ext: &http::Extensions) -> Option<SocketAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    ext.get::<TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+        .or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|i| i.get_ref().remote_addr()))
+}
+
 /// The streams of the services beside outboxd's own that a caller may open and keep open:
 /// health's `Watch` (anyone, no credential needed) and reflection (any valid credential). They
 /// hold no delivery, so they are not `Subscribe`'s places (`--max-streams`), which a caller
@@ -639,15 +647,7 @@ where
         if !SERVICE_STREAMS.contains(&req.uri().path()) {
             return Box::pin(self.inner.call(req));
         }
-        let peer =
-            req.extensions().get::<tonic::transport::server::TcpConnectInfo>().and_then(|i| i.remote_addr()).or_else(
-                || {
-                    req.extensions()
-                        .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>>()
-                        .and_then(|i| i.get_ref().remote_addr())
-                },
-            );
-        let place = match service_stream_place(&self.open, peer) {
+        let place = match service_stream_place(&self.open, peer_addr(req.extensions())) {
             Ok(place) => place,
             Err(status) => return Box::pin(std::future::ready(Ok(status.into_http()))),
         };

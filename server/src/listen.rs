@@ -25,7 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::Connected;
 
 use crate::metrics::CONNECTIONS_CLOSED;
 
@@ -564,12 +564,7 @@ where
         if req.uri().path().starts_with(HEALTH_PATH) {
             return self.inner.call(req);
         }
-        let ext = req.extensions();
-        let peer = ext
-            .get::<TcpConnectInfo>()
-            .and_then(|i| i.remote_addr())
-            .or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|i| i.get_ref().remote_addr()));
-        if let Some(addr) = peer {
+        if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
             self.limit.opened(addr);
         }
         self.inner.call(req)

@@ -987,9 +987,7 @@ fn refuse<E: Send + 'static>(
     status: Status,
 ) -> BoxFuture<HttpResponse<Body>, E> {
     if route == Route::Checked(Need::AdminWrite) {
-        let peer = req.extensions().get::<TcpConnectInfo>().and_then(|i| i.remote_addr()).or_else(|| {
-            req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|i| i.get_ref().remote_addr())
-        });
+        let peer = crate::limits::peer_addr(req.extensions());
         let principal = caller.map_or("unknown", |c| &c.name);
         let action = req.uri().path();
         tracing::warn!(
