@@ -10,7 +10,7 @@
 //! The main port keeps a few places for health checks beyond the general ones: a connection
 //! that finds the general places full is served health only, so that a prober still sees the
 //! process answer while an attack holds every general place.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -120,14 +120,62 @@ struct Shared {
     general: Arc<Semaphore>,
     reserve: Arc<Semaphore>,
     per_peer: Mutex<HashMap<PeerKey, usize>>,
-    /// Connections (by their peer's address, unique on one listener) that have opened no stream yet.
-    waiting: Mutex<HashSet<SocketAddr>>,
+    /// Connections that have not shown yet that they are used (opened a stream on an HTTP/2
+    /// listener, made a signed-in request on the console): what a full listener takes places
+    /// back from.
+    waiting: Mutex<Waiting>,
+}
+
+/// Connections not shown used yet, by their peer's address (unique on one listener), and in
+/// the order they were accepted.
+#[derive(Debug, Default)]
+struct Waiting {
+    by_addr: HashMap<SocketAddr, (u64, Arc<Slot>)>,
+    by_age: std::collections::BTreeMap<u64, SocketAddr>,
+    next: u64,
+}
+
+impl Waiting {
+    fn insert(&mut self, addr: SocketAddr, slot: Arc<Slot>) {
+        let seq = self.next;
+        self.next += 1;
+        if let Some((old, _)) = self.by_addr.insert(addr, (seq, slot)) {
+            self.by_age.remove(&old);
+        }
+        self.by_age.insert(seq, addr);
+    }
+
+    /// Removes `addr`'s entry if it is `slot`'s (or any, without `slot`).
+    fn remove(&mut self, addr: &SocketAddr, slot: Option<&Arc<Slot>>) {
+        let ours = self.by_addr.get(addr).is_some_and(|(_, s)| slot.is_none_or(|slot| Arc::ptr_eq(s, slot)));
+        if ours && let Some((seq, _)) = self.by_addr.remove(addr) {
+            self.by_age.remove(&seq);
+        }
+    }
+
+    fn contains(&self, addr: &SocketAddr) -> bool {
+        self.by_addr.contains_key(addr)
+    }
+
+    /// The oldest, taken out.
+    fn pop_oldest(&mut self) -> Option<(SocketAddr, Arc<Slot>)> {
+        let (_, addr) = self.by_age.pop_first()?;
+        self.by_addr.remove(&addr).map(|(_, slot)| (addr, slot))
+    }
+}
+
+/// What a connection's place is made of: the permit it holds (taken away when another
+/// connection is given it) and the signal that closes the connection when that happens.
+#[derive(Debug)]
+struct Slot {
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    evicted: CancellationToken,
 }
 
 /// A connection's place: given back, with its peer's count, when dropped.
 #[derive(Debug)]
 pub struct Place {
-    _permit: OwnedSemaphorePermit,
+    slot: Arc<Slot>,
     kind: Kind,
     peer: PeerKey,
     addr: SocketAddr,
@@ -144,7 +192,7 @@ impl Drop for Place {
             }
         }
         drop(counts);
-        self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.addr);
+        self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.addr, Some(&self.slot));
     }
 }
 
@@ -156,13 +204,17 @@ impl ConnectionLimit {
                 general: Arc::new(Semaphore::new(limits.max)),
                 reserve: Arc::new(Semaphore::new(limits.health_reserve)),
                 per_peer: Mutex::new(HashMap::new()),
-                waiting: Mutex::new(HashSet::new()),
+                waiting: Mutex::new(Waiting::default()),
             }),
         }
     }
 
     /// A place for a connection from `addr` just accepted, or `None` (and it is counted) when
-    /// its peer holds all it may or every place is taken: the caller drops the connection.
+    /// its peer holds all it may or every place is taken by a connection in use: the caller
+    /// drops the connection. When every place is taken, the connection that has waited longest
+    /// without being used gives its place up and is closed (ADR 0079): a client that connects
+    /// and uses its connection at once gets in however many idle ones others keep opening,
+    /// from however many addresses.
     pub fn admit(&self, addr: SocketAddr) -> Option<Place> {
         let limits = &self.shared.limits;
         let peer = PeerKey::of(addr.ip());
@@ -173,30 +225,54 @@ impl ConnectionLimit {
             tracing::debug!(%peer, max = limits.per_peer, "connection refused: --max-connections-per-peer reached");
             return None;
         }
+        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
         let (permit, kind) = match self.shared.general.clone().try_acquire_owned() {
             Ok(p) => (p, Kind::General),
             Err(_) => match self.shared.reserve.clone().try_acquire_owned() {
                 Ok(p) => (p, Kind::HealthOnly),
-                Err(_) => {
-                    metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
-                    tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
-                    return None;
-                }
+                Err(_) => match self.evict(&mut waiting) {
+                    Some(taken) => taken,
+                    None => {
+                        metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
+                        tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
+                        return None;
+                    }
+                },
             },
         };
         counts.insert(peer, held + 1);
         drop(counts);
-        if limits.first_stream_timeout.is_some() {
-            self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).insert(addr);
-        }
-        Some(Place { _permit: permit, kind, peer, addr, shared: self.shared.clone() })
+        let slot = Arc::new(Slot { permit: Mutex::new(Some(permit)), evicted: CancellationToken::new() });
+        waiting.insert(addr, slot.clone());
+        Some(Place { slot, kind, peer, addr, shared: self.shared.clone() })
     }
 
-    /// The connection from `addr` has opened a stream: its first-stream deadline no longer holds.
+    /// The place of the connection that has waited longest without being used, taken from it
+    /// (it is closed), with the kind it had.
+    fn evict(&self, waiting: &mut Waiting) -> Option<(OwnedSemaphorePermit, Kind)> {
+        while let Some((addr, slot)) = waiting.pop_oldest() {
+            let taken = slot.permit.lock().unwrap_or_else(|p| p.into_inner()).take();
+            slot.evicted.cancel();
+            if let Some(permit) = taken {
+                let kind = if Arc::ptr_eq(permit.semaphore(), &self.shared.reserve) {
+                    Kind::HealthOnly
+                } else {
+                    Kind::General
+                };
+                metrics::counter!(CONNECTIONS_CLOSED, "reason" => "evicted").increment(1);
+                tracing::debug!(peer = %addr, "connection closed: its place went to a new connection (it had not been used)");
+                return Some((permit, kind));
+            }
+        }
+        None
+    }
+
+    /// The connection from `addr` is used (it opened a stream; on the console, made a
+    /// signed-in request): its first-stream deadline no longer holds, and its place is its own.
     pub fn opened(&self, addr: SocketAddr) {
         let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if !waiting.is_empty() {
-            waiting.remove(&addr);
+        if waiting.contains(&addr) {
+            waiting.remove(&addr, None);
         }
     }
 
@@ -208,6 +284,7 @@ impl ConnectionLimit {
             preface: Some((Box::pin(tokio::time::sleep(limits.preface_timeout)), 0)),
             first_stream: limits.first_stream_timeout.map(|d| Box::pin(tokio::time::sleep(d))),
             frames: limits.http2.then(FrameCounter::default),
+            evicted: Box::pin(place.slot.evicted.clone().cancelled_owned()),
             place,
         }
     }
@@ -388,6 +465,8 @@ pub struct Guarded<S> {
     /// The first stream's deadline, until it is found to have opened.
     first_stream: Option<Pin<Box<tokio::time::Sleep>>>,
     frames: Option<FrameCounter>,
+    /// Ready when another connection has been given this one's place.
+    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     place: Place,
 }
 
@@ -404,6 +483,12 @@ impl<S> Guarded<S> {
 
     /// Whether a deadline has passed: the error to fail the read with.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.evicted.as_mut().poll(cx).is_ready() {
+            return Some(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "every place was taken: this connection, not used yet, gave its place to a new one",
+            ));
+        }
         if let Some((deadline, _)) = &mut self.preface
             && deadline.as_mut().poll(cx).is_ready()
         {

@@ -321,3 +321,74 @@ async fn health_watches_are_bounded_per_connection() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// An authenticated GetStats call of `reader` on the raw HTTP/2 connection `h2c`: its HTTP and
+/// gRPC status.
+async fn raw_get_stats(h2c: &mut h2::client::SendRequest<bytes::Bytes>, to: SocketAddr) -> Result<()> {
+    let call = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}/outbox.v1.OutboxAdmin/GetStats"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())?;
+    let mut ready = h2c.clone().ready().await?;
+    let (answer, mut body) = ready.send_request(call, false)?;
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    let answer = answer.await?;
+    ensure!(answer.status() == 200, "GetStats: HTTP {}", answer.status());
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await?.context("no trailers")?;
+    let status = trailers.get("grpc-status").context("no grpc-status")?;
+    ensure!(status == "0", "GetStats: grpc-status {status:?}");
+    Ok(())
+}
+
+/// Issue 47, item 4 (the review of ADR 0075): idle connections from many client addresses,
+/// each address within its own bound, fill every place, general and health's; a client that
+/// connects and uses its connection still gets in, because the connection that has waited
+/// longest without a stream gives its place up (ADR 0079), and a connection in use keeps its
+/// place however many idle ones arrive after it.
+#[tokio::test]
+async fn idle_connections_from_many_addresses_give_their_places_to_clients_that_use_theirs() -> Result<()> {
+    // 8 general places and the 16 kept for health; the deadline far away, so that only the
+    // eviction can free a place within this test.
+    let (_store, _scratch, srv) = serve(&[
+        "--max-client-connections",
+        "8",
+        "--max-connections-per-peer",
+        "4",
+        "--http2-first-stream-timeout",
+        "5m",
+    ])
+    .await?;
+    let to: SocketAddr = srv.endpoint.trim_start_matches("http://").parse()?;
+    // A client's connection in use: it made a call before the flood.
+    let (mut used, used_task) = idle_h2("127.0.0.9", to).await?;
+    raw_get_stats(&mut used, to).await?;
+    // Seven addresses, four idle connections each: 28, more than the 23 places left.
+    let mut idle = Vec::new();
+    for a in 2..=8 {
+        for _ in 0..4 {
+            idle.push(idle_h2(&format!("127.0.0.{a}"), to).await?);
+        }
+    }
+    // The oldest idle ones have given their places to the newest already.
+    let (_clients, mut tasks): (Vec<_>, Vec<_>) = idle.into_iter().unzip();
+    let rest = tasks.split_off(5);
+    all_closed(tasks, Duration::from_secs(2)).await.context("the five oldest idle connections")?;
+    // New clients that use their connections at once are served, calls and health checks alike.
+    for _ in 0..2 {
+        authenticated_call(&srv.endpoint).await?;
+        health_check(&srv.endpoint).await?;
+    }
+    // The connection in use kept its place through all of it.
+    ensure!(!used_task.is_finished(), "the connection in use was closed");
+    raw_get_stats(&mut used, to).await?;
+    drop(rest);
+    Ok(())
+}
