@@ -614,6 +614,8 @@ pub struct StreamOpenedLayer {
 
 /// The gRPC health service's methods.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+/// Server reflection's services (`v1` and `v1alpha`).
+const REFLECTION_PATH: &str = "/grpc.reflection.";
 
 impl<S> tower::Layer<S> for StreamOpenedLayer {
     type Service = StreamOpened<S>;
@@ -642,11 +644,12 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
-        // Health is answered to anyone: a health check does not lift the deadline, or one check
-        // would let a connection that answers PINGs keep its place (a health place too) for
-        // ever. A connection used for health alone is closed at the deadline, and its client
+        // Health is answered to anyone, and reflection to any valid credential, permissions or
+        // not: neither lifts the deadline or keeps the place when the listener is full, or one
+        // check would let a connection that answers PINGs keep its place (a health place too)
+        // for ever. A connection used for them alone is closed at the deadline, and its client
         // connects again for its next check.
-        if req.uri().path().starts_with(HEALTH_PATH) {
+        if req.uri().path().starts_with(HEALTH_PATH) || req.uri().path().starts_with(REFLECTION_PATH) {
             return self.inner.call(req);
         }
         if let Some(addr) = crate::limits::peer_addr(req.extensions()) {

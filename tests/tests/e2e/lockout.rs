@@ -136,8 +136,9 @@ async fn preface_only_connections_are_bounded_per_peer_closed_and_lock_out_nobod
 }
 
 /// A connection that opens a stream in time is kept past the deadline (it is not a timeout
-/// of every connection); one used for health checks alone is not: health is answered to
-/// anyone, so a check must not let a connection keep its place for ever.
+/// of every connection); one used for health checks or reflection alone is not: health is
+/// answered to anyone and reflection to any valid credential, so neither must let a connection
+/// keep its place for ever.
 #[tokio::test]
 async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
     let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "1s"]).await?;
@@ -156,9 +157,24 @@ async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
     body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
     let answer = answer.await?;
     ensure!(answer.status() == 200, "the health check: {}", answer.status());
+    // Another that opens a reflection stream, which any valid credential may, permissions or not.
+    let (mut h2r, reflecting) = idle_h2("127.0.0.3", to).await?;
+    let reflect = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())?;
+    let (answer, _open) = h2r.send_request(reflect, false)?;
+    let answer = answer.await?;
+    ensure!(answer.status() == 200, "the reflection stream: {}", answer.status());
     // Past the deadline, and then some, the first connection still answers; the health-only
-    // one is closed.
+    // and reflection-only ones are closed.
     tokio::time::timeout(Duration::from_secs(3), task).await.context("a health-only connection was kept")??;
+    tokio::time::timeout(Duration::from_secs(1), reflecting)
+        .await
+        .context("a reflection-only connection was kept")??;
     tokio::time::timeout(Duration::from_secs(1), admin.list_consumers(pb::ListConsumersRequest {}))
         .await
         .context("no answer")??;
