@@ -127,29 +127,37 @@ struct Shared {
 }
 
 /// Connections not shown used yet, by their peer's address (unique on one listener), and in
-/// the order they were accepted.
+/// the order they were accepted, each kind apart.
 #[derive(Debug, Default)]
 struct Waiting {
-    by_addr: HashMap<SocketAddr, (u64, Arc<Slot>)>,
-    by_age: std::collections::BTreeMap<u64, SocketAddr>,
+    by_addr: HashMap<SocketAddr, (u64, Kind, Arc<Slot>)>,
+    general: std::collections::BTreeMap<u64, SocketAddr>,
+    health_only: std::collections::BTreeMap<u64, SocketAddr>,
     next: u64,
 }
 
 impl Waiting {
-    fn insert(&mut self, addr: SocketAddr, slot: Arc<Slot>) {
+    fn by_age(&mut self, kind: Kind) -> &mut std::collections::BTreeMap<u64, SocketAddr> {
+        match kind {
+            Kind::General => &mut self.general,
+            Kind::HealthOnly => &mut self.health_only,
+        }
+    }
+
+    fn insert(&mut self, addr: SocketAddr, kind: Kind, slot: Arc<Slot>) {
         let seq = self.next;
         self.next += 1;
-        if let Some((old, _)) = self.by_addr.insert(addr, (seq, slot)) {
-            self.by_age.remove(&old);
+        if let Some((old, old_kind, _)) = self.by_addr.insert(addr, (seq, kind, slot)) {
+            self.by_age(old_kind).remove(&old);
         }
-        self.by_age.insert(seq, addr);
+        self.by_age(kind).insert(seq, addr);
     }
 
     /// Removes `addr`'s entry if it is `slot`'s (or any, without `slot`).
     fn remove(&mut self, addr: &SocketAddr, slot: Option<&Arc<Slot>>) {
-        let ours = self.by_addr.get(addr).is_some_and(|(_, s)| slot.is_none_or(|slot| Arc::ptr_eq(s, slot)));
-        if ours && let Some((seq, _)) = self.by_addr.remove(addr) {
-            self.by_age.remove(&seq);
+        let ours = self.by_addr.get(addr).is_some_and(|(_, _, s)| slot.is_none_or(|slot| Arc::ptr_eq(s, slot)));
+        if ours && let Some((seq, kind, _)) = self.by_addr.remove(addr) {
+            self.by_age(kind).remove(&seq);
         }
     }
 
@@ -157,10 +165,10 @@ impl Waiting {
         self.by_addr.contains_key(addr)
     }
 
-    /// The oldest, taken out.
-    fn pop_oldest(&mut self) -> Option<(SocketAddr, Arc<Slot>)> {
-        let (_, addr) = self.by_age.pop_first()?;
-        self.by_addr.remove(&addr).map(|(_, slot)| (addr, slot))
+    /// The oldest of `kind`, taken out.
+    fn pop_oldest(&mut self, kind: Kind) -> Option<(SocketAddr, Arc<Slot>)> {
+        let (_, addr) = self.by_age(kind).pop_first()?;
+        self.by_addr.remove(&addr).map(|(_, _, slot)| (addr, slot))
     }
 }
 
@@ -226,45 +234,56 @@ impl ConnectionLimit {
             return None;
         }
         let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        let (permit, kind) = match self.shared.general.clone().try_acquire_owned() {
-            Ok(p) => (p, Kind::General),
-            Err(_) => match self.shared.reserve.clone().try_acquire_owned() {
-                Ok(p) => (p, Kind::HealthOnly),
-                Err(_) => match self.evict(&mut waiting) {
-                    Some(taken) => taken,
-                    None => {
-                        metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
-                        tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
-                        return None;
-                    }
-                },
-            },
+        // A general place, free or taken back from an idle connection; only when every general
+        // connection is in use, a health place, free or taken back: a client is not given a
+        // health place while an idle connection holds a general one.
+        let general = match self.shared.general.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => Self::evict(&mut waiting, Kind::General),
+        };
+        let taken = match general {
+            Some(p) => Some((p, Kind::General)),
+            None => match self.shared.reserve.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => Self::evict(&mut waiting, Kind::HealthOnly),
+            }
+            .map(|p| (p, Kind::HealthOnly)),
+        };
+        let Some((permit, kind)) = taken else {
+            metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
+            tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
+            return None;
         };
         counts.insert(peer, held + 1);
         drop(counts);
         let slot = Arc::new(Slot { permit: Mutex::new(Some(permit)), evicted: CancellationToken::new() });
-        waiting.insert(addr, slot.clone());
+        waiting.insert(addr, kind, slot.clone());
         Some(Place { slot, kind, peer, addr, shared: self.shared.clone() })
     }
 
-    /// The place of the connection that has waited longest without being used, taken from it
-    /// (it is closed), with the kind it had.
-    fn evict(&self, waiting: &mut Waiting) -> Option<(OwnedSemaphorePermit, Kind)> {
-        while let Some((addr, slot)) = waiting.pop_oldest() {
+    /// The place of the connection of `kind` that has waited longest without being used,
+    /// taken from it (it is closed).
+    fn evict(waiting: &mut Waiting, kind: Kind) -> Option<OwnedSemaphorePermit> {
+        while let Some((addr, slot)) = waiting.pop_oldest(kind) {
             let taken = slot.permit.lock().unwrap_or_else(|p| p.into_inner()).take();
             slot.evicted.cancel();
             if let Some(permit) = taken {
-                let kind = if Arc::ptr_eq(permit.semaphore(), &self.shared.reserve) {
-                    Kind::HealthOnly
-                } else {
-                    Kind::General
-                };
                 metrics::counter!(CONNECTIONS_CLOSED, "reason" => "evicted").increment(1);
                 tracing::debug!(peer = %addr, "connection closed: its place went to a new connection (it had not been used)");
-                return Some((permit, kind));
+                return Some(permit);
             }
         }
         None
+    }
+
+    /// Closes the connection from `addr` if it has not been used (a health-only connection
+    /// asked for something else): its client connects again, for a place that serves it.
+    pub fn close_unused(&self, addr: SocketAddr) {
+        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, slot)) = waiting.by_addr.get(&addr) {
+            slot.evicted.cancel();
+            waiting.remove(&addr, None);
+        }
     }
 
     /// The connection from `addr` is used (it opened a stream; on the console, made a
@@ -614,8 +633,8 @@ pub struct StreamOpenedLayer {
 
 /// The gRPC health service's methods.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
-/// Server reflection's services (`v1` and `v1alpha`).
-const REFLECTION_PATH: &str = "/grpc.reflection.";
+/// outboxd's own services (`Outbox`, `OutboxAdmin`): what a connection is used for.
+const OWN_SERVICES: &str = "/outbox.v1.";
 
 impl<S> tower::Layer<S> for StreamOpenedLayer {
     type Service = StreamOpened<S>;
@@ -644,18 +663,78 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
-        // Health is answered to anyone, and reflection to any valid credential, permissions or
-        // not: neither lifts the deadline or keeps the place when the listener is full, or one
-        // check would let a connection that answers PINGs keep its place (a health place too)
-        // for ever. A connection used for them alone is closed at the deadline, and its client
+        // Only outboxd's own services count, which authentication has let through for a caller
+        // holding a permission of the method's kind. Health is answered to anyone, reflection
+        // to any valid credential, an unknown path (answered UNIMPLEMENTED) to anyone: none of
+        // them lifts the deadline or keeps the place when the listener is full, or one request
+        // would let a connection that answers PINGs keep its place (a health place too) for
+        // ever. A connection used for them alone is closed at the deadline, and its client
         // connects again for its next check.
-        if req.uri().path().starts_with(HEALTH_PATH) || req.uri().path().starts_with(REFLECTION_PATH) {
+        if !req.uri().path().starts_with(OWN_SERVICES) {
             return self.inner.call(req);
         }
         if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
             self.limit.opened(addr);
         }
         self.inner.call(req)
+    }
+}
+
+/// In front of a server of health checks only (the places kept for health, `--health-listen`):
+/// anything else is answered UNAVAILABLE and its connection closed, so that a client that was
+/// given such a place (every general one in use) connects again for a place that serves it,
+/// instead of keeping a connection that answers its calls UNIMPLEMENTED. Nothing on such a
+/// connection counts as use: it keeps its first-stream deadline and can be taken back.
+#[derive(Debug, Clone)]
+pub struct HealthOnlyLayer {
+    limit: ConnectionLimit,
+}
+
+impl ConnectionLimit {
+    /// The layer for this listener's health-only server.
+    pub fn health_only_layer(&self) -> HealthOnlyLayer {
+        HealthOnlyLayer { limit: self.clone() }
+    }
+}
+
+impl<S> tower::Layer<S> for HealthOnlyLayer {
+    type Service = HealthOnly<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HealthOnly { inner, limit: self.limit.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthOnly<S> {
+    inner: S,
+    limit: ConnectionLimit,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for HealthOnly<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures::future::Either<S::Future, std::future::Ready<Result<Self::Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path().starts_with(HEALTH_PATH) {
+            return futures::future::Either::Left(self.inner.call(req));
+        }
+        if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
+            self.limit.close_unused(addr);
+        }
+        let status = tonic::Status::unavailable(
+            "this connection was given a place for health checks only (every other place is in use): connect again",
+        );
+        futures::future::Either::Right(std::future::ready(Ok(status.into_http())))
     }
 }
 

@@ -408,3 +408,83 @@ async fn idle_connections_from_many_addresses_give_their_places_to_clients_that_
     drop(rest);
     Ok(())
 }
+
+/// A raw request to `path` on `h2c`: its grpc-status (from the trailers, or from the headers
+/// of a trailers-only answer), or `None` when the connection went before an answer.
+async fn raw_status(h2c: &mut h2::client::SendRequest<bytes::Bytes>, to: SocketAddr, path: &str) -> Option<String> {
+    let call = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())
+        .ok()?;
+    let mut ready = h2c.clone().ready().await.ok()?;
+    let (answer, mut body) = ready.send_request(call, false).ok()?;
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true).ok()?;
+    let answer = answer.await.ok()?;
+    if let Some(s) = answer.headers().get("grpc-status") {
+        return s.to_str().ok().map(str::to_owned);
+    }
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        let _ = chunk.ok()?;
+    }
+    body.trailers().await.ok()??.get("grpc-status")?.to_str().ok().map(str::to_owned)
+}
+
+/// The review of ADR 0079: on a connection served health only (`--health-listen`, or a place
+/// kept for health when every general connection is in use), a request for anything else
+/// neither keeps the connection (it would hold the place for ever) nor leaves a client with a
+/// connection that answers its calls UNIMPLEMENTED: it is answered UNAVAILABLE, or the
+/// connection closed, and the connection goes, so that the client connects again.
+#[tokio::test]
+async fn other_requests_do_not_keep_a_health_only_connection() -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let health_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let (_store, _scratch, srv) = serve(&[
+        "--health-listen",
+        &health_addr.to_string(),
+        "--max-client-connections",
+        "2",
+        "--http2-first-stream-timeout",
+        "5m",
+    ])
+    .await?;
+    let endpoint = format!("http://{health_addr}");
+    outbox_tests::eventually("the health listener answers", crate::WAIT, || async {
+        Ok(health_check(&endpoint).await.ok())
+    })
+    .await?;
+    // --health-listen: an unknown path and an admin call.
+    for path in ["/x/y", "/outbox.v1.OutboxAdmin/GetStats"] {
+        let (mut h2c, task) = idle_h2("127.0.0.2", health_addr).await?;
+        let status = raw_status(&mut h2c, health_addr, path).await;
+        ensure!(status.as_deref().is_none_or(|s| s == "14"), "{path} on --health-listen: grpc-status {status:?}");
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .with_context(|| format!("{path} kept its connection"))??;
+    }
+    // The main port with its two general places in use: a third client gets a place kept for
+    // health, and its call is answered UNAVAILABLE and its connection closed.
+    let to: SocketAddr = srv.endpoint.trim_start_matches("http://").parse()?;
+    let mut used = Vec::new();
+    for a in ["127.0.0.5", "127.0.0.6"] {
+        let (mut h2c, task) = idle_h2(a, to).await?;
+        raw_get_stats(&mut h2c, to).await?;
+        used.push((h2c, task));
+    }
+    let (mut third, task) = idle_h2("127.0.0.7", to).await?;
+    let status = raw_status(&mut third, to, "/outbox.v1.OutboxAdmin/GetStats").await;
+    ensure!(status.as_deref().is_none_or(|s| s == "14"), "a call on a health place: grpc-status {status:?}");
+    tokio::time::timeout(Duration::from_secs(2), task).await.context("the health place kept its connection")??;
+    health_check(&srv.endpoint).await?;
+    // A general place free again: the client's next connection is served.
+    drop(used.pop());
+    outbox_tests::eventually("a call once a general place is free", crate::WAIT, || async {
+        Ok(authenticated_call(&srv.endpoint).await.ok())
+    })
+    .await?;
+    Ok(())
+}
