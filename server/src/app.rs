@@ -12,7 +12,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::clock::SharedClock;
-use crate::config::{ConfigError, ServeConfig};
+use crate::config::ServeConfig;
 use crate::delivery::session::SessionContext;
 use crate::grpc::admin::AdminService;
 use crate::grpc::auth::{AuthLayer, Authenticator};
@@ -25,32 +25,9 @@ use crate::maintenance::replay::Replayer;
 use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
 use crate::sinks::supervisor::SinkSupervisor;
-use crate::store::{self, SharedStore, StoreError, WorkHint};
+use crate::startup::{Listener, Place, Stage, StartupError};
+use crate::store::{self, SharedStore, WorkHint};
 use crate::tls::TlsState;
-
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error("database: {0}")]
-    Store(#[from] StoreError),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
-    #[error("gRPC reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    #[error("gRPC server: {0}")]
-    Serve(#[from] tonic::transport::Error),
-    #[error("metrics on {addr}: {source}")]
-    Metrics { addr: SocketAddr, source: metrics_exporter_prometheus::BuildError },
-    #[error("TLS: {0}")]
-    Tls(#[from] crate::tls::TlsError),
-    #[error("auth file: {0}")]
-    Auth(String),
-    #[error(transparent)]
-    SinkKey(#[from] crate::sinks::sealed::SealError),
-    #[error("console: {0}")]
-    Console(String),
-}
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
 #[derive(Debug)]
@@ -119,11 +96,11 @@ async fn serve_health_only<T, I, IO>(
 impl App {
     /// Connects (creating the database if needed), migrates unless told not to, binds the
     /// listener (port 0 picks a free one) and starts serving and the background loops.
-    pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, AppError> {
+    pub async fn build(config: ServeConfig, clock: SharedClock) -> Result<Self, StartupError> {
         config.validate()?;
         // Credentials and certificates load before anything else: a typo stops start-up here.
         let auth = match &config.security.auth_file {
-            Some(path) => Authenticator::from_file(path).map_err(AppError::Auth)?,
+            Some(path) => Authenticator::from_file(path)?,
             None => Authenticator::open(),
         };
         let tls = config.security.tls.clone().map(TlsState::load).transpose()?;
@@ -136,17 +113,22 @@ impl App {
         if auth.enabled() && tls.is_none() && !crate::listen::is_loopback(config.listen.ip()) {
             tracing::warn!(listen = %config.listen, "bearer tokens travel in clear text: give --tls-cert and --tls-key unless a proxy in front terminates TLS");
         }
-        let store = store::connect(&config.database_url, config.max_connections).await?;
+        let database = |stage| {
+            let url = config.database_url.clone();
+            move |source| StartupError::Database { url, stage, source }
+        };
+        let store =
+            store::connect(&config.database_url, config.max_connections).await.map_err(database(Stage::Open))?;
         if config.migrate {
-            store.migrate().await?;
+            store.migrate().await.map_err(database(Stage::Migrate))?;
         }
         // The payload limit holds for producers that write through SQL too.
         if let Err(e) = store.settings_write(config.max_payload_bytes).await {
             tracing::warn!(error = %e, "cannot write the payload limit for SQL producers (run the migrations)");
         }
-        let listener =
-            TcpListener::bind(config.listen).await.map_err(|source| AppError::Bind { addr: config.listen, source })?;
-        let local_addr = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
+        let bind_error = |listener, addr| move |source| StartupError::Bind { listener, addr, source };
+        let listener = TcpListener::bind(config.listen).await.map_err(bind_error(Listener::Grpc, config.listen))?;
+        let local_addr = listener.local_addr().map_err(bind_error(Listener::Grpc, config.listen))?;
 
         let shutdown = CancellationToken::new();
         let loops = CancellationToken::new();
@@ -190,13 +172,15 @@ impl App {
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?
+            .build_v1()
+            .map_err(|e| StartupError::Other(format!("cannot set up gRPC reflection ({e})")))?
             .max_decoding_message_size(REFLECTION_MAX_DECODE);
         // Tools that speak only the older protocol (grpcurl before 1.8.7, some IDEs).
         let reflection_v1alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()?
+            .build_v1alpha()
+            .map_err(|e| StartupError::Other(format!("cannot set up gRPC reflection ({e})")))?
             .max_decoding_message_size(REFLECTION_MAX_DECODE);
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, max_batch: config.max_batch };
         // A batch may carry many payloads; each one is still checked against the limit.
@@ -227,9 +211,9 @@ impl App {
                     addr,
                     sessions,
                 )
-                .map_err(|e| AppError::Console(format!("no randomness for the console's CSRF key: {e}")))?;
-                let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
-                Some((console, listener))
+                .map_err(|e| StartupError::Other(format!("no randomness for the console's CSRF key ({e})")))?;
+                let listener = TcpListener::bind(addr).await.map_err(bind_error(Listener::Console, addr))?;
+                Some((console, listener, addr))
             }
             None => None,
         };
@@ -304,8 +288,8 @@ impl App {
             // Health only, in plaintext, for probes that cannot speak TLS: it shows only whether
             // outboxd serves, which the main port tells anyone anyway. Up until the very end, so
             // that probes see NOT_SERVING while streams drain.
-            let listener = TcpListener::bind(addr).await.map_err(|source| AppError::Bind { addr, source })?;
-            let bound = listener.local_addr().map_err(|source| AppError::Bind { addr, source })?;
+            let listener = TcpListener::bind(addr).await.map_err(bind_error(Listener::Health, addr))?;
+            let bound = listener.local_addr().map_err(bind_error(Listener::Health, addr))?;
             let probes = ConnectionLimit::new(ListenerLimits {
                 max: config.limits.max_client_connections,
                 per_peer: config.limits.max_connections_per_peer,
@@ -318,8 +302,8 @@ impl App {
             tasks.spawn(serve_health_only(health_service, incoming, probes, body_timeout, loops.clone()));
             tracing::info!(addr = %bound, "gRPC health (plaintext) served");
         }
-        if let Some((console, listener)) = console {
-            let bound = listener.local_addr().map_err(|source| AppError::Bind { addr: config.listen, source })?;
+        if let Some((console, listener, console_addr)) = console {
+            let bound = listener.local_addr().map_err(bind_error(Listener::Console, console_addr))?;
             let limit = ConnectionLimit::new(ListenerLimits {
                 max: config.limits.max_client_connections.min(crate::console::MAX_CONNECTIONS),
                 per_peer: config.limits.max_connections_per_peer.min(crate::console::MAX_CONNECTIONS_PER_PEER),
@@ -337,7 +321,7 @@ impl App {
             tracing::info!(addr = %bound, "console served");
         }
         if let Some(addr) = config.metrics_listen {
-            crate::metrics::install(addr).map_err(|source| AppError::Metrics { addr, source })?;
+            crate::metrics::install(addr).map_err(|e| StartupError::metrics(addr, e))?;
             let collector = crate::maintenance::gauges::GaugeCollector {
                 store: store.clone(),
                 clock: clock.clone(),
@@ -387,7 +371,13 @@ impl App {
                 }
             });
         }
-        tracing::info!(%local_addr, "outboxd serving");
+        let (store_kind, location) = Place::of(&config.database_url).describe();
+        let sec = &config.security;
+        tracing::info!(
+            %local_addr, store = store_kind, %location, tls = sec.tls.is_some(),
+            mtls = sec.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), auth_file = ?sec.auth_file,
+            "outboxd serving"
+        );
         Ok(Self {
             local_addr,
             store,
@@ -410,9 +400,9 @@ impl App {
     }
 
     /// Resolves if the gRPC server stops on its own (an error), so `main` can exit.
-    pub async fn stopped(&mut self) -> Result<(), AppError> {
+    pub async fn stopped(&mut self) -> Result<(), tonic::transport::Error> {
         match (&mut self.server).await {
-            Ok(r) => r.map_err(AppError::from),
+            Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "gRPC server task failed");
                 Ok(())

@@ -95,7 +95,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
     /// Address for the gRPC API (port 0 picks a free port).
-    #[arg(long, env = "OUTBOXD_LISTEN", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = "OUTBOXD_LISTEN", default_value = "127.0.0.1:50051", value_parser = parse_addr)]
     pub listen: SocketAddr,
     /// Do not apply migrations at start-up (run `outboxd migrate` separately).
     #[arg(long)]
@@ -158,16 +158,16 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOXD_SINK_KEY_FILE", value_name = "PATH")]
     pub sink_key_file: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off when not given).
-    #[arg(long, env = "OUTBOXD_METRICS_LISTEN")]
+    #[arg(long, env = "OUTBOXD_METRICS_LISTEN", value_parser = parse_addr)]
     pub metrics_listen: Option<SocketAddr>,
     /// Also serve gRPC health checking, and nothing else, in plaintext on ADDR: for probes that
     /// cannot speak TLS, such as the kubelet's native gRPC probe (off when not given).
-    #[arg(long, env = "OUTBOXD_HEALTH_LISTEN")]
+    #[arg(long, env = "OUTBOXD_HEALTH_LISTEN", value_parser = parse_addr)]
     pub health_listen: Option<SocketAddr>,
     /// Serve the web console on ADDR (over TLS with --tls-cert, like the gRPC API): principals
     /// sign in with their tokens, or their client certificates. Off when not given; without
     /// authentication only on a loopback address, as the gRPC API.
-    #[arg(long, env = "OUTBOXD_CONSOLE_LISTEN")]
+    #[arg(long, env = "OUTBOXD_CONSOLE_LISTEN", value_parser = parse_addr)]
     pub console_listen: Option<SocketAddr>,
     /// Link a message's trace in the console to this URL, `{trace_id}` replaced by the trace id
     /// of its `traceparent` (`https://jaeger.example/trace/{trace_id}`).
@@ -402,6 +402,15 @@ pub(crate) fn parse_trace_url(s: &str) -> Result<String, String> {
     } else {
         Err(format!("{s:?}: give an http:// or https:// URL with {{trace_id}} in it"))
     }
+}
+
+/// A listen address: an IP address and a port, said so when it is not one.
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        "not an IP address and port: give one such as 127.0.0.1:50051 or [::]:50051 (a host name such as \
+         localhost is not looked up; the port is 0 to 65535)"
+            .to_owned()
+    })
 }
 
 /// `--sink-allow`: a network in CIDR notation, or one address.

@@ -63,6 +63,8 @@
 //!   whose request places for signed-in principals are apart from everyone else's.
 //! - [`healthcheck`]: `outboxd healthcheck`, a gRPC health client for images without a shell.
 //! - [`config`]: command line and environment, validated before anything binds.
+//! - [`startup`]: why outboxd did not start, in one line: what failed, where, why, and what to
+//!   check; no backtrace, no cause said twice, no password (ADR 0080).
 //! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a
 //!   scheduler.
 //! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
@@ -85,6 +87,7 @@ pub mod once;
 pub mod relay;
 pub mod reload;
 pub mod sinks;
+pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -1,15 +1,16 @@
+use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use clap::Parser as _;
 use outbox_server::app::App;
 use outbox_server::clock::SystemClock;
 use outbox_server::config::{Cli, Command, RelayArgs, RelayOutput, ServeConfig};
+use outbox_server::startup::{Stage, StartupError, one_line};
 use outbox_server::{once, store, telemetry};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    let cli = parse_cli();
     if let Command::Healthcheck(args) = &cli.command {
         // No telemetry: a container runtime runs this every few seconds, and only the exit code
         // and one line matter.
@@ -17,27 +18,58 @@ async fn main() -> anyhow::Result<()> {
             Ok(()) => println!("SERVING"),
             Err(e) => {
                 eprintln!("{}", outbox_server::healthcheck::report(&e));
-                std::process::exit(1);
+                return ExitCode::FAILURE;
             }
         }
-        return Ok(());
+        return ExitCode::SUCCESS;
     }
-    let mut telemetry = telemetry::init(cli.log_format).context("setting up logs and traces")?;
+    // Every failure is one line on stderr, printed here: a configuration mistake is no bug, so
+    // it gets no backtrace (ADR 0080). Panics keep theirs.
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(line) => {
+            eprintln!("outboxd: {line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The command line; a mistake in it is one line too when clap says it in one (a value that
+/// does not parse), or clap's own usage text when it needs more (a missing argument).
+fn parse_cli() -> Cli {
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            let lines: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+                .collect();
+            match lines.as_slice() {
+                [line] => {
+                    eprintln!("outboxd: {}", line.strip_prefix("error: ").unwrap_or(line));
+                    std::process::exit(e.exit_code())
+                }
+                _ => e.exit(),
+            }
+        }
+    }
+}
+
+/// Runs the command; an error is the line to print.
+async fn run(cli: Cli) -> Result<(), String> {
+    let mut telemetry =
+        telemetry::init(cli.log_format).map_err(|e| format!("cannot set up logs and traces ({})", one_line(&e)))?;
     match cli.command {
         Command::Serve(args) => {
-            let config = ServeConfig::try_from(args)?;
-            let (store, location) = describe(&config.database_url);
-            let sec = &config.security;
-            tracing::info!(
-                store, location = %location, listen = %config.listen, tls = sec.tls.is_some(),
-                mtls = sec.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
-                auth_file = ?sec.auth_file, "starting outboxd on {store}"
-            );
-            let mut app = App::build(config, Arc::new(SystemClock)).await.context("starting outboxd")?;
+            let config = ServeConfig::try_from(args).map_err(|e| e.to_string())?;
+            let mut app = App::build(config, Arc::new(SystemClock)).await.map_err(|e| e.to_string())?;
             tokio::select! {
-                r = app.stopped() => { r.context("gRPC server stopped")?; }
+                r = app.stopped() => r.map_err(|e| format!("the gRPC server stopped ({})", one_line(&e)))?,
                 r = shutdown_signal() => {
-                    r.context("listening for signals")?;
+                    r.map_err(|e| format!("cannot listen for signals ({})", one_line(&e)))?;
                     tracing::info!("shutdown requested; draining streams");
                     app.shutdown().await;
                 }
@@ -45,8 +77,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Healthcheck(_) => {} // answered above, before telemetry
         Command::Migrate(args) => {
-            let store = store::connect(&args.database_url, 2).await.context("opening the database")?;
-            store.migrate().await.context("applying migrations")?;
+            let url = &args.database_url;
+            let failed = |stage| move |source| StartupError::Database { url: url.clone(), stage, source }.to_string();
+            let store = store::connect(url, 2).await.map_err(failed(Stage::Open))?;
+            store.migrate().await.map_err(failed(Stage::Migrate))?;
             tracing::info!("migrations applied");
         }
         Command::Relay(args) => {
@@ -65,22 +99,27 @@ async fn relay_once(args: &RelayArgs) -> i32 {
     let auth = match args.auth_file.as_deref().map(outbox_server::grpc::auth::Authenticator::from_file).transpose() {
         Ok(auth) => auth,
         Err(e) => {
-            eprintln!("outboxd relay --once: --auth-file: {e}");
+            eprintln!("outboxd relay --once: {}", StartupError::from(e));
             return 1;
         }
     };
     let key = match args.sink_key_file.as_deref().map(outbox_server::sinks::sealed::SinkKey::from_file).transpose() {
         Ok(key) => key,
         Err(e) => {
-            eprintln!("outboxd relay --once: {e}");
+            eprintln!("outboxd relay --once: {}", StartupError::from(e));
             return 1;
         }
     };
+    // What failed, when the database did not open or migrate; the pass's own errors say it.
+    let mut stage = Some(Stage::Open);
+    let url = &args.database.database_url;
     let result = async {
-        let store = store::connect(&args.database.database_url, 4).await?;
+        let store = store::connect(url, 4).await?;
         if !args.no_migrate {
+            stage = Some(Stage::Migrate);
             store.migrate().await?;
         }
+        stage = None;
         let destinations = outbox_server::sinks::destination::Destinations {
             allow_private: args.sink_allow_private,
             allowed: args.sink_allow.clone().into(),
@@ -91,6 +130,10 @@ async fn relay_once(args: &RelayArgs) -> i32 {
         report
     }
     .await;
+    let error_line = |e: &store::StoreError| match stage {
+        Some(stage) => outbox_server::startup::database(url, stage, e),
+        None => e.to_string(),
+    };
     let code = once::exit_code(&result);
     match (&result, args.output) {
         (Ok(report), RelayOutput::Json) => {
@@ -99,9 +142,9 @@ async fn relay_once(args: &RelayArgs) -> i32 {
         (Ok(report), RelayOutput::Text) => println!("{}", report.text()),
         (Err(e), RelayOutput::Json) => {
             let kind = if e.is_unreachable() { "database_unreachable" } else { "error" };
-            println!("{}", serde_json::json!({ "error": e.to_string(), "kind": kind }));
+            println!("{}", serde_json::json!({ "error": error_line(e), "kind": kind }));
         }
-        (Err(e), RelayOutput::Text) => eprintln!("outboxd relay --once: {e}"),
+        (Err(e), RelayOutput::Text) => eprintln!("outboxd relay --once: {}", error_line(e)),
     }
     code
 }
@@ -111,16 +154,5 @@ async fn shutdown_signal() -> std::io::Result<()> {
     tokio::select! {
         r = tokio::signal::ctrl_c() => r,
         _ = term.recv() => Ok(()),
-    }
-}
-
-/// The store kind and where it is, for the first log line; no credentials.
-fn describe(url: &str) -> (&'static str, String) {
-    if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
-        ("sqlite", path.to_owned())
-    } else {
-        let rest = url.split_once("://").map_or(url, |(_, r)| r);
-        let host_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-        ("postgres", host_db.split('?').next().unwrap_or(host_db).to_owned())
     }
 }

@@ -36,55 +36,111 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
+/// One of the TLS files, as the flag that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFile {
+    Cert,
+    Key,
+    ClientCa,
+}
+
+impl TlsFile {
+    /// What the file is, in a sentence.
+    pub fn noun(self) -> &'static str {
+        match self {
+            TlsFile::Cert => "TLS certificate",
+            TlsFile::Key => "TLS private key",
+            TlsFile::ClientCa => "TLS client CA",
+        }
+    }
+
+    /// The flag and the environment variable that give it.
+    pub fn flag(self) -> (&'static str, &'static str) {
+        match self {
+            TlsFile::Cert => ("--tls-cert", "OUTBOXD_TLS_CERT"),
+            TlsFile::Key => ("--tls-key", "OUTBOXD_TLS_KEY"),
+            TlsFile::ClientCa => ("--tls-client-ca", "OUTBOXD_TLS_CLIENT_CA"),
+        }
+    }
+}
+
+/// TLS files that do not load: which file, and why.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct TlsError(pub String);
+pub enum TlsError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { file: TlsFile, path: PathBuf, source: io::Error },
+    #[error("{}: {cause}", path.display())]
+    Invalid { file: TlsFile, path: PathBuf, cause: String },
+    #[error("{} and {}: {cause}", cert.display(), key.display())]
+    Mismatch { cert: PathBuf, key: PathBuf, cause: String },
+    #[error("{0}")]
+    Other(String),
+}
 
 /// What was read, to notice a change.
 type Snapshot = Vec<Vec<u8>>;
 
 impl TlsFiles {
     fn read(&self) -> Result<Snapshot, TlsError> {
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| TlsError(format!("cannot read {}: {e}", p.display())));
-        let mut out = vec![read(&self.cert)?, read(&self.key)?];
+        let read = |file: TlsFile, path: &PathBuf| {
+            std::fs::read(path).map_err(|source| TlsError::Read { file, path: path.clone(), source })
+        };
+        let mut out = vec![read(TlsFile::Cert, &self.cert)?, read(TlsFile::Key, &self.key)?];
         if let Some(ca) = &self.client_ca {
-            out.push(read(ca)?);
+            out.push(read(TlsFile::ClientCa, ca)?);
         }
         Ok(out)
     }
 
     fn build(&self, files: &Snapshot) -> Result<Arc<ServerConfig>, TlsError> {
-        let err = |what: &PathBuf, e: &dyn std::fmt::Display| TlsError(format!("{}: {e}", what.display()));
+        let err = |file: TlsFile, path: &PathBuf, e: &dyn std::fmt::Display| TlsError::Invalid {
+            file,
+            path: path.clone(),
+            cause: e.to_string(),
+        };
         let chain = CertificateDer::pem_slice_iter(&files[0])
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err(&self.cert, &e))?;
+            .map_err(|e| err(TlsFile::Cert, &self.cert, &e))?;
         if chain.is_empty() {
-            return Err(err(&self.cert, &"no PEM certificate in the file"));
+            return Err(err(TlsFile::Cert, &self.cert, &"no PEM certificate in the file"));
         }
-        let key = PrivateKeyDer::from_pem_slice(&files[1]).map_err(|e| err(&self.key, &e))?;
+        let key = PrivateKeyDer::from_pem_slice(&files[1]).map_err(|e| match e {
+            rustls_pki_types::pem::Error::NoItemsFound => {
+                err(TlsFile::Key, &self.key, &"no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file")
+            }
+            e => err(TlsFile::Key, &self.key, &e),
+        })?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError(e.to_string()))?;
+            .map_err(|e| TlsError::Other(e.to_string()))?;
         let builder = match (&self.client_ca, files.get(2)) {
             (Some(path), Some(pem)) => {
                 let mut roots = rustls::RootCertStore::empty();
+                let ca = |e: &dyn std::fmt::Display| err(TlsFile::ClientCa, path, e);
                 for c in CertificateDer::pem_slice_iter(pem) {
-                    roots.add(c.map_err(|e| err(path, &e))?).map_err(|e| err(path, &e))?;
+                    roots.add(c.map_err(|e| ca(&e))?).map_err(|e| ca(&e))?;
                 }
                 if roots.is_empty() {
-                    return Err(err(path, &"no PEM certificate in the file"));
+                    return Err(ca(&"no PEM certificate in the file"));
                 }
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                     .build()
-                    .map_err(|e| err(path, &e))?;
+                    .map_err(|e| ca(&e))?;
                 builder.with_client_cert_verifier(verifier)
             }
             _ => builder.with_no_client_auth(),
         };
-        let mut config = builder
-            .with_single_cert(chain, key)
-            .map_err(|e| TlsError(format!("{} and {}: {e}", self.cert.display(), self.key.display())))?;
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| TlsError::Mismatch {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            cause: match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                    "the key is not the certificate's".to_owned()
+                }
+                e => e.to_string(),
+            },
+        })?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Arc::new(config))
     }

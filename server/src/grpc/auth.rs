@@ -299,7 +299,7 @@ impl AuthTable {
         let file: AuthFile = toml::from_str(text).map_err(|e| {
             let at = e.span().map(|s| {
                 let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
-                format!(" at line {line}")
+                format!(" on line {line}")
             });
             format!("the auth file is not valid TOML{}: {}", at.unwrap_or_default(), unquoted(e.message()))
         })?;
@@ -324,8 +324,12 @@ impl AuthTable {
                 .collect::<Result<Vec<_>, _>>()?;
             let principal = Arc::new(Principal { name: p.name, permissions });
             for (j, t) in p.tokens.iter().enumerate() {
-                let hash = parse_token_hash(t)
-                    .ok_or_else(|| format!("{at}: tokens[{j}] is not \"sha256:\" and 64 lowercase hex digits"))?;
+                let hash = parse_token_hash(t).ok_or_else(|| {
+                    format!(
+                        "{at}: tokens[{j}] is not \"sha256:\" and 64 lowercase hex digits (`outboxctl auth \
+                             new-token` prints a token and the line for it)"
+                    )
+                })?;
                 match table.by_token.entry(hash) {
                     Entry::Occupied(o) => {
                         return Err(format!("{at}: tokens[{j}] is also a token of {:?}", o.get().name));
@@ -614,6 +618,16 @@ pub fn authorize<T>(request: &tonic::Request<T>, need: Need<'_>) -> Result<Calle
     Ok(c)
 }
 
+/// An auth file that does not load at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// What is wrong and where in the file, never its text.
+    #[error("{}: {cause}", path.display())]
+    Invalid { path: PathBuf, cause: String },
+}
+
 /// The principals in force, re-read from `--auth-file` when it changes (or on SIGHUP). With no
 /// file, every caller is unrestricted.
 #[derive(Debug, Clone)]
@@ -645,9 +659,10 @@ impl Authenticator {
     }
 
     /// Loads `path`; an unreadable or invalid file is an error here (at start-up).
-    pub fn from_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let table = AuthTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<Self, AuthFileError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| AuthFileError::Read { path: path.to_owned(), source })?;
+        let table = AuthTable::parse(&text).map_err(|cause| AuthFileError::Invalid { path: path.to_owned(), cause })?;
         tracing::info!(path = %path.display(), principals = table.principals, "auth file loaded");
         Ok(Self {
             inner: Arc::new(Inner {

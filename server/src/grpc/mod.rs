@@ -35,6 +35,10 @@ pub fn store_status(e: StoreError) -> Status {
             Status::resource_exhausted(e.to_string())
         }
         StoreError::InvalidValue(msg) => Status::invalid_argument(msg),
+        StoreError::ConnectTimeout(_) => {
+            tracing::warn!(error = %e, "database unavailable");
+            Status::unavailable("the database is unavailable; retry")
+        }
         StoreError::Database(ref inner) if is_unavailable(inner) => {
             tracing::warn!(error = %e, "database unavailable");
             Status::unavailable("the database is unavailable; retry")

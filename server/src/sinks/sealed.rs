@@ -6,7 +6,7 @@
 //! repeated `CreateConsumer` is still recognised as the same definition; what is revealed is
 //! equality (across sinks too) and each value's length, never a byte of it (docs/security.md
 //! says so). Whoever reads `outbox.consumers` without the key sees no secret.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aes_siv::KeyInit as _;
 use aes_siv::siv::Aes256Siv;
@@ -29,8 +29,11 @@ impl std::fmt::Debug for SinkKey {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
-    #[error("--sink-key-file: {0}")]
-    Key(String),
+    #[error("--sink-key-file: cannot read {}: {source}", path.display())]
+    KeyRead { path: PathBuf, source: std::io::Error },
+    /// The file's text is no key; the error never shows it.
+    #[error("--sink-key-file: {} {cause} (make one with `openssl rand -base64 64`)", path.display())]
+    KeyInvalid { path: PathBuf, cause: String },
     #[error(
         "its {0} is sealed and this outboxd has no --sink-key-file (or another key): give it the key it was created with"
     )]
@@ -41,19 +44,15 @@ impl SinkKey {
     /// Reads a key file: base64 of 64 random bytes (`openssl rand -base64 64`), whitespace
     /// ignored. The error never shows the file's text.
     pub fn from_file(path: &Path) -> Result<Self, SealError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| SealError::Key(format!("cannot read {}: {}", path.display(), e.kind())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SealError::KeyRead { path: path.to_owned(), source })?;
+        let invalid = |cause: String| SealError::KeyInvalid { path: path.to_owned(), cause };
         let compact: String = text.split_whitespace().collect();
-        let bytes = base64::engine::general_purpose::STANDARD.decode(compact).map_err(|_| {
-            SealError::Key(format!("{} is not base64 (make one with `openssl rand -base64 64`)", path.display()))
-        })?;
-        let key: [u8; 64] = bytes.try_into().map_err(|b: Vec<u8>| {
-            SealError::Key(format!(
-                "{} holds {} bytes; the key is 64 (`openssl rand -base64 64`)",
-                path.display(),
-                b.len()
-            ))
-        })?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(compact)
+            .map_err(|_| invalid("is not base64".to_owned()))?;
+        let key: [u8; 64] =
+            bytes.try_into().map_err(|b: Vec<u8>| invalid(format!("holds {} bytes; the key is 64", b.len())))?;
         Ok(Self { key })
     }
 

@@ -128,6 +128,10 @@ pub enum StoreError {
     Locked(String),
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
+    /// The database did not answer a new connection in time (start-up only: pools time out
+    /// with `PoolTimedOut`).
+    #[error("no answer from the database within {}", humantime::format_duration(*.0))]
+    ConnectTimeout(std::time::Duration),
 }
 
 impl From<crate::domain::UnknownValue> for StoreError {
@@ -160,6 +164,7 @@ impl StoreError {
     /// statement that failed.
     pub fn is_unreachable(&self) -> bool {
         match self {
+            StoreError::ConnectTimeout(_) => true,
             StoreError::Database(e) | StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => match e {
                 sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
                 // connection_exception (08xxx), cannot_connect_now (57P03), admin shutdown.

@@ -24,6 +24,7 @@ mod python;
 mod security;
 mod sink_targets;
 mod sinks;
+mod startup;
 
 use std::time::Duration;
 

@@ -54,6 +54,15 @@ pub struct Channels {
     pub enqueued: String,
 }
 
+/// How long opening the database at start-up waits for an answer, as the pools' acquire timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `f`, a connection of its own with no timeout, given [`CONNECT_TIMEOUT`]: a host that takes
+/// the connection and never answers (or drops the packets) would hold start-up for ever.
+async fn answered<T>(f: impl Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(CONNECT_TIMEOUT, f).await.map_err(|_| StoreError::ConnectTimeout(CONNECT_TIMEOUT))
+}
+
 /// How long a relay pass's transaction may sit idle between its statements before PostgreSQL
 /// ends it (and with it the relays' turn it holds). A pass's statements follow each other
 /// within milliseconds.
@@ -370,10 +379,10 @@ impl PgStore {
     /// as [`conninfo::prepare`] left them.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let url = &*conninfo::prepare(url)?;
-        if !Postgres::database_exists(url).await? {
+        if !answered(Postgres::database_exists(url)).await?? {
             // Another replica may create it at the same moment; only a still-missing database is an error.
-            if let Err(e) = Postgres::create_database(url).await
-                && !Postgres::database_exists(url).await?
+            if let Err(e) = answered(Postgres::create_database(url)).await?
+                && !answered(Postgres::database_exists(url)).await??
             {
                 return Err(e.into());
             }
