@@ -510,7 +510,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let unreachable = |e: outbox_client::ClientError| Failure {
         code: 5,
         message: format!(
-            "cannot reach outboxd at {server}: {} (give its address with --server or OUTBOXD_SERVER)",
+            "cannot reach outboxd at {server} ({}): is it running? check --server or OUTBOXD_SERVER",
             root_cause(&e)
         ),
     };
@@ -620,7 +620,8 @@ fn deliveries(n: i64) -> String {
     if n == 1 { "1 delivery".to_owned() } else { format!("{n} deliveries") }
 }
 
-/// The innermost cause of an error, once (transport errors repeat their own text in layers).
+/// The innermost cause of an error, once (transport errors repeat their own text in layers),
+/// as a cause in a sentence: `connection refused`, without the `(os error 111)`.
 fn root_cause(e: &dyn std::error::Error) -> String {
     let mut last = e.to_string();
     let mut source = e.source();
@@ -628,7 +629,18 @@ fn root_cause(e: &dyn std::error::Error) -> String {
         last = s.to_string();
         source = s.source();
     }
-    last
+    if let Some(i) = last.rfind(" (os error ")
+        && last.ends_with(')')
+    {
+        last.truncate(i);
+    }
+    let mut chars = last.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(last[first.len_utf8()..].chars()).collect()
+        }
+        _ => last,
+    }
 }
 
 /// `outboxctl publish`: one Enqueue.

@@ -10,7 +10,7 @@ use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::limits::QuotaKey;
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::{Origin, ReplayPlan, ReplayProgress, Replayer};
-use crate::store::ReplayFilter;
+use crate::store::{ReplayFilter, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct AdminService {
@@ -27,7 +27,7 @@ impl AdminService {
     /// Refuses `caller` the deletion of consumer `n` unless [`Caller::check_consumer`] allows
     /// it (NOT_FOUND for a consumer that does not exist).
     async fn may_delete(&self, caller: &Caller, n: &ConsumerName) -> Result<(), Status> {
-        let c = self.ctx.store.consumer_get(n).await.map_err(store_status)?;
+        let c = self.ctx.store.consumer_get(n).await.map_err(delete_status)?;
         caller.check_consumer(ConsumerChange::Delete(&c))
     }
 
@@ -35,6 +35,14 @@ impl AdminService {
         let mut c = c.clone();
         c.spec.sink = c.spec.sink.map(|s| crate::sinks::sealed::shown(self.sink_key.as_deref(), &s));
         pb_consumer(&c)
+    }
+}
+
+/// [`store_status`], but a consumer to delete that does not exist needs no advice on creating it.
+fn delete_status(e: StoreError) -> Status {
+    match e {
+        StoreError::ConsumerNotFound(_) => Status::not_found(e.to_string()),
+        e => store_status(e),
     }
 }
 
@@ -284,7 +292,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
             self.may_delete(&audit.caller, &n).await?;
-            self.ctx.store.consumer_delete(&n).await.map_err(store_status)?;
+            self.ctx.store.consumer_delete(&n).await.map_err(delete_status)?;
             self.ctx.hub.notify_consumer(n.as_str());
             self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::DeleteConsumerResponse {}))

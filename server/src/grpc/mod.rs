@@ -27,7 +27,8 @@ pub fn invalid(e: InvalidField) -> Status {
 /// Store errors as statuses. Internal failures are logged here and reported without details.
 pub fn store_status(e: StoreError) -> Status {
     match e {
-        StoreError::ConsumerNotFound(_) | StoreError::MessageNotFound(_) => Status::not_found(e.to_string()),
+        StoreError::ConsumerNotFound(name) => consumer_not_found(&name),
+        StoreError::MessageNotFound(_) => Status::not_found(e.to_string()),
         StoreError::ConsumerConflict { .. } | StoreError::MessageConflict(_) => Status::already_exists(e.to_string()),
         StoreError::BeyondRetention(_) => Status::failed_precondition(e.to_string()),
         StoreError::ConsumerLimit { .. } => {
@@ -48,6 +49,14 @@ pub fn store_status(e: StoreError) -> Status {
             Status::internal("internal error; see the outboxd log")
         }
     }
+}
+
+/// `NOT_FOUND` for a consumer that does not exist, saying how to create one.
+pub fn consumer_not_found(name: &str) -> Status {
+    Status::not_found(format!(
+        "consumer {name:?} not found: create it first (`outboxctl consumers create {name} --topic TOPIC`, or the \
+         CreateConsumer RPC)"
+    ))
 }
 
 /// Failures a retry can cure: connection loss, an exhausted pool, a PostgreSQL shutdown,

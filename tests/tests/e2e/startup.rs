@@ -1,13 +1,14 @@
 //! Start-up failures: outboxd started with each bad setting exits non-zero within a bound and
 //! says, in one line on stderr, what failed, where (host and port, file, flag) and what to check:
 //! with `RUST_BACKTRACE=1` and the default log level, no backtrace, no PostgreSQL source position
-//! (`at line 768`), no cause said twice, no password.
+//! (`at line 768`), no cause said twice, no password. outboxctl too: an outboxd that is not
+//! there, and a consumer that does not exist (which says how to create it, over gRPC as well).
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use outbox_tests::pki::Pki;
-use outbox_tests::{Backend, TestStore};
+use outbox_tests::{Backend, FAST, Outboxd, RawStream, TestStore};
 
 use crate::security::{Scratch, s};
 
@@ -253,5 +254,29 @@ async fn a_sink_key_that_does_not_load_is_named_with_its_flag() -> Result<()> {
             .await?;
         names(&line, &[why, s(file), "--sink-key-file"])?;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn outboxctl_names_an_outboxd_that_is_not_there_and_says_how_to_create_a_missing_consumer() -> Result<()> {
+    let ctl = outbox_tests::outboxd_path().with_file_name("outboxctl-e2e");
+    let gone = format!("http://127.0.0.1:{}", free_port()?);
+    let (line, code) = one_line_failure(&ctl, &["--server", &gone, "stats"]).await?;
+    names(&line, &["outboxctl: cannot reach outboxd at", &gone, "connection refused", "--server"])?;
+    ensure!(code == 5, "exit code {code}");
+
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let srv = Outboxd::start(store.url(), FAST).await?;
+    let create = "outboxctl consumers create nosuch --topic";
+    for args in [&["consume", "nosuch", "--max", "1"][..], &["stats", "--consumer", "nosuch"][..]] {
+        let all: Vec<&str> = ["--server", srv.endpoint.as_str()].into_iter().chain(args.iter().copied()).collect();
+        let (line, code) = one_line_failure(&ctl, &all).await?;
+        names(&line, &["\"nosuch\" not found", create])?;
+        ensure!(code == 3, "{args:?}: exit code {code}");
+    }
+    // The same over gRPC, with its status code.
+    let status = RawStream::open(&srv.endpoint, "nosuch", 1).await.err().context("Subscribe to no consumer opened")?;
+    ensure!(status.code() == tonic::Code::NotFound, "{status:?}");
+    names(status.message(), &[create])?;
     Ok(())
 }
