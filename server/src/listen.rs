@@ -44,6 +44,9 @@ const FRAME_SETTINGS: u8 = 4;
 const FRAME_HEADERS: u8 = 1;
 const FRAME_GOAWAY: u8 = 7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+const NO_ERROR: u32 = 0;
+/// How long a retired connection (one sent a GOAWAY) is kept for its client to close it.
+pub const RETIRE_GRACE: Duration = Duration::from_secs(2);
 const FLAG_ACK: u8 = 1;
 
 /// 127.0.0.0/8 and ::1, also written as an IPv4-mapped IPv6 address: where outboxd serves
@@ -178,6 +181,8 @@ impl Waiting {
 struct Slot {
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     evicted: CancellationToken,
+    /// Asks the connection to tell its client, with a GOAWAY, to open no more streams on it.
+    retired: CancellationToken,
 }
 
 /// A connection's place: given back, with its peer's count, when dropped.
@@ -256,7 +261,11 @@ impl ConnectionLimit {
         };
         counts.insert(peer, held + 1);
         drop(counts);
-        let slot = Arc::new(Slot { permit: Mutex::new(Some(permit)), evicted: CancellationToken::new() });
+        let slot = Arc::new(Slot {
+            permit: Mutex::new(Some(permit)),
+            evicted: CancellationToken::new(),
+            retired: CancellationToken::new(),
+        });
         waiting.insert(addr, kind, slot.clone());
         Some(Place { slot, kind, peer, addr, shared: self.shared.clone() })
     }
@@ -276,13 +285,14 @@ impl ConnectionLimit {
         None
     }
 
-    /// Closes the connection from `addr` if it has not been used (a health-only connection
-    /// asked for something else): its client connects again, for a place that serves it.
-    pub fn close_unused(&self, addr: SocketAddr) {
-        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
+    /// Retires the connection from `addr` if it has not been used (a health-only connection
+    /// asked for something else): it sends its client a GOAWAY once the answers under way are
+    /// out, so that the client opens its next stream on a new connection, for a place that
+    /// serves it, and it is closed [`RETIRE_GRACE`] later if the client keeps it.
+    pub fn retire_unused(&self, addr: SocketAddr) {
+        let waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, _, slot)) = waiting.by_addr.get(&addr) {
-            slot.evicted.cancel();
-            waiting.remove(&addr, None);
+            slot.retired.cancel();
         }
     }
 
@@ -304,6 +314,8 @@ impl ConnectionLimit {
             first_stream: limits.first_stream_timeout.map(|d| Box::pin(tokio::time::sleep(d))),
             frames: limits.http2.then(FrameCounter::default),
             evicted: Box::pin(place.slot.evicted.clone().cancelled_owned()),
+            retired: Box::pin(place.slot.retired.clone().cancelled_owned()),
+            retiring: None,
             place,
         }
     }
@@ -460,7 +472,7 @@ impl FrameCounter {
     }
 
     /// GOAWAY with ENHANCE_YOUR_CALM, if it can go between two of h2's frames.
-    fn goaway(&self) -> Option<[u8; 17]> {
+    fn goaway(&self, error: u32) -> Option<[u8; 17]> {
         if !self.written.at_boundary() {
             return None;
         }
@@ -468,7 +480,7 @@ impl FrameCounter {
         f[2] = 8;
         f[3] = FRAME_GOAWAY;
         f[9..13].copy_from_slice(&self.last_stream.to_be_bytes());
-        f[13..17].copy_from_slice(&ENHANCE_YOUR_CALM.to_be_bytes());
+        f[13..17].copy_from_slice(&error.to_be_bytes());
         Some(f)
     }
 }
@@ -486,6 +498,10 @@ pub struct Guarded<S> {
     frames: Option<FrameCounter>,
     /// Ready when another connection has been given this one's place.
     evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// Ready when the connection is to be retired: a GOAWAY goes out, then `retiring` runs.
+    retired: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// Once the GOAWAY is out, how long the client has left to close the connection.
+    retiring: Option<Pin<Box<tokio::time::Sleep>>>,
     place: Place,
 }
 
@@ -499,6 +515,32 @@ impl<S> Guarded<S> {
     pub fn kind(&self) -> Kind {
         self.place.kind
     }
+}
+
+impl<S: AsyncWrite + Unpin> Guarded<S> {
+    /// A retired connection's GOAWAY, if it can go now: between two of h2's frames (the
+    /// answers under way keep going). When h2 is in the middle of a frame, it goes after one of
+    /// h2's next writes ends a frame. The error when the connection is to close instead.
+    fn send_goaway(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.retiring.is_some() || !self.place.slot.retired.is_cancelled() {
+            return None;
+        }
+        let Some(frames) = &self.frames else {
+            return Some(io::Error::new(io::ErrorKind::ConnectionAborted, "retired"));
+        };
+        let frame = frames.goaway(NO_ERROR)?;
+        match Pin::new(&mut self.inner).poll_write(cx, &frame) {
+            Poll::Ready(Ok(n)) if n == frame.len() => {
+                let _ = Pin::new(&mut self.inner).poll_flush(cx);
+                let mut grace = Box::pin(tokio::time::sleep(RETIRE_GRACE));
+                let _ = grace.as_mut().poll(cx);
+                self.retiring = Some(grace);
+                None
+            }
+            Poll::Pending => None,
+            _ => Some(io::Error::new(io::ErrorKind::ConnectionAborted, "retired")),
+        }
+    }
 
     /// Whether a deadline has passed: the error to fail the read with.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
@@ -507,6 +549,15 @@ impl<S> Guarded<S> {
                 io::ErrorKind::ConnectionAborted,
                 "every place was taken: this connection, not used yet, gave its place to a new one",
             ));
+        }
+        if let Some(grace) = &mut self.retiring {
+            if grace.as_mut().poll(cx).is_ready() {
+                return Some(io::Error::new(io::ErrorKind::ConnectionAborted, "retired, and kept past its GOAWAY"));
+            }
+        } else if self.retired.as_mut().poll(cx).is_ready()
+            && let Some(e) = self.send_goaway(cx)
+        {
+            return Some(e);
         }
         if let Some((deadline, _)) = &mut self.preface
             && deadline.as_mut().poll(cx).is_ready()
@@ -549,7 +600,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
                     metrics::counter!(CONNECTIONS_CLOSED, "reason" => "control_frame_flood").increment(1);
                     tracing::debug!(peer = %this.place.addr, "connection closed: PING or SETTINGS flood");
                     // Best effort: the connection is closed whether or not the GOAWAY fits.
-                    if let Some(goaway) = frames.goaway() {
+                    if let Some(goaway) = frames.goaway(ENHANCE_YOUR_CALM) {
                         let _ = Pin::new(&mut this.inner).poll_write(cx, &goaway);
                         let _ = Pin::new(&mut this.inner).poll_flush(cx);
                     }
@@ -577,6 +628,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         let written = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let (Poll::Ready(Ok(n)), Some(frames)) = (&written, &mut this.frames) {
             frames.written(&buf[..*n]);
+            // A GOAWAY that waited for h2 to end its frame (an error shows on the next read).
+            let _ = this.send_goaway(cx);
         }
         written
     }
@@ -606,6 +659,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
                 frames.written(&b[..take]);
                 left -= take;
             }
+            let _ = this.send_goaway(cx);
         }
         written
     }
@@ -729,7 +783,7 @@ where
             return futures::future::Either::Left(self.inner.call(req));
         }
         if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
-            self.limit.close_unused(addr);
+            self.limit.retire_unused(addr);
         }
         let status = tonic::Status::unavailable(
             "this connection was given a place for health checks only (every other place is in use): connect again",
@@ -773,12 +827,12 @@ mod tests {
     #[test]
     fn a_goaway_goes_only_between_two_written_frames() {
         let mut c = FrameCounter::default();
-        assert!(c.goaway().is_some());
+        assert!(c.goaway(ENHANCE_YOUR_CALM).is_some());
         let settings = frame(FRAME_SETTINGS, 0, 12);
         c.written(&settings[..5]);
-        assert!(c.goaway().is_none());
+        assert!(c.goaway(ENHANCE_YOUR_CALM).is_none());
         c.written(&settings[5..]);
-        let goaway = c.goaway().unwrap();
+        let goaway = c.goaway(ENHANCE_YOUR_CALM).unwrap();
         assert_eq!((goaway[3], &goaway[13..]), (FRAME_GOAWAY, &[0, 0, 0, 0xb][..]));
     }
 

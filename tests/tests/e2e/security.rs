@@ -960,17 +960,18 @@ async fn a_plaintext_health_listener_serves_health_only_beside_tls() -> Result<(
             health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await?.into_inner().status;
         assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service:?}");
     }
-    // Nothing but health there, with or without credentials.
+    // Nothing but health there, with or without credentials: UNAVAILABLE, and the connection
+    // closed (ADR 0079).
     let err = pb::outbox_admin_client::OutboxAdminClient::new(channel.clone())
         .list_consumers(pb::ListConsumersRequest {})
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     let err = pb::outbox_client::OutboxClient::new(channel)
         .enqueue(pb::EnqueueRequest { topic: "t".into(), r#type: "T".into(), ..Default::default() })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     // The main port still speaks only TLS.
     let main_plain = format!("http://127.0.0.1:{}", srv.addr.port());
     let r = async {
