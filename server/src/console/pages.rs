@@ -508,7 +508,10 @@ async fn search(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Query(form): Query<
     let parsed = (|| {
         let text = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_owned());
         let query = MessageQuery {
-            topic: text(&form.topic),
+            topic: text(&form.topic)
+                .map(|t| TopicPattern::parse("topic", &t))
+                .transpose()
+                .map_err(|e| e.to_string())?,
             type_: text(&form.type_),
             ordering_key: text(&form.ordering_key),
             after: instant("after", &form.after)?,
