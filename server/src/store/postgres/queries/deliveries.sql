@@ -190,8 +190,11 @@ SELECT m.message_id, m.seq, m.topic, m.enqueued_at
 -- of the two, below which every seq has been seen (rows may have taken some, which would
 -- leave a page short); `upto` is where the next page starts when this one is short. It reads
 -- the page and the consumer's pending ranges (by `delivery_ranges_pending_consumer`), at most
--- $3 of them sliced, never the backlog's length. A row with a NULL message_id only carries
--- `reached` (an empty page).
+-- $3 of them sliced, each seq of the slices probed for a row (`deliveries_consumer_seq`) and
+-- each seq of the page's messages by primary key (`OFFSET 0` keeps both probes per row, where
+-- the planner, misled by the estimate of `generate_series`, would otherwise read every row of
+-- the consumer, or every message, in one join), never the backlog's length. A row with a NULL
+-- message_id only carries `reached` (an empty page).
 WITH cut AS (
     SELECT g.seqs * int8multirange(int8range($2::int8 + 1, NULL)) AS seqs
       FROM outbox.delivery_ranges g
@@ -214,61 +217,70 @@ ranged AS (
     SELECT q.seq
       FROM sliced s, LATERAL unnest(s.slice) r, LATERAL generate_series(lower(r), upper(r) - 1) q(seq)
      WHERE q.seq <= coalesce((SELECT b.upto FROM bound b), 9223372036854775807)
-       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.seq = q.seq AND x.seq > 0)
+       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x
+                        WHERE x.consumer = $1 AND x.seq = q.seq AND x.seq > 0 OFFSET 0)
 ),
-page AS (
-    (SELECT d.seq, d.delivery_count, d.available_at, d.last_error
-       FROM outbox.deliveries d
-      WHERE d.consumer = $1 AND d.state = 'pending' AND d.seq > $2::int8
-        AND d.seq <= coalesce((SELECT b.upto FROM bound b), 9223372036854775807)
-      ORDER BY d.seq LIMIT $3::int8)
-    UNION ALL
-    SELECT r.seq, 0, NULL, NULL FROM ranged r
+page AS MATERIALIZED (
+    SELECT p.* FROM (
+        (SELECT d.seq, d.delivery_count, d.available_at, d.last_error
+           FROM outbox.deliveries d
+          WHERE d.consumer = $1 AND d.state = 'pending' AND d.seq > $2::int8
+            AND d.seq <= coalesce((SELECT b.upto FROM bound b), 9223372036854775807)
+          ORDER BY d.seq LIMIT $3::int8)
+        UNION ALL
+        SELECT r.seq, 0, NULL, NULL FROM ranged r) p
+     ORDER BY p.seq LIMIT $3::int8
 )
 SELECT b.upto AS reached, x.*
   FROM bound b LEFT JOIN LATERAL (
       SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, 'pending' AS state,
              p.delivery_count, coalesce(p.available_at, m.available_at) AS available_at,
              NULL::timestamptz AS lease_expires_at, p.last_error
-        FROM page p JOIN outbox.messages m ON m.seq = p.seq
-       ORDER BY p.seq LIMIT $3::int8) x ON true
+        FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m) x ON true
  ORDER BY x.seq;
 
 -- name: delivery_leased_page
 -- A page of consumer $1's leased deliveries after seq $2, at most $3, in seq order: its leased
 -- rows and the seqs of its leased ranges that no row of its own decides over. Both are what
 -- streams and sinks hold (the leased rows of every consumer by `deliveries_leased`, the
--- consumer's leased ranges by `delivery_ranges_leased_consumer`), never the history.
+-- consumer's leased ranges by `delivery_ranges_leased_consumer`), never the history; each seq
+-- of a range is probed for a row, and each of the page's messages read, by index, one by one
+-- (`OFFSET 0`: see `delivery_pending_page`).
 WITH held AS MATERIALIZED (
     SELECT d.seq, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error
       FROM outbox.deliveries d
      WHERE d.consumer = $1 AND d.state = 'leased' AND d.seq > $2::int8
 ),
 ranged AS (
-    SELECT s.seq, g.lease_expires_at
+    SELECT q.seq, g.lease_expires_at
       FROM outbox.delivery_ranges g,
            LATERAL unnest(g.seqs * int8multirange(int8range($2::int8 + 1, NULL))) r,
-           LATERAL generate_series(lower(r), upper(r) - 1) s(seq)
+           LATERAL generate_series(lower(r), upper(r) - 1) q(seq)
      WHERE g.consumer = $1 AND g.state = 'leased' AND upper(g.span) > $2::int8 + 1
-       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x WHERE x.consumer = $1 AND x.seq = s.seq AND x.seq > 0)
+       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x
+                        WHERE x.consumer = $1 AND x.seq = q.seq AND x.seq > 0 OFFSET 0)
 ),
-page AS (
-    SELECT h.seq, h.delivery_count, h.available_at, h.lease_expires_at, h.last_error FROM held h
-    UNION ALL
-    SELECT r.seq, 1, NULL, r.lease_expires_at, NULL FROM ranged r
+page AS MATERIALIZED (
+    SELECT p.* FROM (
+        SELECT h.seq, h.delivery_count, h.available_at, h.lease_expires_at, h.last_error FROM held h
+        UNION ALL
+        SELECT r.seq, 1, NULL, r.lease_expires_at, NULL FROM ranged r) p
+     ORDER BY p.seq LIMIT $3::int8
 )
 SELECT NULL::int8 AS reached, m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
        'leased' AS state, p.delivery_count, coalesce(p.available_at, m.available_at) AS available_at,
        p.lease_expires_at, p.last_error
-  FROM page p JOIN outbox.messages m ON m.seq = p.seq
- ORDER BY p.seq LIMIT $3::int8;
+  FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m
+ ORDER BY p.seq;
 
 -- name: delivery_retrying_page
 -- A page of consumer $1's retries (pending rows with a delivery count: a retry always has a
 -- row) after seq $2, at most $3, in seq order, among at most $4 of its pending rows read by
 -- `deliveries_pending`; `reached`, the last seq read when it read $4, is where the next page
--- starts if this one is short. A row with a NULL message_id only carries `reached`.
-WITH w AS (
+-- starts if this one is short. Each of the page's messages is read by primary key
+-- (`OFFSET 0`: see `delivery_pending_page`). A row with a NULL message_id only carries
+-- `reached`.
+WITH w AS MATERIALIZED (
     SELECT d.seq, d.delivery_count, d.available_at, d.last_error
       FROM outbox.deliveries d
      WHERE d.consumer = $1 AND d.state = 'pending' AND d.seq > $2::int8
@@ -276,12 +288,13 @@ WITH w AS (
 ),
 reach AS (
     SELECT CASE WHEN count(*) >= $4::int8 THEN max(w.seq) END AS reached FROM w
+),
+page AS MATERIALIZED (
+    SELECT w.* FROM w WHERE w.delivery_count > 0 ORDER BY w.seq LIMIT $3::int8
 )
 SELECT r.reached, x.*
   FROM reach r LEFT JOIN LATERAL (
       SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, 'pending' AS state,
-             w.delivery_count, w.available_at, NULL::timestamptz AS lease_expires_at, w.last_error
-        FROM w JOIN outbox.messages m ON m.seq = w.seq
-       WHERE w.delivery_count > 0
-       ORDER BY w.seq LIMIT $3::int8) x ON true
+             p.delivery_count, p.available_at, NULL::timestamptz AS lease_expires_at, p.last_error
+        FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m) x ON true
  ORDER BY x.seq;
