@@ -387,8 +387,12 @@ pub fn consumer_stats(stats: Option<&ConsumerStats>, oldest_s: Option<f64>, stre
     }
 }
 
+/// `s` percent-encoded for a path segment or a query value: all but RFC 3986's unreserved
+/// characters (so that `console-demo` stays as it is, in the address bar too).
 pub fn urlencode(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    const RESERVED: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    percent_encoding::utf8_percent_encode(s, RESERVED).to_string()
 }
 
 /// An error text (a delivery's last error, the error a replay selected by) as every screen
