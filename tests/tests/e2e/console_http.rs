@@ -833,9 +833,9 @@ async fn an_operators_day_lists_deliveries_replays_one_message_skips_a_held_key_
     let bad = session.page("/search?topic=orders.%3E.x").await?;
     assert!(bad.contains("search-error") && bad.contains("final"), "{bad}");
 
-    // The overview: acks of the last hour, and dashes until a rate can be drawn.
-    let overview = session.page("/").await?;
-    let acked = |name: &str| {
+    // The overview: acks of the last hour, and dashes until a rate can be drawn. (A stream's ack
+    // is applied after it is sent: the figure is waited for.)
+    let acked = |overview: &str, name: &str| {
         overview
             .split(&format!(r#"data-consumer="{name}""#))
             .nth(1)
@@ -843,8 +843,12 @@ async fn an_operators_day_lists_deliveries_replays_one_message_skips_a_held_key_
             .and_then(|r| r.split('<').next())
             .map(str::to_owned)
     };
-    assert_eq!(acked("shipping").as_deref(), Some("3"), "k1b, k1a, u0 acked: {overview}");
-    assert_eq!(acked("billing").as_deref(), Some("0"));
+    let overview = eventually("the overview's acks of shipping to reach 3 (k1b, k1a, u0)", WAIT, || async {
+        let page = session.page("/").await?;
+        Ok((acked(&page, "shipping").as_deref() == Some("3")).then_some(page))
+    })
+    .await?;
+    assert_eq!(acked(&overview, "billing").as_deref(), Some("0"));
     assert!(overview.contains(r#"<span class="dash""#), "no rate yet: a dash: {overview}");
     Ok(())
 }
