@@ -526,6 +526,10 @@ async fn release_key(
         // Skipping gives the dead message up for the key's order: say so, and ask, first. The
         // same permission as the release itself.
         let _ = viewer.request(&format!("{ADMIN}ReleaseKey"), ())?;
+        if let Err(s) = viewer.caller.check(Need::Replay(&name)) {
+            viewer.refused("release_key", &s);
+            return Err(s.into());
+        }
         let held = state
             .admin
             .list_held_keys(

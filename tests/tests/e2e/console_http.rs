@@ -533,7 +533,10 @@ fn location(r: &reqwest::Response) -> String {
 async fn a_deep_link_survives_the_sign_in_and_leads_to_no_other_site() -> Result<()> {
     let store = TestStore::create(Backend::Sqlite).await?;
     let scratch = Scratch::new()?;
-    let file = scratch.write("auth.toml", &auth_file(&[("root", &["*"]), ("reader", &["admin:read"])]))?;
+    let file = scratch.write(
+        "auth.toml",
+        &auth_file(&[("root", &["*"]), ("reader", &["admin:read"]), ("other", &["admin:read", "replay:other"])]),
+    )?;
     let srv = start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0"]).await?;
     let base = console_url(&srv)?;
     let host = base.trim_start_matches("http://").to_owned();
@@ -630,6 +633,14 @@ async fn a_deep_link_survives_the_sign_in_and_leads_to_no_other_site() -> Result
     assert_eq!(r.status(), 403);
     let st = admin.get_stats(pb::GetStatsRequest { consumer: "billing".into() }).await?.into_inner();
     assert_eq!(st.consumers[0].backlog, 1, "nothing replayed");
+    // Skipping a held key asks first only those who may release it: replay: of another
+    // consumer is refused before anything about billing's keys is shown.
+    let other = sign_in(&base, "tok-other").await?;
+    let token = csrf(&other.page("/consumers/billing").await?)?;
+    let r = other
+        .post("/consumers/billing/keys/release", &[("csrf", &token), ("ordering_key", "k"), ("skip_dead", "true")])
+        .await?;
+    assert_eq!(r.status(), 403, "replay:other may not skip billing's keys");
 
     // An icon, at the address browsers ask for too.
     for path in ["/favicon.ico", "/assets/favicon.svg"] {
