@@ -106,7 +106,7 @@ async fn serve_health_only<T, I, IO>(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .max_concurrent_streams(HEALTH_MAX_STREAMS)
         .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
-        .layer(limit.stream_layer())
+        .layer(limit.health_only_layer())
         .layer(crate::limits::BodyDeadlineLayer { timeout: body_timeout })
         .add_service(health)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())

@@ -31,11 +31,12 @@
 //!   and principal), the byte budget of a principal's deliveries in flight, unary load shedding
 //!   and per-principal quotas, request-body deadlines.
 //! - [`store`]: every SQL statement. One seam, [`store::Store`]: each backend
-//!   (`store::postgres`, with its LISTEN for other replicas' work, and the embedded
-//!   `store::sqlite`, each with its migrations) implements its narrow entity-first statements;
-//!   the operations of several statements are its provided methods, written once over the
-//!   backend's transaction ([`store::StoreTx`]); [`store::records`], rows decoded into the
-//!   domain. The store returns data and [`store::WorkHint`]s; it wakes nobody itself.
+//!   (`store::postgres`, with its LISTEN for other replicas' work and the libpq meaning of its
+//!   URL's TLS parameters, and the embedded `store::sqlite`, each with its migrations)
+//!   implements its narrow entity-first statements; the operations of several statements are
+//!   its provided methods, written once over the backend's transaction ([`store::StoreTx`]);
+//!   [`store::records`], rows decoded into the domain. The store returns data and
+//!   [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions; the push
 //!   slots, the room each stream lends the relay and the one message a pass hands it over in.
 //! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop, its in-flight

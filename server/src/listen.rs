@@ -10,7 +10,7 @@
 //! The main port keeps a few places for health checks beyond the general ones: a connection
 //! that finds the general places full is served health only, so that a prober still sees the
 //! process answer while an attack holds every general place.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -120,14 +120,70 @@ struct Shared {
     general: Arc<Semaphore>,
     reserve: Arc<Semaphore>,
     per_peer: Mutex<HashMap<PeerKey, usize>>,
-    /// Connections (by their peer's address, unique on one listener) that have opened no stream yet.
-    waiting: Mutex<HashSet<SocketAddr>>,
+    /// Connections that have not shown yet that they are used (opened a stream on an HTTP/2
+    /// listener, made a signed-in request on the console): what a full listener takes places
+    /// back from.
+    waiting: Mutex<Waiting>,
+}
+
+/// Connections not shown used yet, by their peer's address (unique on one listener), and in
+/// the order they were accepted, each kind apart.
+#[derive(Debug, Default)]
+struct Waiting {
+    by_addr: HashMap<SocketAddr, (u64, Kind, Arc<Slot>)>,
+    general: std::collections::BTreeMap<u64, SocketAddr>,
+    health_only: std::collections::BTreeMap<u64, SocketAddr>,
+    next: u64,
+}
+
+impl Waiting {
+    fn by_age(&mut self, kind: Kind) -> &mut std::collections::BTreeMap<u64, SocketAddr> {
+        match kind {
+            Kind::General => &mut self.general,
+            Kind::HealthOnly => &mut self.health_only,
+        }
+    }
+
+    fn insert(&mut self, addr: SocketAddr, kind: Kind, slot: Arc<Slot>) {
+        let seq = self.next;
+        self.next += 1;
+        if let Some((old, old_kind, _)) = self.by_addr.insert(addr, (seq, kind, slot)) {
+            self.by_age(old_kind).remove(&old);
+        }
+        self.by_age(kind).insert(seq, addr);
+    }
+
+    /// Removes `addr`'s entry if it is `slot`'s (or any, without `slot`).
+    fn remove(&mut self, addr: &SocketAddr, slot: Option<&Arc<Slot>>) {
+        let ours = self.by_addr.get(addr).is_some_and(|(_, _, s)| slot.is_none_or(|slot| Arc::ptr_eq(s, slot)));
+        if ours && let Some((seq, kind, _)) = self.by_addr.remove(addr) {
+            self.by_age(kind).remove(&seq);
+        }
+    }
+
+    fn contains(&self, addr: &SocketAddr) -> bool {
+        self.by_addr.contains_key(addr)
+    }
+
+    /// The oldest of `kind`, taken out.
+    fn pop_oldest(&mut self, kind: Kind) -> Option<(SocketAddr, Arc<Slot>)> {
+        let (_, addr) = self.by_age(kind).pop_first()?;
+        self.by_addr.remove(&addr).map(|(_, _, slot)| (addr, slot))
+    }
+}
+
+/// What a connection's place is made of: the permit it holds (taken away when another
+/// connection is given it) and the signal that closes the connection when that happens.
+#[derive(Debug)]
+struct Slot {
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    evicted: CancellationToken,
 }
 
 /// A connection's place: given back, with its peer's count, when dropped.
 #[derive(Debug)]
 pub struct Place {
-    _permit: OwnedSemaphorePermit,
+    slot: Arc<Slot>,
     kind: Kind,
     peer: PeerKey,
     addr: SocketAddr,
@@ -144,7 +200,7 @@ impl Drop for Place {
             }
         }
         drop(counts);
-        self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.addr);
+        self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.addr, Some(&self.slot));
     }
 }
 
@@ -156,13 +212,17 @@ impl ConnectionLimit {
                 general: Arc::new(Semaphore::new(limits.max)),
                 reserve: Arc::new(Semaphore::new(limits.health_reserve)),
                 per_peer: Mutex::new(HashMap::new()),
-                waiting: Mutex::new(HashSet::new()),
+                waiting: Mutex::new(Waiting::default()),
             }),
         }
     }
 
     /// A place for a connection from `addr` just accepted, or `None` (and it is counted) when
-    /// its peer holds all it may or every place is taken: the caller drops the connection.
+    /// its peer holds all it may or every place is taken by a connection in use: the caller
+    /// drops the connection. When every place is taken, the connection that has waited longest
+    /// without being used gives its place up and is closed (ADR 0079): a client that connects
+    /// and uses its connection at once gets in however many idle ones others keep opening,
+    /// from however many addresses.
     pub fn admit(&self, addr: SocketAddr) -> Option<Place> {
         let limits = &self.shared.limits;
         let peer = PeerKey::of(addr.ip());
@@ -173,30 +233,65 @@ impl ConnectionLimit {
             tracing::debug!(%peer, max = limits.per_peer, "connection refused: --max-connections-per-peer reached");
             return None;
         }
-        let (permit, kind) = match self.shared.general.clone().try_acquire_owned() {
-            Ok(p) => (p, Kind::General),
-            Err(_) => match self.shared.reserve.clone().try_acquire_owned() {
-                Ok(p) => (p, Kind::HealthOnly),
-                Err(_) => {
-                    metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
-                    tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
-                    return None;
-                }
-            },
+        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        // A general place, free or taken back from an idle connection; only when every general
+        // connection is in use, a health place, free or taken back: a client is not given a
+        // health place while an idle connection holds a general one.
+        let general = match self.shared.general.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => Self::evict(&mut waiting, Kind::General),
+        };
+        let taken = match general {
+            Some(p) => Some((p, Kind::General)),
+            None => match self.shared.reserve.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => Self::evict(&mut waiting, Kind::HealthOnly),
+            }
+            .map(|p| (p, Kind::HealthOnly)),
+        };
+        let Some((permit, kind)) = taken else {
+            metrics::counter!(CONNECTIONS_CLOSED, "reason" => "max_client_connections").increment(1);
+            tracing::debug!(max = limits.max, "connection refused: --max-client-connections reached");
+            return None;
         };
         counts.insert(peer, held + 1);
         drop(counts);
-        if limits.first_stream_timeout.is_some() {
-            self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner()).insert(addr);
-        }
-        Some(Place { _permit: permit, kind, peer, addr, shared: self.shared.clone() })
+        let slot = Arc::new(Slot { permit: Mutex::new(Some(permit)), evicted: CancellationToken::new() });
+        waiting.insert(addr, kind, slot.clone());
+        Some(Place { slot, kind, peer, addr, shared: self.shared.clone() })
     }
 
-    /// The connection from `addr` has opened a stream: its first-stream deadline no longer holds.
+    /// The place of the connection of `kind` that has waited longest without being used,
+    /// taken from it (it is closed).
+    fn evict(waiting: &mut Waiting, kind: Kind) -> Option<OwnedSemaphorePermit> {
+        while let Some((addr, slot)) = waiting.pop_oldest(kind) {
+            let taken = slot.permit.lock().unwrap_or_else(|p| p.into_inner()).take();
+            slot.evicted.cancel();
+            if let Some(permit) = taken {
+                metrics::counter!(CONNECTIONS_CLOSED, "reason" => "evicted").increment(1);
+                tracing::debug!(peer = %addr, "connection closed: its place went to a new connection (it had not been used)");
+                return Some(permit);
+            }
+        }
+        None
+    }
+
+    /// Closes the connection from `addr` if it has not been used (a health-only connection
+    /// asked for something else): its client connects again, for a place that serves it.
+    pub fn close_unused(&self, addr: SocketAddr) {
+        let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, slot)) = waiting.by_addr.get(&addr) {
+            slot.evicted.cancel();
+            waiting.remove(&addr, None);
+        }
+    }
+
+    /// The connection from `addr` is used (it opened a stream; on the console, made a
+    /// signed-in request): its first-stream deadline no longer holds, and its place is its own.
     pub fn opened(&self, addr: SocketAddr) {
         let mut waiting = self.shared.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if !waiting.is_empty() {
-            waiting.remove(&addr);
+        if waiting.contains(&addr) {
+            waiting.remove(&addr, None);
         }
     }
 
@@ -208,6 +303,7 @@ impl ConnectionLimit {
             preface: Some((Box::pin(tokio::time::sleep(limits.preface_timeout)), 0)),
             first_stream: limits.first_stream_timeout.map(|d| Box::pin(tokio::time::sleep(d))),
             frames: limits.http2.then(FrameCounter::default),
+            evicted: Box::pin(place.slot.evicted.clone().cancelled_owned()),
             place,
         }
     }
@@ -388,6 +484,8 @@ pub struct Guarded<S> {
     /// The first stream's deadline, until it is found to have opened.
     first_stream: Option<Pin<Box<tokio::time::Sleep>>>,
     frames: Option<FrameCounter>,
+    /// Ready when another connection has been given this one's place.
+    evicted: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     place: Place,
 }
 
@@ -404,6 +502,12 @@ impl<S> Guarded<S> {
 
     /// Whether a deadline has passed: the error to fail the read with.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.evicted.as_mut().poll(cx).is_ready() {
+            return Some(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "every place was taken: this connection, not used yet, gave its place to a new one",
+            ));
+        }
         if let Some((deadline, _)) = &mut self.preface
             && deadline.as_mut().poll(cx).is_ready()
         {
@@ -529,6 +633,8 @@ pub struct StreamOpenedLayer {
 
 /// The gRPC health service's methods.
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+/// outboxd's own services (`Outbox`, `OutboxAdmin`): what a connection is used for.
+const OWN_SERVICES: &str = "/outbox.v1.";
 
 impl<S> tower::Layer<S> for StreamOpenedLayer {
     type Service = StreamOpened<S>;
@@ -557,17 +663,78 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> S::Future {
-        // Health is answered to anyone: a health check does not lift the deadline, or one check
+        // Only outboxd's own services count, which authentication has let through for a caller
+        // holding a permission of the method's kind. Health is answered to anyone, reflection
+        // to any valid credential, an unknown path (answered UNIMPLEMENTED) to anyone: none of
+        // them lifts the deadline or keeps the place when the listener is full, or one request
         // would let a connection that answers PINGs keep its place (a health place too) for
-        // ever. A connection used for health alone is closed at the deadline, and its client
+        // ever. A connection used for them alone is closed at the deadline, and its client
         // connects again for its next check.
-        if req.uri().path().starts_with(HEALTH_PATH) {
+        if !req.uri().path().starts_with(OWN_SERVICES) {
             return self.inner.call(req);
         }
         if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
             self.limit.opened(addr);
         }
         self.inner.call(req)
+    }
+}
+
+/// In front of a server of health checks only (the places kept for health, `--health-listen`):
+/// anything else is answered UNAVAILABLE and its connection closed, so that a client that was
+/// given such a place (every general one in use) connects again for a place that serves it,
+/// instead of keeping a connection that answers its calls UNIMPLEMENTED. Nothing on such a
+/// connection counts as use: it keeps its first-stream deadline and can be taken back.
+#[derive(Debug, Clone)]
+pub struct HealthOnlyLayer {
+    limit: ConnectionLimit,
+}
+
+impl ConnectionLimit {
+    /// The layer for this listener's health-only server.
+    pub fn health_only_layer(&self) -> HealthOnlyLayer {
+        HealthOnlyLayer { limit: self.clone() }
+    }
+}
+
+impl<S> tower::Layer<S> for HealthOnlyLayer {
+    type Service = HealthOnly<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HealthOnly { inner, limit: self.limit.clone() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthOnly<S> {
+    inner: S,
+    limit: ConnectionLimit,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for HealthOnly<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures::future::Either<S::Future, std::future::Ready<Result<Self::Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path().starts_with(HEALTH_PATH) {
+            return futures::future::Either::Left(self.inner.call(req));
+        }
+        if let Some(addr) = crate::limits::peer_addr(req.extensions()) {
+            self.limit.close_unused(addr);
+        }
+        let status = tonic::Status::unavailable(
+            "this connection was given a place for health checks only (every other place is in use): connect again",
+        );
+        futures::future::Either::Right(std::future::ready(Ok(status.into_http())))
     }
 }
 

@@ -36,7 +36,8 @@ pub const RELOADS: &str = "outboxd_config_reloads_total";
 /// TLS handshakes that failed or timed out.
 pub const TLS_HANDSHAKE_FAILURES: &str = "outboxd_tls_handshake_failures_total";
 /// Connections closed by the listeners' bounds, by `reason` (`max_client_connections`,
-/// `max_connections_per_peer`, `preface_timeout`, `first_stream_timeout`, `control_frame_flood`).
+/// `max_connections_per_peer`, `preface_timeout`, `first_stream_timeout`, `control_frame_flood`,
+/// `evicted`).
 pub const CONNECTIONS_CLOSED: &str = "outboxd_connections_closed_total";
 /// Requests refused by a resource limit, by `limit` (the flag's name without dashes).
 pub const LIMIT_REFUSALS: &str = "outboxd_limit_refusals_total";

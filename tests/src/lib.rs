@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 pub use outbox_server::testing::TestDb;
 
 pub mod brokers;
+pub mod pgtls;
 pub mod pki;
 pub mod proxy;
 

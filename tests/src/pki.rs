@@ -68,6 +68,14 @@ impl Pki {
         self.issue(params, stem)
     }
 
+    /// A server certificate naming only the DNS names `names`, for checks of the host name.
+    pub fn server_named(&self, stem: &str, names: &[&str]) -> Result<CertFiles> {
+        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("server"));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params, stem)
+    }
+
     /// A client certificate with subject `CN=<cn>` and the given SAN URIs.
     pub fn client(&self, stem: &str, cn: &str, uris: &[&str]) -> Result<CertFiles> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;

@@ -133,7 +133,8 @@ impl Console {
         stop: CancellationToken,
     ) {
         // Place counts for the whole listener (a layer on the router would count per route).
-        let router = Handler { state: self.state.clone(), places: Arc::default(), router: self.router() };
+        let router =
+            Handler { state: self.state.clone(), places: Arc::default(), router: self.router(), limit: limit.clone() };
         let flush = router.places.clone();
         let flushing = stop.clone();
         tokio::spawn(async move {
@@ -181,6 +182,9 @@ struct Handler {
     state: Arc<State>,
     places: Arc<places::Places>,
     router: Router,
+    /// The listener's connections: a connection that serves a signed-in request keeps its
+    /// place when the listener is full (ADR 0079).
+    limit: ConnectionLimit,
 }
 
 impl Handler {
@@ -214,7 +218,8 @@ impl Handler {
                 &self.state,
             )
             .await
-            .is_ok(),
+            .ok()
+            .map(|v| v.caller.name),
         };
         // The body is read before a place is taken: a stalled body holds its connection (bounded
         // per client, and by the request's deadline), never a place that others wait for. At
@@ -231,7 +236,10 @@ impl Handler {
             }
         };
         let req = axum::extract::Request::from_parts(parts, body);
-        let place = if signed_in { self.places.signed_in() } else { self.places.anonymous(peer.0) };
+        let place = match &signed_in {
+            Some(principal) => self.places.signed_in(principal.clone()),
+            None => self.places.anonymous(peer.0),
+        };
         let Some(_place) = place else { return busy("the console is busy: try again in a moment") };
         let left = REQUEST_TIMEOUT.saturating_sub(started.elapsed());
         let answer = match tokio::time::timeout(left, tower::ServiceExt::oneshot(self.router, req)).await {
@@ -241,6 +249,12 @@ impl Handler {
         };
         if sign_in && answer.status() == StatusCode::UNAUTHORIZED {
             self.places.sign_in_failed(peer.0);
+        }
+        if signed_in.is_some()
+            && answer.status().is_success()
+            && let Some(addr) = peer.0
+        {
+            self.limit.opened(addr);
         }
         answer
     }

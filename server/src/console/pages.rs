@@ -869,6 +869,22 @@ async fn login(
         );
     }
     match state.auth.authenticate_credential(Some(token), None) {
+        Ok(caller) if !caller.allows(Need::AdminRead) => {
+            // Every page needs admin:read: a session would open nothing, and would take a
+            // signed-in place of the console with each request (ADR 0079).
+            tracing::info!(target: "outboxd::audit", principal = &*caller.name, ?peer, action = "console_sign_in", outcome = "denied", "console sign-in refused: no admin:read");
+            (
+                StatusCode::FORBIDDEN,
+                views::login(
+                    Some(&format!(
+                        "principal {:?} lacks admin:read, which every page of this console needs: it is not signed in",
+                        &*caller.name
+                    )),
+                    next,
+                ),
+            )
+                .into_response()
+        }
         Ok(caller) => {
             // The cookie gets a random session id, never the token (ADR 0073).
             let id = match state.start_session(&caller).await {

@@ -1,7 +1,8 @@
 //! The console's request places (ADR 0075): requests of a signed-in principal and requests of
 //! anyone else (the sign-in page and form, assets, redirects) take places of separate counts,
 //! so that nobody who has not signed in can take the places of those who have; anonymous
-//! requests of one client address are bounded, so that one client cannot take all of theirs;
+//! requests of one client address, and signed-in requests of one principal, are bounded, so
+//! that one client cannot take all of the first and one principal all of the second;
 //! and failed sign-ins are limited per client address and logged a line per address and
 //! interval rather than a line per guess.
 use std::collections::HashMap;
@@ -17,6 +18,8 @@ use crate::listen::PeerKey;
 /// reads the database through the pool the data plane uses, so this bounds what the console
 /// can take of it.
 pub const SIGNED_IN_PLACES: usize = 8;
+/// Of those, what one principal may hold: another principal always finds places.
+pub const SIGNED_IN_PLACES_PER_PRINCIPAL: usize = 4;
 /// Requests of callers who have not signed in, handled at once (a sign-in form's body arrives
 /// within one of these).
 pub const ANONYMOUS_PLACES: usize = 4;
@@ -35,18 +38,26 @@ const MAX_TRACKED_PEERS: usize = 10_000;
 #[derive(Debug)]
 pub struct Held {
     _permit: OwnedSemaphorePermit,
-    anonymous: Option<(PeerKey, Arc<Places>)>,
+    holder: Holder,
+    places: Arc<Places>,
+}
+
+/// Whose share a place is counted in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Holder {
+    /// An anonymous request's client address.
+    Peer(PeerKey),
+    /// A signed-in request's principal.
+    Principal(Arc<str>),
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some((peer, places)) = &self.anonymous {
-            let mut held = places.anonymous_per_peer.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = held.get_mut(peer) {
-                *n -= 1;
-                if *n == 0 {
-                    held.remove(peer);
-                }
+        let mut held = self.places.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.holder) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.holder);
             }
         }
     }
@@ -56,7 +67,8 @@ impl Drop for Held {
 pub struct Places {
     signed_in: Arc<Semaphore>,
     anonymous: Arc<Semaphore>,
-    anonymous_per_peer: Mutex<HashMap<PeerKey, usize>>,
+    /// Places held by each client address (anonymous) and each principal (signed in).
+    held: Mutex<HashMap<Holder, usize>>,
     sign_ins: Mutex<SignIns>,
 }
 
@@ -80,7 +92,7 @@ impl Default for Places {
         Self {
             signed_in: Arc::new(Semaphore::new(SIGNED_IN_PLACES)),
             anonymous: Arc::new(Semaphore::new(ANONYMOUS_PLACES)),
-            anonymous_per_peer: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
             sign_ins: Mutex::new(SignIns::default()),
         }
     }
@@ -91,23 +103,26 @@ fn key(peer: Option<SocketAddr>) -> PeerKey {
 }
 
 impl Places {
-    /// A place for a signed-in principal's request, or `None`: all are taken.
-    pub fn signed_in(&self) -> Option<Held> {
-        let permit = self.signed_in.clone().try_acquire_owned().ok()?;
-        Some(Held { _permit: permit, anonymous: None })
+    /// A place for a signed-in principal's request, or `None`: all are taken, or this
+    /// principal holds its share.
+    pub fn signed_in(self: &Arc<Self>, principal: Arc<str>) -> Option<Held> {
+        self.take(&self.signed_in, Holder::Principal(principal), SIGNED_IN_PLACES_PER_PRINCIPAL)
     }
 
     /// A place for anyone else's request, or `None`: all are taken, or this client holds its share.
     pub fn anonymous(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<Held> {
-        let peer = key(peer);
-        let mut held = self.anonymous_per_peer.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.get(&peer).copied().unwrap_or(0);
-        if n >= ANONYMOUS_PLACES_PER_PEER {
+        self.take(&self.anonymous, Holder::Peer(key(peer)), ANONYMOUS_PLACES_PER_PEER)
+    }
+
+    fn take(self: &Arc<Self>, of: &Arc<Semaphore>, holder: Holder, share: usize) -> Option<Held> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.get(&holder).copied().unwrap_or(0);
+        if n >= share {
             return None;
         }
-        let permit = self.anonymous.clone().try_acquire_owned().ok()?;
-        held.insert(peer, n + 1);
-        Some(Held { _permit: permit, anonymous: Some((peer, self.clone())) })
+        let permit = of.clone().try_acquire_owned().ok()?;
+        held.insert(holder.clone(), n + 1);
+        Some(Held { _permit: permit, holder, places: self.clone() })
     }
 
     /// How long until this client may try to sign in again, if it has failed too often.
@@ -185,10 +200,18 @@ mod tests {
         let held: Vec<_> = (0..ANONYMOUS_PLACES_PER_PEER).map(|_| places.anonymous(a).unwrap()).collect();
         assert!(places.anonymous(a).is_none());
         let other = places.anonymous(b).unwrap();
-        let signed_in: Vec<_> = (0..SIGNED_IN_PLACES).map(|_| places.signed_in().unwrap()).collect();
-        assert!(places.signed_in().is_none());
+        let (alice, bob): (Arc<str>, Arc<str>) = ("alice".into(), "bob".into());
+        let mut signed_in: Vec<_> =
+            (0..SIGNED_IN_PLACES_PER_PRINCIPAL).map(|_| places.signed_in(alice.clone()).unwrap()).collect();
+        assert!(places.signed_in(alice.clone()).is_none(), "one principal holds at most its share");
+        signed_in.extend(
+            (0..SIGNED_IN_PLACES - SIGNED_IN_PLACES_PER_PRINCIPAL).map(|_| places.signed_in(bob.clone()).unwrap()),
+        );
+        assert!(places.signed_in("carol".into()).is_none(), "all places are taken");
         drop(held);
         assert!(places.anonymous(a).is_some());
+        signed_in.truncate(1);
+        assert!(places.signed_in(alice).is_some(), "places given back are counted back");
         drop((other, signed_in));
     }
 

@@ -180,30 +180,34 @@ pub(super) fn session_id(headers: &HeaderMap, state: &State) -> Option<String> {
 /// request that names one takes a signed-in place of the console without a database read
 /// first. Bounded: past [`RECENT_MAX`] entries the old ones go, then all.
 #[derive(Debug, Default)]
-pub struct RecentSessions(std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>);
+pub struct RecentSessions(std::sync::Mutex<std::collections::HashMap<[u8; 32], Recent>>);
+
+/// When a session was last found valid, and its principal.
+type Recent = (std::time::Instant, Arc<str>);
 
 const RECENT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 const RECENT_MAX: usize = 4096;
 
 impl RecentSessions {
-    fn seen(&self, hash: [u8; 32]) {
+    fn seen(&self, hash: [u8; 32], principal: &Arc<str>) {
         let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.len() >= RECENT_MAX && !map.contains_key(&hash) {
-            map.retain(|_, at| at.elapsed() < RECENT_FOR);
+            map.retain(|_, (at, _)| at.elapsed() < RECENT_FOR);
             if map.len() >= RECENT_MAX {
                 map.clear();
             }
         }
-        map.insert(hash, std::time::Instant::now());
+        map.insert(hash, (std::time::Instant::now(), principal.clone()));
     }
 
     fn forget(&self, hash: &[u8; 32]) {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(hash);
     }
 
-    pub fn holds(&self, id: &str) -> bool {
+    /// The principal of the session `id`, if this process found it valid lately.
+    pub fn holds(&self, id: &str) -> Option<Arc<str>> {
         let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(&id_hash(id)).is_some_and(|at| at.elapsed() < RECENT_FOR)
+        map.get(&id_hash(id)).filter(|(at, _)| at.elapsed() < RECENT_FOR).map(|(_, p)| p.clone())
     }
 }
 
@@ -249,7 +253,7 @@ impl State {
         };
         store.console_session_insert(&session).await.map_err(store_status)?;
         store.console_session_delete_oldest(principal, MAX_SESSIONS_PER_PRINCIPAL).await.map_err(store_status)?;
-        self.recent.seen(id_hash(&id));
+        self.recent.seen(id_hash(&id), &caller.name);
         Ok(id)
     }
 
@@ -285,7 +289,7 @@ impl State {
                 if now - s.seen_at >= touch {
                     store.console_session_touch(&hash, now).await.map_err(store_status)?;
                 }
-                self.recent.seen(hash);
+                self.recent.seen(hash, &c.name);
                 Ok(Some(c))
             }
             _ => {

@@ -538,10 +538,11 @@ impl Caller {
     /// - a consumer takes only topics its creator may read: `tail:` covering each of them, as
     ///   for a sink, which also needs `sink:NAME`. Otherwise `admin:write` would read any topic
     ///   through a consumer of its own.
-    /// - a consumer is deleted only by its creator, or by a principal that may consume it
-    ///   anyway (`consume:NAME`, `*`): one principal cannot delete another's consumer (and its
-    ///   waiting messages), nor create it again on other topics under the name that application
-    ///   subscribes to. A consumer created without an auth file (or before creators were
+    /// - a consumer is deleted only by its creator, or by `*`: one principal cannot delete
+    ///   another's consumer (and its waiting messages), nor create it again on other topics
+    ///   under the name that application subscribes to. `consume:` does not delete one it did
+    ///   not create: a pattern (`consume:team-*`) would let one team redirect another's stream
+    ///   (ADR 0072, amended). A consumer created without an auth file (or before creators were
     ///   recorded) has none: `consume:NAME` or `*`.
     /// - pausing and resuming stay `admin:write`'s alone: the operator's brake, which moves no
     ///   message anywhere and is undone by resuming (both audited).
@@ -567,20 +568,27 @@ impl Caller {
             }
             ConsumerChange::Delete(c) => {
                 let name = c.spec.name.as_str();
-                if c.created_by.as_deref() == Some(p.name.as_str()) || p.allows(&Need::Consume(name)) {
+                let allowed = match c.created_by.as_deref() {
+                    Some(creator) => creator == p.name || p.allows(&Need::Everything),
+                    None => p.allows(&Need::Consume(name)),
+                };
+                if allowed {
                     count(&p.name, "allowed");
                     return Ok(());
                 }
                 count(&p.name, "denied");
-                let creator = c
-                    .created_by
-                    .as_ref()
-                    .map_or_else(|| "no recorded principal".to_owned(), |o| format!("principal {o:?}"));
-                Err(Status::permission_denied(format!(
-                    "principal {:?} lacks the permission consume:{name} for consumer {name:?}: it was created by \
-                     {creator}, and only its creator or a principal that may consume it deletes it",
-                    p.name
-                )))
+                Err(Status::permission_denied(match &c.created_by {
+                    Some(creator) => format!(
+                        "principal {:?} may not delete consumer {name:?}: it was created by principal {creator:?}, \
+                         and only its creator or a principal with the permission * deletes it",
+                        p.name
+                    ),
+                    None => format!(
+                        "principal {:?} lacks the permission consume:{name} for consumer {name:?}: it has no \
+                         recorded creator, and only a principal that may consume it (or *) deletes it",
+                        p.name
+                    ),
+                }))
             }
         }
     }
@@ -1253,9 +1261,18 @@ permissions = ["consume:inventory-*"]
 
         let billing = made_by("billing", Some("payments"));
         let err = orders.check_consumer(ConsumerChange::Delete(&billing)).unwrap_err();
-        assert!(err.message().contains("consume:billing") && err.message().contains("\"payments\""), "{err:?}");
+        assert!(err.message().contains("created by principal \"payments\""), "{err:?}");
         assert!(caller("payments", &["admin:write"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
-        assert!(caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        assert!(caller("root", &["*"]).check_consumer(ConsumerChange::Delete(&billing)).is_ok());
+        // consume: (a pattern above all) does not delete another's consumer: it would redirect
+        // that application's stream.
+        assert!(caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&billing)).is_err());
+        assert!(caller("app", &["consume:billing"]).check_consumer(ConsumerChange::Delete(&billing)).is_err());
+        assert!(
+            caller("app", &["consume:billing"])
+                .check_consumer(ConsumerChange::Delete(&made_by("billing", None)))
+                .is_ok()
+        );
         assert!(caller("root", &["*"]).check_consumer(ConsumerChange::Delete(&made_by("x", None))).is_ok());
         assert!(orders.check_consumer(ConsumerChange::Delete(&made_by("billing", None))).is_err(), "no creator");
         let anyone = Caller::unrestricted("anonymous");

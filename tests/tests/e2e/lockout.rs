@@ -136,8 +136,9 @@ async fn preface_only_connections_are_bounded_per_peer_closed_and_lock_out_nobod
 }
 
 /// A connection that opens a stream in time is kept past the deadline (it is not a timeout
-/// of every connection); one used for health checks alone is not: health is answered to
-/// anyone, so a check must not let a connection keep its place for ever.
+/// of every connection); one used for health checks or reflection alone is not: health is
+/// answered to anyone and reflection to any valid credential, so neither must let a connection
+/// keep its place for ever.
 #[tokio::test]
 async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
     let (_store, _scratch, srv) = serve(&["--http2-first-stream-timeout", "1s"]).await?;
@@ -156,9 +157,24 @@ async fn a_connection_that_opens_a_stream_in_time_is_kept() -> Result<()> {
     body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
     let answer = answer.await?;
     ensure!(answer.status() == 200, "the health check: {}", answer.status());
+    // Another that opens a reflection stream, which any valid credential may, permissions or not.
+    let (mut h2r, reflecting) = idle_h2("127.0.0.3", to).await?;
+    let reflect = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())?;
+    let (answer, _open) = h2r.send_request(reflect, false)?;
+    let answer = answer.await?;
+    ensure!(answer.status() == 200, "the reflection stream: {}", answer.status());
     // Past the deadline, and then some, the first connection still answers; the health-only
-    // one is closed.
+    // and reflection-only ones are closed.
     tokio::time::timeout(Duration::from_secs(3), task).await.context("a health-only connection was kept")??;
+    tokio::time::timeout(Duration::from_secs(1), reflecting)
+        .await
+        .context("a reflection-only connection was kept")??;
     tokio::time::timeout(Duration::from_secs(1), admin.list_consumers(pb::ListConsumersRequest {}))
         .await
         .context("no answer")??;
@@ -317,6 +333,157 @@ async fn health_watches_are_bounded_per_connection() -> Result<()> {
     drop(open.pop());
     outbox_tests::eventually("the closed watch's place back", crate::WAIT, || async {
         Ok(watch().await.ok().map(drop))
+    })
+    .await?;
+    Ok(())
+}
+
+/// An authenticated GetStats call of `reader` on the raw HTTP/2 connection `h2c`: its HTTP and
+/// gRPC status.
+async fn raw_get_stats(h2c: &mut h2::client::SendRequest<bytes::Bytes>, to: SocketAddr) -> Result<()> {
+    let call = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}/outbox.v1.OutboxAdmin/GetStats"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())?;
+    let mut ready = h2c.clone().ready().await?;
+    let (answer, mut body) = ready.send_request(call, false)?;
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    let answer = answer.await?;
+    ensure!(answer.status() == 200, "GetStats: HTTP {}", answer.status());
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await?.context("no trailers")?;
+    let status = trailers.get("grpc-status").context("no grpc-status")?;
+    ensure!(status == "0", "GetStats: grpc-status {status:?}");
+    Ok(())
+}
+
+/// Issue 47, item 4 (the review of ADR 0075): idle connections from many client addresses,
+/// each address within its own bound, fill every place, general and health's; a client that
+/// connects and uses its connection still gets in, because the connection that has waited
+/// longest without a stream gives its place up (ADR 0079), and a connection in use keeps its
+/// place however many idle ones arrive after it.
+#[tokio::test]
+async fn idle_connections_from_many_addresses_give_their_places_to_clients_that_use_theirs() -> Result<()> {
+    // 8 general places and the 16 kept for health; the deadline far away, so that only the
+    // eviction can free a place within this test.
+    let (_store, _scratch, srv) = serve(&[
+        "--max-client-connections",
+        "8",
+        "--max-connections-per-peer",
+        "4",
+        "--http2-first-stream-timeout",
+        "5m",
+    ])
+    .await?;
+    let to: SocketAddr = srv.endpoint.trim_start_matches("http://").parse()?;
+    // A client's connection in use: it made a call before the flood.
+    let (mut used, used_task) = idle_h2("127.0.0.9", to).await?;
+    raw_get_stats(&mut used, to).await?;
+    // Seven addresses, four idle connections each: 28, more than the 23 places left.
+    let mut idle = Vec::new();
+    for a in 2..=8 {
+        for _ in 0..4 {
+            idle.push(idle_h2(&format!("127.0.0.{a}"), to).await?);
+        }
+    }
+    // The oldest idle ones have given their places to the newest already.
+    let (_clients, mut tasks): (Vec<_>, Vec<_>) = idle.into_iter().unzip();
+    let rest = tasks.split_off(5);
+    all_closed(tasks, Duration::from_secs(2)).await.context("the five oldest idle connections")?;
+    // New clients that use their connections at once are served, calls and health checks alike.
+    for _ in 0..2 {
+        authenticated_call(&srv.endpoint).await?;
+        health_check(&srv.endpoint).await?;
+    }
+    // The connection in use kept its place through all of it.
+    ensure!(!used_task.is_finished(), "the connection in use was closed");
+    raw_get_stats(&mut used, to).await?;
+    drop(rest);
+    Ok(())
+}
+
+/// A raw request to `path` on `h2c`: its grpc-status (from the trailers, or from the headers
+/// of a trailers-only answer), or `None` when the connection went before an answer.
+async fn raw_status(h2c: &mut h2::client::SendRequest<bytes::Bytes>, to: SocketAddr, path: &str) -> Option<String> {
+    let call = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{to}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", "Bearer tok-reader")
+        .body(())
+        .ok()?;
+    let mut ready = h2c.clone().ready().await.ok()?;
+    let (answer, mut body) = ready.send_request(call, false).ok()?;
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true).ok()?;
+    let answer = answer.await.ok()?;
+    if let Some(s) = answer.headers().get("grpc-status") {
+        return s.to_str().ok().map(str::to_owned);
+    }
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        let _ = chunk.ok()?;
+    }
+    body.trailers().await.ok()??.get("grpc-status")?.to_str().ok().map(str::to_owned)
+}
+
+/// The review of ADR 0079: on a connection served health only (`--health-listen`, or a place
+/// kept for health when every general connection is in use), a request for anything else
+/// neither keeps the connection (it would hold the place for ever) nor leaves a client with a
+/// connection that answers its calls UNIMPLEMENTED: it is answered UNAVAILABLE, or the
+/// connection closed, and the connection goes, so that the client connects again.
+#[tokio::test]
+async fn other_requests_do_not_keep_a_health_only_connection() -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let health_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let (_store, _scratch, srv) = serve(&[
+        "--health-listen",
+        &health_addr.to_string(),
+        "--max-client-connections",
+        "2",
+        "--http2-first-stream-timeout",
+        "5m",
+    ])
+    .await?;
+    let endpoint = format!("http://{health_addr}");
+    outbox_tests::eventually("the health listener answers", crate::WAIT, || async {
+        Ok(health_check(&endpoint).await.ok())
+    })
+    .await?;
+    // --health-listen: an unknown path and an admin call.
+    for path in ["/x/y", "/outbox.v1.OutboxAdmin/GetStats"] {
+        let (mut h2c, task) = idle_h2("127.0.0.2", health_addr).await?;
+        let status = raw_status(&mut h2c, health_addr, path).await;
+        ensure!(status.as_deref().is_none_or(|s| s == "14"), "{path} on --health-listen: grpc-status {status:?}");
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .with_context(|| format!("{path} kept its connection"))??;
+    }
+    // The main port with its two general places in use: a third client gets a place kept for
+    // health, and its call is answered UNAVAILABLE and its connection closed.
+    let to: SocketAddr = srv.endpoint.trim_start_matches("http://").parse()?;
+    let mut used = Vec::new();
+    for a in ["127.0.0.5", "127.0.0.6"] {
+        let (mut h2c, task) = idle_h2(a, to).await?;
+        raw_get_stats(&mut h2c, to).await?;
+        used.push((h2c, task));
+    }
+    let (mut third, task) = idle_h2("127.0.0.7", to).await?;
+    let status = raw_status(&mut third, to, "/outbox.v1.OutboxAdmin/GetStats").await;
+    ensure!(status.as_deref().is_none_or(|s| s == "14"), "a call on a health place: grpc-status {status:?}");
+    tokio::time::timeout(Duration::from_secs(2), task).await.context("the health place kept its connection")??;
+    health_check(&srv.endpoint).await?;
+    // A general place free again: the client's next connection is served.
+    drop(used.pop());
+    outbox_tests::eventually("a call once a general place is free", crate::WAIT, || async {
+        Ok(authenticated_call(&srv.endpoint).await.ok())
     })
     .await?;
     Ok(())

@@ -19,6 +19,7 @@ mod memory;
 mod metrics;
 mod otlp;
 mod outboxctl;
+mod pg_tls;
 mod python;
 mod security;
 mod sink_targets;

@@ -24,6 +24,7 @@ use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 use listener::WorkListener;
 
+mod conninfo;
 mod listener;
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
@@ -365,8 +366,11 @@ where
 }
 
 impl PgStore {
-    /// Connects, creating the database first if it does not exist.
+    /// Connects, creating the database first if it does not exist. Every connection, the
+    /// maintenance one that checks for the database included, takes the URL's TLS parameters
+    /// as [`conninfo::prepare`] left them.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let url = &*conninfo::prepare(url)?;
         if !Postgres::database_exists(url).await? {
             // Another replica may create it at the same moment; only a still-missing database is an error.
             if let Err(e) = Postgres::create_database(url).await
@@ -403,6 +407,15 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.options(LEASE_SETTINGS.iter().copied()))
             .await?;
+        // Whether the connections are encrypted, which `sslmode=prefer` (the default) leaves
+        // to the server: said once, so that an operator need not guess. Behind a connection
+        // pooler this is the pooler's session with PostgreSQL.
+        match sqlx::query_scalar::<_, Option<String>>(q::CONNECTION_TLS).fetch_optional(&pool).await {
+            Ok(tls) => {
+                tracing::info!(database_tls = tls.flatten().as_deref().unwrap_or("off"), "connected to PostgreSQL")
+            }
+            Err(e) => tracing::warn!(error = %e, "connected to PostgreSQL; cannot read whether the session uses TLS"),
+        }
         Ok(Self { pool, relay_pool, lease_pool, relay_consumers: Arc::default() })
     }
 

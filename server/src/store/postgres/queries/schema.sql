@@ -4,6 +4,10 @@ LOCK TABLE outbox.function_source IN EXCLUSIVE MODE;
 -- name: tables_analyze
 ANALYZE outbox.messages, outbox.deliveries, outbox.consumers, outbox.relay_gaps, outbox.relay_log, outbox.delivery_ranges;
 
+-- name: connection_tls
+-- The TLS version of this session as the server sees it, NULL when it is not encrypted.
+SELECT CASE WHEN ssl THEN version END FROM pg_stat_ssl WHERE pid = pg_backend_pid();
+
 -- name: settings_channel_keys
 -- The keys of this database's notification channels (migration 0028).
 SELECT channel_key, wake_key FROM outbox.settings;
