@@ -7,27 +7,42 @@ that says what was expected and what the page showed, exit status 1):
 
 1. Signing in: without a session every page redirects (303) to /login; a wrong token gets a 401
    page with #login-error; the admin token signs in, and the session cookie is HttpOnly and
-   SameSite=Strict.
+   SameSite=Strict. The pages name an icon, which is served.
 2. A consumer's backlog grows and shrinks: consumer `console-demo` on `orders.*` (max_deliveries
-   1) is created over gRPC; 20 messages are enqueued with no stream attached and the overview's
-   row reaches a backlog of 20 by itself (the table refreshes every 10 s); a subscriber acks 10
-   and stops, and the backlog falls to 10.
-3. Messages fail: 5 messages of type `Broken` are nacked with `card declined` (dead at once);
-   the consumer page shows one dead group `card declined` with count 5. Pause and resume
-   through the page's buttons reach the consumer (checked over gRPC).
+   1) is created over gRPC, its overview row showing dashes for rates not sampled yet and 0
+   acked; 20 messages are enqueued with no stream attached and the overview's row reaches a
+   backlog of 20 by itself (the table refreshes every 10 s); a subscriber acks 10 and stops, the
+   backlog falls to 10 and the acked figure rises to 10. The consumer's pending list (from its
+   page) holds the 10 left, its in-flight list none.
+3. Messages fail: 5 messages of type `Broken` are nacked with `card "declined"` (dead at once);
+   the overview's acked figure reaches 20; the consumer page shows one dead group with that
+   error as it is, count 5. Pause and resume through the page's buttons reach the consumer
+   (checked over gRPC).
 4. CSRF: POSTs without the `csrf` field (or with a wrong one) are refused with 403 and change
-   nothing (checked over gRPC), from the browser's own fetch and from a copied cookie.
-5. A read-only principal (admin:read) sees the dead group but no pause, resume or dry-run form,
-   and its POSTs are refused with or without the token; a principal with replay:* but no tail:
-   sees the dry-run forms and no payload (#payload-hidden, and the payload's text nowhere).
-6. Dry run and replay: the dry run selects 5 and changes nothing; the replay (max_per_second 50)
+   nothing (checked over gRPC), from the browser's own fetch and from a copied cookie; a form
+   whose token no longer counts (as after a restart) leads to a styled refusal page whose way
+   back returns to the form's page.
+5. A held key: consumer `console-keys` (dead key policy hold) holds key `sku-1` after its first
+   message dead-letters; "Skip it" shows a confirmation first (the key still held), then the
+   consumer page says what it did, and the waiting message is delivered.
+6. A read-only principal (admin:read) sees the dead group but no pause, resume, dry-run or
+   message replay form, and its POSTs are refused with or without the token; a principal with
+   replay:* but no tail: sees the dry-run forms and no payload (#payload-hidden, and the
+   payload's text nowhere).
+7. A deep link: a fresh browser opening a message's page is sent to sign in and, signed in,
+   lands on that message; a sign-in whose next page names another site (`//host`, a backslash,
+   a scheme, a tab) lands on the overview of this console.
+8. Dry run and replay: the dry run selects 5 and changes nothing; the replay (max_per_second 50)
    runs to `done` on its progress page; a subscriber receives those 5 messages again with
-   delivery_count 1 and acks them.
-7. The message page (payload, headers, timeline), search (by type, by topic following `a#next`,
-   by id), the replays list, and signing out.
+   delivery_count 1 and acks them. The error shows as it is on the dry run, the progress page
+   and the replays list.
+9. The message page (payload with its keys in their order, headers, timeline), one message
+   replayed from it (a confirmation, then a message after, and the message delivered again),
+   search (by type, by topic following `a#next`, by id, by topic pattern), the replays list,
+   and signing out.
 
-Screenshots of each screen go to SCREENSHOT_DIR: overview.png, consumer.png, dry-run.png,
-replay.png, message.png, search.png, replays.png (the documentation shows them). On a failure, a
+Screenshots of each screen go to SCREENSHOT_DIR: overview.png, deliveries.png, consumer.png,
+dry-run.png, replay.png, message.png, search.png, replays.png (the documentation shows them). On a failure, a
 screenshot and the page's HTML go to FAILURE_DIR (default: a new temporary directory).
 
 Environment: CONSOLE_URL (http://host:port of the console), OUTBOXD_ADDR (gRPC host:port,
@@ -51,7 +66,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode, urlparse
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import grpc
 import requests
@@ -95,7 +110,14 @@ CONSUMER = "console-demo"
 GOOD_TOPIC = "orders.created"
 BROKEN_TOPIC = "orders.charged"
 BROKEN_TYPE = "Broken"
-ERROR = "card declined"
+# Quoted, as errors often are: every screen shows it as it is, never backslashed.
+ERROR = 'card "declined"'
+# A consumer that holds an ordering key when a message of it dead-letters.
+KEYS_CONSUMER = "console-keys"
+KEYS_TOPIC = "stock.reserved"
+KEY = "sku-1"
+KEYS_ERROR = 'stock "sku-1" gone'
+
 # In every Broken payload: the principal without tail: must not see it anywhere on a page.
 SECRET = "pan-4111-1111-1111-1111"
 
@@ -170,9 +192,10 @@ class Grpc:
         self.admin.close()
         self.channel.close()
 
-    def enqueue(self, topic: str, type_: str, payload: dict[str, Any]) -> str:
+    def enqueue(self, topic: str, type_: str, payload: dict[str, Any], ordering_key: str = "") -> str:
         req = outboxd.pb.outbox.EnqueueRequest(topic=topic, type=type_, payload=json.dumps(payload).encode(),
-                                               headers={"content-type": "application/json", "source": "console-test"})
+                                               headers={"content-type": "application/json", "source": "console-test"},
+                                               ordering_key=ordering_key)
         return str(self.outbox.Enqueue(req, metadata=auth(ADMIN_TOKEN), timeout=30).message_id)
 
     def stats(self) -> outboxd.ConsumerStats:
@@ -235,6 +258,56 @@ async def fail_broken(expected_dead: int) -> tuple[set[str], int]:
         await asyncio.wait_for(task, WAIT)
         log.setLevel(level)
     return nacked, acked
+
+
+async def hold_key(first: str) -> None:
+    """Attaches a subscriber to KEYS_CONSUMER that nacks `first` with KEYS_ERROR (dead at once:
+    one delivery allowed), until the consumer holds its key, and takes nothing else."""
+    async def handle(d: outboxd.Delivery) -> None:
+        check(d.message_id == first, f"{KEYS_CONSUMER} delivered {d.message_id} while its key should be held")
+        raise RuntimeError(KEYS_ERROR)
+
+    log = logging.getLogger("outboxd.subscriber")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    subscriber = outboxd.Subscriber(OUTBOXD_ADDR, KEYS_CONSUMER, handle, concurrency=1, token=ADMIN_TOKEN)
+    task = asyncio.create_task(subscriber.run())
+    try:
+        async with outboxd.AdminClient(OUTBOXD_ADDR, token=ADMIN_TOKEN) as admin:
+            deadline = time.monotonic() + WAIT * 2
+            while True:
+                s = (await admin.get_stats(KEYS_CONSUMER)).consumers[0]
+                if s.dead == 1 and s.held_keys == 1:
+                    break
+                if task.done():
+                    task.result()
+                    raise Failed(f"the subscriber of {KEYS_CONSUMER} stopped before its key was held")
+                if time.monotonic() >= deadline:
+                    raise Failed(f"{KEYS_CONSUMER} did not hold its key within {WAIT * 2:.0f} s: {s}")
+                await asyncio.sleep(0.2)
+    finally:
+        subscriber.stop()
+        await asyncio.wait_for(task, WAIT)
+        log.setLevel(level)
+
+
+async def receive(consumer: str, expected: set[str]) -> dict[str, outboxd.Delivery]:
+    """Attaches a subscriber to `consumer` that acks what it gets until it has had every id of
+    `expected`."""
+    got: dict[str, outboxd.Delivery] = {}
+
+    async def handle(d: outboxd.Delivery) -> None:
+        got[d.message_id] = d
+        if expected <= set(got):
+            subscriber.stop()
+
+    subscriber = outboxd.Subscriber(OUTBOXD_ADDR, consumer, handle, concurrency=len(expected), token=ADMIN_TOKEN)
+    try:
+        await asyncio.wait_for(subscriber.run(), WAIT * 2)
+    except TimeoutError as e:
+        raise Failed(f"{consumer}: the messages did not all arrive within {WAIT * 2:.0f} s: got "
+                     f"{sorted(got)}, expected {sorted(expected)}") from e
+    return got
 
 
 async def receive_replayed(expected: set[str]) -> dict[str, outboxd.Delivery]:
@@ -312,6 +385,9 @@ class Browser:
     def path(self) -> str:
         return urlparse(self.driver.current_url).path
 
+    def text_of(self, elements: list[WebElement]) -> list[str]:
+        return [str(e.text).strip() for e in elements]
+
     def one(self, css: str, within: WebElement | None = None) -> WebElement:
         try:
             return (within or self.driver).find_element(By.CSS_SELECTOR, css)
@@ -374,14 +450,17 @@ class Browser:
 
     # actions
 
-    def sign_in(self, token: str) -> None:
-        self.get("/login")
+    def sign_in(self, token: str, landing: str = r"/") -> None:
+        """Signs in on the sign-in page (the one shown now, when it is; else /login) and waits
+        for the page it leads to (`landing`, a path pattern)."""
+        if self.path() != "/login":
+            self.get("/login")
         field = self.one("input#token")
         check(field.get_attribute("name") == "token", f"{self.who}: input#token is not named `token`")
         field.clear()
         field.send_keys(token)
         self.one("button#sign-in").click()
-        self.wait_path(r"/", "the overview after signing in")
+        self.wait_path(landing, f"{landing} after signing in")
         self.chrome()
 
     def fetch_post(self, path: str, fields: dict[str, str]) -> int | str:
@@ -482,6 +561,16 @@ def sign_in_and_sessions(admin: Browser) -> None:
     r = requests.get(CONSOLE_URL + "/", cookies=forged, allow_redirects=False, timeout=WAIT)
     check(r.status_code == 303, f"GET / with a made-up session cookie: expected 303 to /login, got {r.status_code}")
 
+    step("the pages have an icon")
+    icon = admin.one('link[rel="icon"]').get_attribute("href") or ""
+    check(urlparse(icon).path == "/assets/favicon.svg", f"admin: link[rel=icon] points at {icon!r}")
+    admin.driver.set_script_timeout(WAIT)
+    answer = admin.driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        fetch(arguments[0]).then(r => done([r.status, r.headers.get('content-type')])).catch(e => done(['' + e, '']));
+    """, icon)
+    check(answer == [200, "image/svg+xml"], f"admin: the icon {icon} answered {answer}")
+
 
 def backlog_grows_and_shrinks(admin: Browser, g: Grpc, st: State) -> None:
     step(f"consumer {CONSUMER} on orders.* (max_deliveries 1), created over gRPC")
@@ -498,6 +587,10 @@ def backlog_grows_and_shrinks(admin: Browser, g: Grpc, st: State) -> None:
     link = admin.one("a.consumer-link", row).get_attribute("href") or ""
     check(urlparse(link).path == f"/consumers/{CONSUMER}", f"admin: a.consumer-link goes to {link!r}")
     admin.expect("td.paused", lambda t: t.lower() == "no", "no", row)
+    # No minute sampled yet for a new consumer: dashes, not blank rate columns; no acks yet.
+    for cell in ("td.acked-rate", "td.dead-rate"):
+        admin.expect(cell, lambda t: t == "\u2014", "a dash (no rate yet)", row)
+    admin.expect("td.acked", lambda t: first_int(t) == 0, "0", row)
     admin.one("section#relay .unrelayed")
     check(admin.all("section#alerts li.alert, section#alerts li.no-alert"),
           "admin: section#alerts has neither li.alert nor li.no-alert")
@@ -512,8 +605,25 @@ def backlog_grows_and_shrinks(admin: Browser, g: Grpc, st: State) -> None:
     acked = asyncio.run(ack_some(10))
     check(len(acked) == 10, f"the subscriber acked {len(acked)} deliveries, expected 10")
     wait_overview(admin, "backlog", 10, "10 of 20 acked")
+    wait_overview(admin, "acked", 10, "10 acked by this process's stream")
     s = g.stats()
     check(s.backlog == 10, f"over gRPC the backlog is {s.backlog}, expected 10 ({s})")
+
+    step("the consumer's pending deliveries, listed from its page")
+    admin.get(f"/consumers/{CONSUMER}")
+    admin.one("a#list-pending").click()
+    admin.wait_path(rf"/consumers/{CONSUMER}/deliveries", "the list of pending deliveries")
+    admin.chrome()
+    check(admin.one("table#deliveries").get_attribute("data-kind") == "pending", "admin: not the pending list")
+    listed = {r.get_attribute("data-message-id") for r in admin.all("table#deliveries tr[data-message-id]")}
+    check(listed == set(st.good) - set(acked),
+          f"admin: the pending list holds {sorted(listed)}, expected the 10 not acked {sorted(set(st.good) - set(acked))}")
+    admin.screenshot("deliveries.png")
+    admin.one("a#list-in-flight").click()
+    admin.wait_path(rf"/consumers/{CONSUMER}/deliveries", "the list of deliveries in flight")
+    check(admin.one("table#deliveries").get_attribute("data-kind") == "in-flight", "admin: not the in-flight list")
+    admin.one("#none")
+    admin.get("/")
 
 
 def messages_fail(admin: Browser, g: Grpc, st: State) -> None:
@@ -526,6 +636,7 @@ def messages_fail(admin: Browser, g: Grpc, st: State) -> None:
     check(s.dead == 5 and s.backlog == 0, f"over gRPC: {s}, expected dead 5 and backlog 0")
     wait_overview(admin, "dead", 5, "5 nacked once with max_deliveries 1")
     wait_overview(admin, "backlog", 0, "everything else acked")
+    wait_overview(admin, "acked", 20, "10 more acked by the failing subscriber")
     admin.screenshot("overview.png")
 
     step(f"the consumer page groups them: `{ERROR}`, count 5")
@@ -537,6 +648,7 @@ def messages_fail(admin: Browser, g: Grpc, st: State) -> None:
     check(first_int(admin.text("#stats .dead")) == 5, f"admin: #stats .dead reads {admin.text('#stats .dead')!r}")
     admin.one("table#held-keys")
     row = wait_dead_group(admin, 5)
+    admin.expect("td.error .error-text", lambda t: t == ERROR, f"{ERROR!r} as it is", row)
     admin.expect("td.topics", lambda t: BROKEN_TOPIC in t, f"to name {BROKEN_TOPIC}", row)
     admin.expect("td.types", lambda t: BROKEN_TYPE in t, f"to name {BROKEN_TYPE}", row)
     for cell in ("td.first", "td.last"):
@@ -577,6 +689,73 @@ def csrf_is_required(admin: Browser, g: Grpc) -> None:
     check(s.dead == 5 and s.backlog == 0,
           f"after a replay POST without the CSRF token: {s}, expected dead 5 and backlog 0")
 
+    step("a form left open across a restart (its token no longer counts): a refusal page with a way back")
+    admin.get(f"/consumers/{CONSUMER}")
+    admin.driver.execute_script(
+        "document.querySelector('form#pause input[name=csrf]').value = 'left-open-before-a-restart'")
+    admin.one("form#pause button#pause-button").click()
+    wait_for("admin: the refusal page (#refused)", lambda: admin.one("#refused").is_displayed(), bool)
+    admin.expect("#refused h1", lambda t: "nothing was changed" in t.lower(), "to say nothing changed")
+    admin.one('link[rel="stylesheet"][href="/assets/console.css"]')
+    check(not g.paused(), f"{CONSUMER} is paused after a refused form")
+    admin.one("a#back").click()
+    admin.wait_path(rf"/consumers/{CONSUMER}", "the consumer page, from the refusal's way back")
+    admin.one("form#pause button#pause-button")
+
+
+def held_key_skip_is_confirmed(admin: Browser, g: Grpc) -> None:
+    step(f"a held key ({KEYS_CONSUMER}, dead key policy hold): Skip it asks first, and says after what it did")
+    g.admin.create_consumer(KEYS_CONSUMER, [KEYS_TOPIC], max_deliveries=1, ack_deadline=30, dead_key_policy="hold")
+    first = g.enqueue(KEYS_TOPIC, "Reserved", {"sku": KEY, "n": 1}, ordering_key=KEY)
+    second = g.enqueue(KEYS_TOPIC, "Reserved", {"sku": KEY, "n": 2}, ordering_key=KEY)
+    asyncio.run(hold_key(first))
+    admin.get(f"/consumers/{KEYS_CONSUMER}")
+    row_css = f'table#held-keys tr.held-key[data-key="{KEY}"]'
+    wait_for(f"admin: {row_css}", lambda: admin.one(row_css).is_displayed(), bool, between=admin.driver.refresh,
+             every=1.0)
+    row = admin.one(row_css)
+    admin.expect("td.error .error-text", lambda t: t == KEYS_ERROR, f"{KEYS_ERROR!r} as it is", row)
+    admin.one("form.release-skip button", row).click()
+    admin.wait_path(rf"/consumers/{KEYS_CONSUMER}/keys/release", "the confirmation of Skip it")
+    admin.chrome()
+    admin.expect("#skip-confirm-text .waiting", lambda t: first_int(t) == 1, "1 message waiting behind it")
+    held = [k.ordering_key for k in g.admin.list_held_keys(KEYS_CONSUMER).keys]
+    check(held == [KEY], f"{KEYS_CONSUMER} holds {held} before Skip it is confirmed, expected [{KEY!r}]")
+    admin.one("form#skip-confirm button#skip-button").click()
+    admin.wait_path(rf"/consumers/{KEYS_CONSUMER}", "the consumer page after Skip it")
+    admin.expect("#notice", lambda t: "Skipped" in t and KEY in t, f"to say the dead message of {KEY} was skipped")
+    held = [k.ordering_key for k in g.admin.list_held_keys(KEYS_CONSUMER).keys]
+    check(held == [], f"{KEYS_CONSUMER} still holds {held} after Skip it")
+    got = asyncio.run(receive(KEYS_CONSUMER, {second}))
+    check(set(got) == {second}, f"{KEYS_CONSUMER} delivered {sorted(got)}, expected the waiting {second}")
+
+
+def deep_link_survives_sign_in(st: State) -> None:
+    step("a deep link survives the sign-in: a fresh browser opening a message lands on it once signed in")
+    fresh = Browser("deep-link")
+    try:
+        try:
+            target = f"/messages/{st.broken[0]}"
+            fresh.get(target)
+            fresh.wait_path(r"/login", "the sign-in page for a deep link")
+            nxt = parse_qs(urlparse(fresh.driver.current_url).query).get("next")
+            check(nxt == [target], f"deep-link: the sign-in page leads to {nxt}, expected [{target!r}]")
+            fresh.sign_in(ADMIN_TOKEN, landing=re.escape(target))
+            fresh.one("table#meta")
+            step("a sign-in never leads to another site, however its next page is spelt")
+            console = urlparse(CONSOLE_URL).netloc
+            for evil in ("//evil.example/", "/\\evil.example/", "https://evil.example/", "/\t/evil.example/"):
+                fresh.get("/login?" + urlencode({"next": evil}))
+                fresh.sign_in(ADMIN_TOKEN)
+                here = urlparse(fresh.driver.current_url)
+                check(here.netloc == console and here.path == "/",
+                      f"deep-link: signing in with next={evil!r} led to {fresh.driver.current_url}")
+        except Exception:
+            fresh.keep_failure("deep-link")
+            raise
+    finally:
+        fresh.quit()
+
 
 def reader_sees_no_action(g: Grpc, st: State) -> None:
     step("a read-only principal (admin:read): no action, and its POSTs are refused")
@@ -614,6 +793,7 @@ def reader_sees_no_action(g: Grpc, st: State) -> None:
             s = g.stats()
             check(s.dead == 5, f"after the reader's replay POST: {s}, expected dead 5")
             reader.get(f"/messages/{st.broken[0]}")
+            reader.absent("form.replay-message", "the reader has no replay: permission")
             reader.one("#payload-hidden")
             reader.absent("pre#payload", "the reader has no tail: permission")
             check(SECRET not in reader.driver.page_source, "reader: the payload's text is on the message page")
@@ -658,6 +838,7 @@ def dry_run_and_replay(admin: Browser, g: Grpc, st: State) -> None:
     selected = wait_for("admin: #dry-run-result .selected to read 5", lambda: admin.text("#dry-run-result .selected"),
                         lambda t: first_int(t) == 5)
     check(first_int(selected) == 5, f"dry run selected {selected!r}")
+    admin.expect("#dry-run-result .error-text", lambda t: t == ERROR, f"{ERROR!r} as it is")
     s = g.stats()
     check(s.dead == 5 and s.backlog == 0, f"after the dry run: {s}, expected dead 5 and backlog 0 (nothing changed)")
     admin.chrome()
@@ -685,6 +866,7 @@ def dry_run_and_replay(admin: Browser, g: Grpc, st: State) -> None:
     check(state == "done", state)
     admin.expect("#progress .selected", lambda t: first_int(t) == 5, "5")
     admin.expect("#progress .replayed", lambda t: first_int(t) == 5, "5")
+    admin.expect("#progress .error-text", lambda t: t == ERROR, f"{ERROR!r} as on every other screen")
     admin.chrome()
     admin.screenshot("replay.png")
 
@@ -712,6 +894,7 @@ def message_page(admin: Browser, st: State) -> None:
     except ValueError as e:
         raise Failed(f"admin: pre#payload is not the JSON payload: {shown[:200]!r}") from e
     check(payload == {"order": 100, "card": SECRET}, f"admin: pre#payload shows {payload}")
+    check(shown.index('"order"') < shown.index('"card"'), f"admin: the payload's keys are not in their order: {shown!r}")
     admin.absent("#payload-hidden", "the admin may tail every topic")
     headers = admin.text("table#headers")
     check("content-type" in headers and "console-test" in headers, f"admin: table#headers reads {headers!r}")
@@ -719,7 +902,19 @@ def message_page(admin: Browser, st: State) -> None:
     check(admin.text(".state", row) == "ACKED", f"admin: the timeline's state is {admin.text('.state', row)!r}")
     check(first_int(admin.text(".count", row)) == 1, f"admin: the timeline's count is {admin.text('.count', row)!r}")
     admin.one(".error", row)
+    admin.one("form.replay-message button", row)
     admin.screenshot("message.png")
+
+    step("one message replayed from its page: what it does first, then a message after")
+    admin.one("form.replay-message button", row).click()
+    admin.wait_path(rf"/messages/{message_id}/replay", "the replay's confirmation")
+    admin.chrome()
+    admin.expect("#replay-message-result .state", lambda t: t == "ACKED", "ACKED")
+    admin.one("form#replay-message-confirm button#replay-message-button").click()
+    admin.wait_path(rf"/messages/{message_id}", "the message page after its replay")
+    admin.expect("#notice", lambda t: f"Replayed to {CONSUMER}" in t, f"to say it was replayed to {CONSUMER}")
+    got = asyncio.run(receive(CONSUMER, {message_id}))
+    check(got[message_id].delivery_count == 1, f"the replayed message came with count {got[message_id].delivery_count}")
 
 
 def search(admin: Browser, st: State) -> None:
@@ -760,6 +955,15 @@ def search(admin: Browser, st: State) -> None:
     admin.get("/search?" + urlencode({"type": "NoSuchType"}))
     check(result_ids(admin) == [], f"admin: search for an unknown type gave {result_ids(admin)}")
 
+    # By topic pattern: `*` one segment, `>` the rest.
+    for pattern in ("orders.*", "orders.>", "*.charged"):
+        admin.get("/search?" + urlencode({"topic": pattern}))
+        want = set(st.broken) if pattern == "*.charged" else set(st.good) | set(st.broken)
+        check(set(result_ids(admin)) == want,
+              f"admin: search for topic {pattern} gave {len(result_ids(admin))} ids, expected {len(want)}")
+    admin.get("/search?" + urlencode({"topic": "orders.*.x"}))
+    check(result_ids(admin) == [], f"admin: orders.*.x matched {result_ids(admin)}")
+
 
 def replays_list(admin: Browser, st: State) -> None:
     step("the replays list names who replayed what")
@@ -779,6 +983,7 @@ def replays_list(admin: Browser, st: State) -> None:
     admin.expect(".selected", lambda t: first_int(t) == 5, "5", row)
     admin.expect(".replayed", lambda t: first_int(t) == 5, "5", row)
     admin.expect(".state", lambda t: t.lower() == "done", "done", row)
+    admin.expect(".selection .error-text", lambda t: t == ERROR, f"{ERROR!r} as on every other screen", row)
     admin.screenshot("replays.png")
 
 
@@ -809,8 +1014,10 @@ def main() -> int:
         backlog_grows_and_shrinks(admin, g, st)
         messages_fail(admin, g, st)
         csrf_is_required(admin, g)
+        held_key_skip_is_confirmed(admin, g)
         reader_sees_no_action(g, st)
         notail_sees_no_payload(st)
+        deep_link_survives_sign_in(st)
         dry_run_and_replay(admin, g, st)
         message_page(admin, st)
         search(admin, st)

@@ -1,5 +1,5 @@
-//! The console's static files, compiled into the binary: its stylesheet and script, and the
-//! vendored chart library (uPlot 1.6.32, MIT, from npm as published; see `assets/vendor/`).
+//! The console's static files, compiled into the binary: its stylesheet, script and icon, and
+//! the vendored chart library (uPlot 1.6.32, MIT, from npm as published; see `assets/vendor/`).
 //! Served with their content type and a long cache: their names change with their versions.
 use axum::extract::Path;
 use axum::http::{StatusCode, header};
@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 const FILES: &[(&str, &str, &[u8])] = &[
     ("console.css", "text/css; charset=utf-8", include_bytes!("assets/console.css")),
     ("console.js", "text/javascript; charset=utf-8", include_bytes!("assets/console.js")),
+    ("favicon.svg", "image/svg+xml", include_bytes!("assets/favicon.svg")),
     (
         "uplot-1.6.32.iife.min.js",
         "text/javascript; charset=utf-8",
@@ -19,6 +20,16 @@ const FILES: &[(&str, &str, &[u8])] = &[
 
 /// `/assets/NAME`.
 pub async fn asset(Path(name): Path<String>) -> Response {
+    file(&name)
+}
+
+/// `/favicon.ico`, which browsers ask for by itself (on pages that are not HTML, such as a
+/// plain-text refusal): the icon the pages name.
+pub async fn favicon() -> Response {
+    file("favicon.svg")
+}
+
+fn file(name: &str) -> Response {
     match FILES.iter().find(|(n, _, _)| *n == name) {
         Some((_, kind, bytes)) => {
             ([(header::CONTENT_TYPE, *kind), (header::CACHE_CONTROL, "public, max-age=3600")], *bytes).into_response()

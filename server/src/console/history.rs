@@ -175,6 +175,12 @@ impl History {
     }
 }
 
+/// How much a running total grew over the samples kept (an hour) up to `now`: from the oldest
+/// sample, or from the start of this process (when the total was 0) before the first.
+pub fn since_oldest(samples: &[Sample], now: u64, total: impl Fn(&Sample) -> u64) -> u64 {
+    now.saturating_sub(samples.first().map_or(0, total))
+}
+
 /// Per-minute increases of a running total (the first sample has none).
 pub fn rates(samples: &[Sample], total: impl Fn(&Sample) -> u64) -> Vec<u64> {
     samples.windows(2).map(|w| total(&w[1]).saturating_sub(total(&w[0]))).collect()
@@ -193,5 +199,13 @@ mod tests {
         let s = [sample(0), sample(5), sample(12), sample(3)];
         assert_eq!(rates(&s, |s| s.acked_total), vec![5, 7, 0]);
         assert!(rates(&s[..1], |s| s.acked_total).is_empty());
+    }
+
+    #[test]
+    fn the_acks_of_the_hour_count_from_the_oldest_sample_or_from_the_start() {
+        let s = [sample(7), sample(12), sample(20)];
+        assert_eq!(since_oldest(&s, 25, |s| s.acked_total), 18, "25 now, 7 an hour ago");
+        assert_eq!(since_oldest(&[], 4, |s| s.acked_total), 4, "no sample yet: all this process counted");
+        assert_eq!(since_oldest(&s, 3, |s| s.acked_total), 0, "never below zero");
     }
 }

@@ -19,7 +19,7 @@ use super::views::{self, SearchForm};
 use crate::domain::{ConsumerName, MessageId, TopicPattern};
 use crate::grpc::auth::Need;
 use crate::maintenance::replay::Origin;
-use crate::store::{MessageQuery, StoreError};
+use crate::store::{MessageQuery, StoreError, UnackedKind};
 
 type Page = Result<Response, Refusal>;
 
@@ -27,7 +27,7 @@ type Page = Result<Response, Refusal>;
 const PAGE_ROWS: i64 = 50;
 /// Dead-letter groups a consumer page shows.
 const MAX_GROUPS: i64 = 50;
-/// Messages one search page reads at most.
+/// Messages one search page reads at most; and pending deliveries one page of retries reads.
 const SEARCH_WINDOW: i64 = 10_000;
 const ADMIN: &str = "/outbox.v1.OutboxAdmin/";
 
@@ -42,7 +42,9 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/consumers/{name}/replay", post(replay))
         .route("/consumers/{name}/keys/release", post(release_key))
         .route("/consumers/{name}/dead", get(dead_letters))
+        .route("/consumers/{name}/deliveries", get(deliveries))
         .route("/messages/{id}", get(message))
+        .route("/messages/{id}/replay", post(message_replay))
         .route("/search", get(search))
         .route("/replays", get(replays))
         .route("/replays/{id}", get(replay_job))
@@ -50,6 +52,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/assets/{name}", get(super::assets::asset))
+        .route("/favicon.ico", get(super::assets::favicon))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
@@ -90,8 +93,7 @@ async fn guard(Ctx(state): Ctx<Arc<State>>, req: axum::extract::Request, next: a
         let ours = origin.to_str().ok() == Some(&format!("{scheme}://{host}")) || (origin == "null" && same_site);
         if !ours {
             tracing::warn!(target: "outboxd::audit", host, origin = ?origin, action = "console", outcome = "forged", "console request from another origin refused");
-            return (StatusCode::FORBIDDEN, "refused: a change to this console must come from its own pages")
-                .into_response();
+            return (StatusCode::FORBIDDEN, views::refused_change(referring_page(headers).as_deref())).into_response();
         }
     }
     next.run(req).await
@@ -120,6 +122,67 @@ async fn security_headers(mut r: Response) -> Response {
     r
 }
 
+/// The longest path a sign-in leads back to.
+const MAX_NEXT_BYTES: usize = 2048;
+
+/// `next` if it is a page of this console that a browser may be sent to: a path of this origin
+/// (`/` and not `//` or `/\`), in printable ASCII without `\` (a browser reads `\` as `/`, and
+/// drops tabs and line breaks, either of which can turn a path into `//host`), at most
+/// [`MAX_NEXT_BYTES`], and not the sign-in or sign-out itself. Anything else — `//host`,
+/// `/\host`, `https://host`, `javascript:` — would make the console an open redirect: a link
+/// to it could send a browser that has just signed in to another site.
+pub(super) fn safe_next(next: &str) -> Option<&str> {
+    let b = next.as_bytes();
+    let ok = b.first() == Some(&b'/')
+        && !matches!(b.get(1), Some(b'/' | b'\\'))
+        && b.len() <= MAX_NEXT_BYTES
+        && b.iter().all(|c| c.is_ascii_graphic() && *c != b'\\');
+    let path = next.split(['?', '#']).next().unwrap_or(next);
+    (ok && !matches!(path, "/login" | "/logout")).then_some(next)
+}
+
+/// The page a request that must first sign in was going to: a page (GET or HEAD) with its
+/// query, not a fragment a page refreshes itself with (the page reloads when it gets the
+/// sign-in page instead), not an asset, not the overview (the default).
+pub(super) fn return_path(parts: &axum::http::request::Parts) -> Option<String> {
+    if !matches!(parts.method, axum::http::Method::GET | axum::http::Method::HEAD) {
+        return None;
+    }
+    let path = parts.uri.path();
+    if path == "/" || path.starts_with("/fragments/") || path.starts_with("/assets/") {
+        return None;
+    }
+    let full = parts.uri.path_and_query().map_or(path, |p| p.as_str());
+    safe_next(full).map(str::to_owned)
+}
+
+/// Where a request that must sign in is sent: the sign-in page, with the page to come back to.
+pub(super) fn sign_in_location(next: Option<&str>) -> String {
+    match next.and_then(safe_next) {
+        Some(n) => format!("/login?next={}", views::urlencode(n)),
+        None => "/login".to_owned(),
+    }
+}
+
+/// The page of this console a request was sent from (its `Referer`, which browsers send to the
+/// same origin under this console's referrer policy), as a page to go back to: a form's action
+/// leads back to the page that showed the form.
+pub(super) fn referring_page(headers: &HeaderMap) -> Option<String> {
+    let referer = headers.get(header::REFERER)?.to_str().ok()?;
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let rest = referer.strip_prefix("http://").or_else(|| referer.strip_prefix("https://"))?;
+    let path = rest.strip_prefix(host)?.split('#').next()?;
+    let page = safe_next(path)?;
+    let bare = page.split('?').next().unwrap_or(page);
+    let segments: Vec<&str> = bare.split('/').collect();
+    // ["", "consumers", NAME, ACTION, ...] and ["", "messages", ID, "replay"]: the page of the form.
+    Some(match segments.as_slice() {
+        ["", "consumers", name, "pause" | "resume" | "replay" | "keys", ..] => format!("/consumers/{name}"),
+        ["", "messages", id, "replay"] => format!("/messages/{id}"),
+        _ => page.to_owned(),
+    })
+}
+
 fn html(m: maud::Markup) -> Response {
     m.into_response()
 }
@@ -139,17 +202,25 @@ async fn overview_live(state: &State, viewer: &Viewer) -> Result<maud::Markup, R
     let snap = state.history.snapshot().await.map_err(store_refusal)?;
     let age = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(|t| crate::metrics::age(snap.at, t));
     let sink_states = crate::metrics::sink_states();
+    // Acks as this process counts them now, not as of the last sample: a figure that moves as
+    // the tab refreshes, with no read of the acked history.
+    let tallies = crate::metrics::tallies();
     let rows: Vec<views::ConsumerRow<'_>> = snap
         .stats
         .consumers
         .iter()
-        .map(|c| views::ConsumerRow {
-            stats: c,
-            oldest_s: age(c.oldest_unacked_at),
-            streams: snap.streams.get(&c.consumer).copied().unwrap_or(0),
-            sink: snap.sinks.get(&c.consumer).copied().unwrap_or(""),
-            sink_state: sink_states.get(&c.consumer).map(|s| s.as_str()),
-            samples: state.history.samples(&c.consumer),
+        .map(|c| {
+            let samples = state.history.samples(&c.consumer);
+            let acked_now = tallies.get(&c.consumer).map_or(0, |t| t.acked);
+            views::ConsumerRow {
+                stats: c,
+                oldest_s: age(c.oldest_unacked_at),
+                streams: snap.streams.get(&c.consumer).copied().unwrap_or(0),
+                sink: snap.sinks.get(&c.consumer).copied().unwrap_or(""),
+                sink_state: sink_states.get(&c.consumer).map(|s| s.as_str()),
+                acked: super::history::since_oldest(&samples, acked_now, |s| s.acked_total),
+                samples,
+            }
         })
         .collect();
     let relay = views::Relay {
@@ -237,7 +308,41 @@ async fn overview_fragment(Ctx(state): Ctx<Arc<State>>, viewer: Viewer) -> Page 
 
 // A consumer.
 
-async fn consumer(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(name): Path<String>) -> Page {
+/// What the last action on a consumer's page did, as its redirect says: a held key released.
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
+struct Released {
+    #[serde(default)]
+    released: Option<String>,
+    #[serde(default)]
+    skipped: bool,
+    #[serde(default)]
+    waiting: i64,
+}
+
+impl Released {
+    fn notice(&self) -> Option<String> {
+        let key = self.released.as_ref()?;
+        let waiting = self.waiting;
+        Some(if self.skipped {
+            format!(
+                "Skipped the dead message of ordering key {key}: it stays a dead letter, and the {waiting} message(s) \
+                 waiting behind it are delivered now."
+            )
+        } else {
+            format!(
+                "Released ordering key {key}: its dead message is delivered again first, then the {waiting} message(s) \
+                 waiting behind it."
+            )
+        })
+    }
+}
+
+async fn consumer(
+    Ctx(state): Ctx<Arc<State>>,
+    viewer: Viewer,
+    Path(name): Path<String>,
+    Query(done): Query<Released>,
+) -> Page {
     let n = consumer_name(&name)?;
     let c = state
         .admin
@@ -271,7 +376,7 @@ async fn consumer(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(name): Path<
     };
     let may_write = viewer.may(Need::AdminWrite);
     let may_replay = viewer.may(Need::Replay(&name));
-    Ok(html(views::consumer(&viewer, &page, may_write, may_replay)))
+    Ok(html(views::consumer(&viewer, &page, may_write, may_replay, done.notice().as_deref())))
 }
 
 async fn consumer_fragment(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(name): Path<String>) -> Page {
@@ -403,6 +508,9 @@ struct ReleaseForm {
     ordering_key: String,
     #[serde(default)]
     skip_dead: String,
+    /// A skip is confirmed on a page of its own first.
+    #[serde(default)]
+    confirmed: String,
 }
 
 async fn release_key(
@@ -413,14 +521,42 @@ async fn release_key(
     Form(f): Form<ReleaseForm>,
 ) -> Page {
     viewer.check_csrf(&headers, &f.csrf)?;
-    let req = pb::ReleaseKeyRequest {
-        consumer: name.clone(),
-        ordering_key: f.ordering_key,
-        skip_dead: f.skip_dead == "true",
-    };
-    state.admin.release_key(viewer.request(&format!("{ADMIN}ReleaseKey"), req)?).await?;
+    let skip_dead = f.skip_dead == "true";
+    if skip_dead && f.confirmed != "true" {
+        // Skipping gives the dead message up for the key's order: say so, and ask, first. The
+        // same permission as the release itself.
+        let _ = viewer.request(&format!("{ADMIN}ReleaseKey"), ())?;
+        if let Err(s) = viewer.caller.check(Need::Replay(&name)) {
+            viewer.refused("release_key", &s);
+            return Err(s.into());
+        }
+        let held = state
+            .admin
+            .list_held_keys(
+                viewer.request(&format!("{ADMIN}ListHeldKeys"), pb::ListHeldKeysRequest { consumer: name.clone() })?,
+            )
+            .await?
+            .into_inner()
+            .keys;
+        let Some(k) = held.into_iter().find(|k| k.ordering_key == f.ordering_key) else {
+            return Err(Status::not_found(format!(
+                "consumer {name} holds no ordering key {} (any more): it may have been released meanwhile",
+                f.ordering_key
+            ))
+            .into());
+        };
+        return Ok(html(views::skip_key(&viewer, &name, &k)));
+    }
+    let req = pb::ReleaseKeyRequest { consumer: name.clone(), ordering_key: f.ordering_key, skip_dead };
+    let key = state.admin.release_key(viewer.request(&format!("{ADMIN}ReleaseKey"), req)?).await?.into_inner().key;
     state.history.invalidate().await;
-    Ok(Redirect::to(&format!("/consumers/{}", views::urlencode(&name))).into_response())
+    let done = Released {
+        released: key.as_ref().map(|k| k.ordering_key.clone()),
+        skipped: skip_dead,
+        waiting: key.as_ref().map_or(0, |k| k.waiting),
+    };
+    let query = serde_urlencoded::to_string(&done).unwrap_or_default();
+    Ok(Redirect::to(&format!("/consumers/{}?{query}", views::urlencode(&name))).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -459,7 +595,32 @@ async fn dead_letters(
 
 // A message.
 
-async fn message(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(id): Path<String>) -> Page {
+/// What the last action on a message's page did, as its redirect says: a replay to a consumer.
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
+struct Replayed {
+    #[serde(default)]
+    replayed: Option<String>,
+    #[serde(default)]
+    count: i64,
+}
+
+impl Replayed {
+    fn notice(&self) -> Option<String> {
+        let c = self.replayed.as_ref()?;
+        Some(if self.count > 0 {
+            format!("Replayed to {c}: its delivery is due now, with a fresh delivery count.")
+        } else {
+            format!("Nothing was replayed to {c}: its delivery is in flight, or beyond the retention.")
+        })
+    }
+}
+
+async fn message(
+    Ctx(state): Ctx<Arc<State>>,
+    viewer: Viewer,
+    Path(id): Path<String>,
+    Query(done): Query<Replayed>,
+) -> Page {
     let r = state
         .admin
         .get_message(viewer.request(&format!("{ADMIN}GetMessage"), pb::GetMessageRequest { message_id: id })?)
@@ -467,7 +628,100 @@ async fn message(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(id): Path<Str
         .into_inner();
     let m = r.message.unwrap_or_default();
     let may_read = TopicPattern::parse("topic", &m.topic).is_ok_and(|t| viewer.may(Need::Tail(&t)));
-    Ok(html(views::message(&viewer, &m, &r.deliveries, may_read, state.trace_url.as_deref())))
+    let notice = done.notice();
+    let shown = views::MessageView { may_read, trace_url: state.trace_url.as_deref(), done: notice.as_deref() };
+    Ok(html(views::message(&viewer, &m, &r.deliveries, &shown)))
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageReplayForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    consumer: String,
+    #[serde(default)]
+    confirmed: String,
+    #[serde(default)]
+    allow_beyond_retention: String,
+}
+
+/// A replay of one message to one consumer, with the Replay RPC's checks and audit: a dry run
+/// that says what it would do, then the replay once confirmed, back on the message's page.
+async fn message_replay(
+    Ctx(state): Ctx<Arc<State>>,
+    viewer: Viewer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<MessageReplayForm>,
+) -> Page {
+    viewer.check_csrf(&headers, &f.csrf)?;
+    let message_id = MessageId::parse("message_id", &id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let confirmed = f.confirmed == "true";
+    let req = pb::ReplayRequest {
+        consumer: f.consumer.clone(),
+        message_ids: vec![message_id.to_string()],
+        dry_run: !confirmed,
+        allow_beyond_retention: f.allow_beyond_retention == "true",
+        ..Default::default()
+    };
+    let r = state.admin.replay(viewer.request(&format!("{ADMIN}Replay"), req)?).await?.into_inner();
+    if !confirmed {
+        let delivery =
+            state
+                .admin
+                .get_message(viewer.request(
+                    &format!("{ADMIN}GetMessage"),
+                    pb::GetMessageRequest { message_id: message_id.to_string() },
+                )?)
+                .await?
+                .into_inner()
+                .deliveries
+                .into_iter()
+                .find(|d| d.consumer == f.consumer);
+        let shown = delivery.map_or("none yet", |d| {
+            pb::delivery_state::State::try_from(d.state).map_or("UNKNOWN", |s| s.as_str_name())
+        });
+        return Ok(html(views::message_replay(&viewer, &message_id.to_string(), &f.consumer, shown, &r)));
+    }
+    state.history.invalidate().await;
+    let done = Replayed { replayed: Some(f.consumer), count: r.replayed };
+    let query = serde_urlencoded::to_string(&done).unwrap_or_default();
+    Ok(Redirect::to(&format!("/messages/{message_id}?{query}")).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct DeliveriesQuery {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    after: i64,
+}
+
+/// A page of a consumer's pending, retrying or in-flight deliveries, by keyset.
+async fn deliveries(
+    Ctx(state): Ctx<Arc<State>>,
+    viewer: Viewer,
+    Path(name): Path<String>,
+    Query(q): Query<DeliveriesQuery>,
+) -> Page {
+    viewer.caller.check(Need::AdminRead)?;
+    let n = consumer_name(&name)?;
+    let kind = match q.kind.as_str() {
+        "" => UnackedKind::Pending,
+        k => UnackedKind::parse(k)
+            .ok_or_else(|| Status::invalid_argument(format!("kind: {k:?} is none of pending, retrying, in-flight")))?,
+    };
+    let page = state
+        .admin
+        .ctx
+        .store
+        .delivery_list_unacked(&n, kind, q.after.max(0), PAGE_ROWS, SEARCH_WINDOW)
+        .await
+        .map_err(store_refusal)?;
+    let next = page
+        .next_after_seq
+        .map(|after| format!("/consumers/{}/deliveries?kind={}&after={after}", views::urlencode(&name), kind.as_str()));
+    Ok(html(views::deliveries(&viewer, &name, kind, &page.deliveries, next)))
 }
 
 // Search.
@@ -508,7 +762,10 @@ async fn search(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Query(form): Query<
     let parsed = (|| {
         let text = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_owned());
         let query = MessageQuery {
-            topic: text(&form.topic),
+            topic: text(&form.topic)
+                .map(|t| TopicPattern::parse("topic", &t))
+                .transpose()
+                .map_err(|e| e.to_string())?,
             type_: text(&form.type_),
             ordering_key: text(&form.ordering_key),
             after: instant("after", &form.after)?,
@@ -560,17 +817,27 @@ async fn replay_job_fragment(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Path(i
 
 // Signing in and out.
 
-async fn login_page(Ctx(state): Ctx<Arc<State>>) -> Response {
+#[derive(Debug, Deserialize)]
+struct NextQuery {
+    #[serde(default)]
+    next: String,
+}
+
+async fn login_page(Ctx(state): Ctx<Arc<State>>, Query(q): Query<NextQuery>) -> Response {
+    let next = safe_next(&q.next).unwrap_or("/");
     if !state.auth.enabled() {
-        return Redirect::to("/").into_response();
+        return Redirect::to(next).into_response();
     }
-    html(views::login(None))
+    html(views::login(None, next))
 }
 
 #[derive(Debug, Deserialize)]
 struct LoginForm {
     #[serde(default)]
     token: String,
+    /// The page to go to once signed in ([`safe_next`]; the overview otherwise).
+    #[serde(default)]
+    next: String,
 }
 
 /// Checks the token as the gRPC edge would, and keeps it in the session cookie. A sign-in
@@ -581,8 +848,9 @@ async fn login(
     peer: Option<axum::Extension<super::Peer>>,
     Form(f): Form<LoginForm>,
 ) -> Response {
+    let next = safe_next(&f.next).unwrap_or("/");
     if !state.auth.enabled() {
-        return Redirect::to("/").into_response();
+        return Redirect::to(next).into_response();
     }
     let peer = peer.and_then(|p| p.0.0);
     let cross_site = headers
@@ -591,7 +859,7 @@ async fn login(
         .is_some_and(|v| !matches!(v, "same-origin" | "none"));
     let token = f.token.trim();
     // Refusals are logged by the listener, a line per client and minute (`places`).
-    let refused = |why: &str| (StatusCode::UNAUTHORIZED, views::login(Some(why))).into_response();
+    let refused = |why: &str| (StatusCode::UNAUTHORIZED, views::login(Some(why), next)).into_response();
     if cross_site {
         return refused("a sign-in from another site is refused");
     }
@@ -607,10 +875,13 @@ async fn login(
             tracing::info!(target: "outboxd::audit", principal = &*caller.name, ?peer, action = "console_sign_in", outcome = "denied", "console sign-in refused: no admin:read");
             (
                 StatusCode::FORBIDDEN,
-                views::login(Some(&format!(
-                    "principal {:?} lacks admin:read, which every page of this console needs: it is not signed in",
-                    &*caller.name
-                ))),
+                views::login(
+                    Some(&format!(
+                        "principal {:?} lacks admin:read, which every page of this console needs: it is not signed in",
+                        &*caller.name
+                    )),
+                    next,
+                ),
             )
                 .into_response()
         }
@@ -621,7 +892,7 @@ async fn login(
                 Err(s) => return views::status_page(&s).into_response(),
             };
             tracing::info!(target: "outboxd::audit", principal = &*caller.name, ?peer, action = "console_sign_in", outcome = "ok", "console sign-in");
-            let mut r = Redirect::to("/").into_response();
+            let mut r = Redirect::to(next).into_response();
             let age = cookie::time::Duration::try_from(state.sessions.max).ok();
             if let Ok(v) = HeaderValue::from_str(&session_cookie(&id, state.secure, age).to_string()) {
                 r.headers_mut().append(header::SET_COOKIE, v);
@@ -645,4 +916,99 @@ async fn logout(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, headers: HeaderMap,
         r.headers_mut().append(header::SET_COOKIE, v);
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sign-in leads back only to a page of this console: never to another host, however the
+    /// path is spelt to look like one to a browser.
+    #[test]
+    fn a_sign_in_leads_back_to_a_path_of_this_console_only() {
+        for ok in
+            ["/messages/0190a6a0-0000-7000-8000-000000000000", "/consumers/billing?x=1#dead", "/search?topic=orders.*"]
+        {
+            assert_eq!(safe_next(ok), Some(ok));
+        }
+        for bad in [
+            "",
+            "//evil.example/",
+            "/\\evil.example",
+            "\\\\evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/ /evil.example",
+            "https://evil.example/",
+            "http:/evil.example",
+            "javascript:alert(1)",
+            "evil.example",
+            "/consumers\\..\\x",
+            "/login",
+            "/login?next=/",
+            "/logout",
+            "/caf\u{e9}",
+        ] {
+            assert_eq!(safe_next(bad), None, "{bad:?}");
+        }
+        assert_eq!(safe_next(&format!("/{}", "a".repeat(MAX_NEXT_BYTES))), None, "too long");
+        assert_eq!(sign_in_location(Some("/consumers/a b")), "/login");
+        assert_eq!(sign_in_location(Some("/consumers/x?y=1")), "/login?next=%2Fconsumers%2Fx%3Fy%3D1");
+        assert_eq!(sign_in_location(Some("//evil.example")), "/login");
+        assert_eq!(sign_in_location(None), "/login");
+    }
+
+    fn parts(method: &str, uri: &str) -> axum::http::request::Parts {
+        let r = axum::http::Request::builder().method(method).uri(uri).body(()).unwrap_or_default();
+        r.into_parts().0
+    }
+
+    /// The page a refused request was going to: pages asked for, not the polling of a page, its
+    /// assets, its forms or the overview.
+    #[test]
+    fn only_a_page_asked_for_is_returned_to_after_signing_in() {
+        assert_eq!(return_path(&parts("GET", "/messages/abc?x=1")).as_deref(), Some("/messages/abc?x=1"));
+        assert_eq!(return_path(&parts("HEAD", "/replays")).as_deref(), Some("/replays"));
+        for (method, uri) in [
+            ("GET", "/"),
+            ("GET", "/fragments/overview"),
+            ("GET", "/assets/console.css"),
+            ("POST", "/consumers/x/pause"),
+            ("GET", "//evil.example/x"),
+            ("GET", "/login?next=/x"),
+        ] {
+            assert_eq!(return_path(&parts(method, uri)), None, "{method} {uri}");
+        }
+    }
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(k, HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("")));
+        }
+        h
+    }
+
+    /// A refused form leads back to the page that showed it, on this host only.
+    #[test]
+    fn a_refused_change_leads_back_to_the_page_of_its_form_on_this_host() {
+        let back =
+            |referer: &str| referring_page(&headers(&[(header::HOST, "127.0.0.1:8080"), (header::REFERER, referer)]));
+        assert_eq!(back("http://127.0.0.1:8080/consumers/billing").as_deref(), Some("/consumers/billing"));
+        assert_eq!(back("https://127.0.0.1:8080/consumers/billing/replay").as_deref(), Some("/consumers/billing"));
+        assert_eq!(back("http://127.0.0.1:8080/consumers/replay").as_deref(), Some("/consumers/replay"));
+        assert_eq!(back("http://127.0.0.1:8080/consumers/b/keys/release").as_deref(), Some("/consumers/b"));
+        assert_eq!(back("http://127.0.0.1:8080/messages/m/replay").as_deref(), Some("/messages/m"));
+        assert_eq!(back("http://127.0.0.1:8080/search?topic=a#x").as_deref(), Some("/search?topic=a"));
+        for foreign in [
+            "http://evil.example/consumers/billing",
+            "http://127.0.0.1:8080.evil.example/x",
+            "http://127.0.0.1:8080@evil.example/x",
+            "http://127.0.0.1:8080//evil.example/x",
+            "ftp://127.0.0.1:8080/x",
+        ] {
+            assert_eq!(back(foreign), None, "{foreign}");
+        }
+        assert_eq!(referring_page(&headers(&[(header::REFERER, "http://127.0.0.1:8080/x")])), None, "no Host");
+    }
 }

@@ -67,13 +67,15 @@ pub struct Viewer {
 /// Why a page cannot be shown to this request.
 #[derive(Debug)]
 pub enum Refusal {
-    /// Not signed in (or the token no longer works): to the sign-in page.
-    SignIn,
-    /// Without an auth file, a browser without a session cookie yet: it gets one first.
-    NewSession(String, bool),
+    /// Not signed in (or the token no longer works): to the sign-in page, which leads back to
+    /// the page asked for, when there is one ([`super::pages::return_path`]).
+    SignIn(Option<String>),
+    /// Without an auth file, a browser without a session cookie yet: it gets one first, and
+    /// comes back to the page asked for (or the overview).
+    NewSession(String, bool, Option<String>),
     /// A request that changes something without this session's CSRF token, or from another
-    /// site.
-    Forged,
+    /// site; with the page of this console it was sent from, when the browser says.
+    Forged(Option<String>),
     Status(Status),
 }
 
@@ -86,20 +88,18 @@ impl From<Status> for Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
-            Refusal::SignIn => Redirect::to("/login").into_response(),
-            Refusal::NewSession(id, secure) => {
-                let mut r = Redirect::to("/").into_response();
+            Refusal::SignIn(next) => Redirect::to(&super::pages::sign_in_location(next.as_deref())).into_response(),
+            Refusal::NewSession(id, secure, next) => {
+                let mut r = Redirect::to(next.as_deref().unwrap_or("/")).into_response();
                 let age = Some(cookie::time::Duration::hours(12));
                 if let Ok(v) = header::HeaderValue::from_str(&session_cookie(&id, secure, age).to_string()) {
                     r.headers_mut().append(header::SET_COOKIE, v);
                 }
                 r
             }
-            Refusal::Forged => (
-                StatusCode::FORBIDDEN,
-                "refused: this request changes something and does not carry this session's CSRF token (reload the page)",
-            )
-                .into_response(),
+            Refusal::Forged(back) => {
+                (StatusCode::FORBIDDEN, super::views::refused_change(back.as_deref())).into_response()
+            }
             Refusal::Status(s) => super::views::status_page(&s).into_response(),
         }
     }
@@ -318,9 +318,11 @@ impl State {
         let peer = parts.extensions.get::<Peer>().and_then(|p| p.0);
         let cert = parts.extensions.get::<PeerCert>().map(|c| c.0.clone());
         let cookie = cookie_value(&parts.headers, self.secure);
+        // Where a browser sent to sign in (or to get its first cookie) comes back to.
+        let back = || super::pages::return_path(parts);
         if !self.auth.enabled() {
             let caller = self.auth.authenticate_credential(None, cert.as_deref())?;
-            let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?, self.secure)) };
+            let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?, self.secure, back())) };
             return Ok(Viewer { caller, csrf: self.csrf_for(id.as_bytes()), peer, signed_in: false, session: None });
         }
         match (cookie, cert) {
@@ -328,16 +330,16 @@ impl State {
                 Some(caller) => {
                     Ok(Viewer { caller, csrf: stored_csrf(&id), peer, signed_in: true, session: Some(id_hash(&id)) })
                 }
-                None => Err(Refusal::SignIn),
+                None => Err(Refusal::SignIn(back())),
             },
             (None, Some(cert)) => match self.auth.authenticate_credential(None, Some(&cert)) {
                 Ok(caller) => {
                     let session: [u8; 32] = Sha256::digest(&cert).into();
                     Ok(Viewer { caller, csrf: self.csrf_for(&session), peer, signed_in: false, session: None })
                 }
-                Err(_) => Err(Refusal::SignIn),
+                Err(_) => Err(Refusal::SignIn(back())),
             },
-            (None, None) => Err(Refusal::SignIn),
+            (None, None) => Err(Refusal::SignIn(back())),
         }
     }
 }
@@ -365,7 +367,7 @@ impl Viewer {
                 target: "outboxd::audit", principal = &*self.caller.name, peer = ?self.peer, action = "console",
                 outcome = "forged", "console request without its CSRF token refused"
             );
-            return Err(Refusal::Forged);
+            return Err(Refusal::Forged(super::pages::referring_page(headers)));
         }
         Ok(())
     }

@@ -75,8 +75,11 @@ pub struct ReplayJob {
     pub id: u64,
     pub consumer: String,
     pub principal: String,
-    /// What it selected, in words.
+    /// What it selected, in words (its last error apart: see `last_error`).
     pub selection: String,
+    /// The last error of the dead letters it selected, when it selected by one: the text as
+    /// the consumer gave it, for a page to show as it shows every error text.
+    pub last_error: Option<String>,
     pub rate: u32,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -114,6 +117,7 @@ impl ReplayJobs {
             consumer: plan.consumer.to_string(),
             principal: origin.principal.clone(),
             selection: describe(plan),
+            last_error: plan.filter.last_error.clone(),
             rate,
             started_at: now,
             finished_at: None,
@@ -149,7 +153,8 @@ impl ReplayJobs {
     }
 }
 
-/// A replay's selection in words, for people.
+/// A replay's selection in words, for people, but for its last error: a text of the
+/// consumer's, which a page shows as it is (quoting it here would escape its quotes).
 fn describe(plan: &ReplayPlan) -> String {
     let f = &plan.filter;
     let mut parts = Vec::new();
@@ -158,9 +163,6 @@ fn describe(plan: &ReplayPlan) -> String {
     }
     if f.dead_only {
         parts.push("dead letters".to_owned());
-    }
-    if let Some(e) = &f.last_error {
-        parts.push(format!("last error {e:?}"));
     }
     if let Some(t) = f.enqueued_after {
         parts.push(format!("enqueued from {}", t.to_rfc3339()));

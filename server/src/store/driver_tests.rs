@@ -911,6 +911,49 @@ async fn a_postgres_pending_batch_yields_to_rows_of_its_own() {
     assert_eq!(left, 0, "deleted with its consumer");
 }
 
+/// PostgreSQL only: the list of a consumer's pending deliveries leaves out the seqs of its
+/// pending ranges that rows of their own decide over (acked in the consumer's transaction while
+/// they wait, which leaves the range as it is), and pages of any size still walk every other
+/// one: a page that finds only such seqs is short, and the next starts past what it saw.
+#[tokio::test]
+async fn a_postgres_pending_list_skips_range_seqs_that_rows_decide_and_misses_none() {
+    let db = TestDb::create().await.unwrap();
+    let store = PgStore::connect(&db.url, 8).await.unwrap();
+    ready(&store).await;
+    let at = now();
+    create(&store, &spec("c", &["t"], StartFrom::New), at).await;
+    let first: Vec<MessageId> = insert(&store, &["t", "t", "t", "t"], at).await.iter().map(|e| e.message_id).collect();
+    store.relay_batch(10, at, false, &[]).await.unwrap();
+    let second: Vec<MessageId> = insert(&store, &["t", "t"], at).await.iter().map(|e| e.message_id).collect();
+    store.relay_batch(10, at, false, &[]).await.unwrap();
+    let ranges: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(ranges, 2, "two passes, two pending ranges");
+    for id in &first[..2] {
+        let acked: bool =
+            sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(store.pool()).await.unwrap();
+        assert!(acked);
+    }
+    let want = [first[2], first[3], second[0], second[1]];
+    for limit in [1, 2, 3, 100] {
+        let mut got = Vec::new();
+        let mut after = 0;
+        for _ in 0..20 {
+            let page = store.delivery_unacked_page("c", UnackedKind::Pending, after, limit, 100).await.unwrap();
+            got.extend(page.deliveries.iter().map(|d| d.message.message_id));
+            match page.next_after_seq {
+                Some(next) => after = next,
+                None => break,
+            }
+        }
+        assert_eq!(got, want, "pages of {limit}");
+    }
+    let stats = store.consumer_stats(Some("c"), false).await.unwrap();
+    assert_eq!(stats[0].backlog, 4);
+}
+
 #[tokio::test]
 async fn a_postgres_prune_batch_yields_to_the_replica_that_holds_the_prune_lock() {
     let db = TestDb::create().await.unwrap();

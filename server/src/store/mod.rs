@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic};
+use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic, TopicPattern};
 
 #[cfg(test)]
 mod driver_tests;
@@ -309,7 +309,9 @@ impl DeadGroup {
 /// What a message search looks for; every criterion given must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageQuery {
-    pub topic: Option<String>,
+    /// A topic, or a pattern that matches as a consumer's does (`orders.*` one segment,
+    /// `orders.>` one or more).
+    pub topic: Option<TopicPattern>,
     pub type_: Option<String>,
     pub ordering_key: Option<String>,
     /// `enqueued_at` at or after this.
@@ -327,6 +329,73 @@ pub struct MessageSummary {
     pub type_: String,
     pub ordering_key: Option<String>,
     pub enqueued_at: DateTime<Utc>,
+}
+
+/// The topic of a search as the stores filter by it: `(exact, pattern)`, one of them given. A
+/// topic without a wildcard is matched exactly, by equality; a pattern's segments (`*` one,
+/// `>` the rest) only ever hold `[A-Za-z0-9_-]` besides, so no character of them needs
+/// escaping but the dots.
+pub(crate) fn search_topic(topic: Option<&TopicPattern>) -> (Option<&str>, Option<&TopicPattern>) {
+    match topic {
+        Some(p) if p.as_str().split('.').any(|s| s == "*" || s == ">") => (None, Some(p)),
+        Some(p) => (Some(p.as_str()), None),
+        None => (None, None),
+    }
+}
+
+/// Which of a consumer's unfinished deliveries a list shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnackedKind {
+    /// Waiting for a delivery, first or again: the backlog.
+    Pending,
+    /// Waiting for a delivery again after one failed (nacked, or its lease expired).
+    Retrying,
+    /// Leased to a stream or a sink and not acked yet.
+    InFlight,
+}
+
+impl UnackedKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnackedKind::Pending => "pending",
+            UnackedKind::Retrying => "retrying",
+            UnackedKind::InFlight => "in-flight",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [UnackedKind::Pending, UnackedKind::Retrying, UnackedKind::InFlight].into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// A consumer's delivery that is not finished (pending or leased), with its message's summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnackedDelivery {
+    pub message: MessageSummary,
+    pub state: DeliveryState,
+    pub delivery_count: u32,
+    /// When it is due (pending), or was (leased).
+    pub available_at: DateTime<Utc>,
+    /// Until when its stream holds it (leased).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// One page of a consumer's unfinished deliveries in `seq` order, and the seq the next page
+/// starts after (`None`: nothing is left after this page).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnackedPage {
+    pub deliveries: Vec<UnackedDelivery>,
+    pub next_after_seq: Option<i64>,
+}
+
+/// The page a list of unfinished deliveries makes: the next page starts after the last one
+/// when the page is full, else after `reached` (how far its reads went, when they stopped
+/// before the end: never below the page's last), else nowhere.
+pub(crate) fn unacked_page(deliveries: Vec<UnackedDelivery>, limit: i64, reached: Option<i64>) -> UnackedPage {
+    let next_after_seq =
+        if deliveries.len() as i64 >= limit { deliveries.last().map(|d| d.message.seq) } else { reached };
+    UnackedPage { deliveries, next_after_seq }
 }
 
 /// One page of a search, newest first: the matches among the `scanned` messages below the

@@ -21,7 +21,7 @@ use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender,
     MessageQuery, NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats,
-    StoreError, TableHealth, TailEntry, TailPage, VacuumHorizon,
+    StoreError, TableHealth, TailEntry, TailPage, UnackedKind, UnackedPage, VacuumHorizon,
 };
 use crate::domain::{
     Consumer, ConsumerName, ConsumerSpec, LeasedDelivery, MessageId, PushOffer, RelayOutcome, Release, ReleaseGuard,
@@ -199,6 +199,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
     /// Every consumer's inbox row for one message, in consumer order.
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>>;
+    /// A page of the consumer's unfinished deliveries of `kind`, in `seq` order after
+    /// `after_seq`, at most `limit`. Each kind is read from the partial indexes of its state,
+    /// never from the history: pending ones from the pending rows and (PostgreSQL) the pending
+    /// ranges, in flight ones from the leases; retrying ones are the pending rows with a
+    /// delivery count, found among at most `scan` pending rows per page.
+    async fn delivery_unacked_page(
+        &self,
+        consumer: &str,
+        kind: UnackedKind,
+        after_seq: i64,
+        limit: i64,
+        scan: i64,
+    ) -> Result<UnackedPage>;
 
     // ---- Dead letters, replay and held keys (required).
 
@@ -386,6 +399,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
         self.dead_letter_page(consumer.as_str(), last_error, after_seq, limit, false).await
+    }
+
+    /// [`Store::delivery_unacked_page`]; [`StoreError::ConsumerNotFound`] for an unknown
+    /// consumer.
+    async fn delivery_list_unacked(
+        &self,
+        consumer: &ConsumerName,
+        kind: UnackedKind,
+        after_seq: i64,
+        limit: i64,
+        scan: i64,
+    ) -> Result<UnackedPage> {
+        self.consumer_get(consumer).await?;
+        self.delivery_unacked_page(consumer.as_str(), kind, after_seq, limit, scan).await
     }
 
     /// The consumer's dead letters grouped by last error, largest group first, at most `limit`

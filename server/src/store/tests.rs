@@ -89,7 +89,14 @@ on_every_store!(
     a_search_pages_newest_first_through_bounded_windows,
     a_relay_pass_fans_each_message_out_to_the_consumers_whose_patterns_match_its_topic,
     a_tail_reads_only_its_patterns_topics_in_bounded_windows_and_payloads_of_its_matches,
+    a_search_by_topic_pattern_matches_as_a_consumers_patterns_do,
+    a_consumers_pending_retrying_and_in_flight_deliveries_page_in_seq_order,
 );
+
+/// A topic pattern of a test.
+fn pattern(p: &str) -> TopicPattern {
+    TopicPattern::parse("topic", p).unwrap()
+}
 
 /// How many sessions of this test's database wait for the relays' turn (the advisory lock
 /// `(1869903970, 1)`): only this database's, as tests run side by side in databases of their own.
@@ -1817,12 +1824,12 @@ async fn a_search_pages_newest_first_through_bounded_windows(store: SharedStore)
     assert_eq!(page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![seqs[21], seqs[18], seqs[15]]);
     assert_eq!((page.scanned, page.next_before_seq), (10, Some(seqs[14])), "a full window: on below it");
     // Nothing matches in a window: it still moves on.
-    let none = MessageQuery { topic: Some("s.nothing".into()), ..Default::default() };
+    let none = MessageQuery { topic: Some(pattern("s.nothing")), ..Default::default() };
     let page = store.message_search(&none, None, 5, 10).await.unwrap();
     assert!(page.messages.is_empty());
     assert_eq!(page.next_before_seq, Some(seqs[20]));
     // The end of history: no next page.
-    let q = MessageQuery { topic: Some("s.old".into()), ordering_key: Some("k".into()), ..Default::default() };
+    let q = MessageQuery { topic: Some(pattern("s.old")), ordering_key: Some("k".into()), ..Default::default() };
     let page = store.message_search(&q, Some(seqs[10]), 50, 100).await.unwrap();
     assert_eq!(
         page.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
@@ -1885,4 +1892,169 @@ async fn a_tail_reads_only_its_patterns_topics_in_bounded_windows_and_payloads_o
     let read = store.message_list_of_seqs(&[seqs[1], seqs[5], seqs[5] + 100]).await.unwrap();
     assert_eq!(read.iter().map(|m| (m.seq, m.payload.len())).collect::<Vec<_>>(), [(seqs[1], 100_000), (seqs[5], 2)]);
     assert!(store.message_list_of_seqs(&[]).await.unwrap().is_empty());
+}
+
+/// A search by topic takes a pattern as a consumer does (`*` one segment, `>` the rest), also
+/// where a looser match would take more (a `*` that spans a dot, a literal after a `*` shifted
+/// by one), and pages through it as through any search.
+async fn a_search_by_topic_pattern_matches_as_a_consumers_patterns_do(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let topics = [
+        "orders.created",
+        "orders.eu.created",
+        "orders.eu.x.created",
+        "orders",
+        "billing.created",
+        "orders.x",
+        "orders.a.b.x.c",
+    ];
+    let mut seq_of = std::collections::HashMap::new();
+    for t in topics {
+        seq_of.insert(t, store.message_insert(&msg(t), now).await.unwrap().seq);
+    }
+    let found = |p: &'static str, limit: i64| {
+        let store = store.clone();
+        async move {
+            let q = MessageQuery { topic: Some(pattern(p)), ..Default::default() };
+            let mut topics = Vec::new();
+            let mut cursor = None;
+            loop {
+                let page = store.message_search(&q, cursor, limit, 100).await.unwrap();
+                assert!(page.messages.len() as i64 <= limit, "{p}: a page of at most {limit}");
+                topics.extend(page.messages.into_iter().map(|m| m.topic));
+                match page.next_before_seq {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            topics.reverse();
+            topics
+        }
+    };
+    for limit in [1, 100] {
+        assert_eq!(found("orders.*", limit).await, ["orders.created", "orders.x"], "one segment");
+        assert_eq!(
+            found("orders.>", limit).await,
+            ["orders.created", "orders.eu.created", "orders.eu.x.created", "orders.x", "orders.a.b.x.c"],
+            "the rest"
+        );
+        assert_eq!(found("*.created", limit).await, ["orders.created", "billing.created"]);
+        assert_eq!(found("orders.*.created", limit).await, ["orders.eu.created"], "not orders.eu.x.created");
+        assert_eq!(
+            found("orders.*.x.>", limit).await,
+            ["orders.eu.x.created"],
+            "a literal after a `*` stays in place: not orders.a.b.x.c"
+        );
+        assert_eq!(found("orders.eu.>", limit).await, ["orders.eu.created", "orders.eu.x.created"]);
+        assert_eq!(found("orders", limit).await, ["orders"], "a plain topic is matched exactly");
+    }
+    assert!(seq_of.len() == topics.len());
+}
+
+/// A consumer's unfinished deliveries, listed by kind wherever they are held (on PostgreSQL,
+/// pending and leased ranges as well as rows): in flight (pushed and leased), retrying (nacked,
+/// with their count and error), pending (all of those waiting, a row deciding over a range);
+/// a page of any size walks the same list, and the lists agree with the stats.
+async fn a_consumers_pending_retrying_and_in_flight_deliveries_page_in_seq_order(store: SharedStore) {
+    let now = Utc::now().trunc_subsecs(6);
+    let later = crate::clock::add(now, Duration::from_secs(30));
+    let retry_at = crate::clock::add(now, Duration::from_secs(10));
+    let c = spec("c", &["t"], 5);
+    store.consumer_create(&c, now).await.unwrap();
+    store.consumer_create(&spec("other", &["t"], 5), now).await.unwrap();
+    let mut a = Vec::new();
+    for _ in 0..10 {
+        a.push(store.message_insert(&msg("t"), now).await.unwrap().message_id);
+    }
+    let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 3, lease_until: later };
+    assert_eq!(store.relay_batch(100, now, false, &[offer]).await.unwrap().pushed.len(), 3, "a0..a2 pushed");
+    let leased = store.delivery_lease_batch(&c.name, "s2", 2, "", later, now).await.unwrap();
+    assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), a[3..5], "a3, a4 leased");
+    let nack = |id: MessageId| Release {
+        consumer: c.name.clone(),
+        message_id: id,
+        state: DeliveryState::Pending,
+        available_at: retry_at,
+        error: Some("boom".into()),
+        attempt: Attempt::Failed,
+    };
+    assert_eq!(store.delivery_release_many(&[nack(a[1])], ReleaseGuard::Session("s1"), now).await.unwrap(), 1);
+    assert_eq!(store.delivery_release_many(&[nack(a[4])], ReleaseGuard::Session("s2"), now).await.unwrap(), 1);
+    assert_eq!(store.delivery_ack_many(&c.name, &[a[6]], now).await.unwrap(), 1, "acked while it waits");
+    // A second pass: a keyed message (a row of its own) and three more (another range).
+    let keyed = NewMessage { ordering_key: Some("k".into()), ..msg("t") };
+    let k = store.message_insert(&keyed, now).await.unwrap().message_id;
+    let mut b = Vec::new();
+    for _ in 0..3 {
+        b.push(store.message_insert(&msg("t"), now).await.unwrap().message_id);
+    }
+    store.relay_batch(100, now, false, &[]).await.unwrap();
+
+    let walk = |kind: UnackedKind, limit: i64, scan: i64| {
+        let store = store.clone();
+        let c = c.name.clone();
+        async move {
+            let mut all = Vec::new();
+            let mut after = 0;
+            for _ in 0..100 {
+                let page = store.delivery_list_unacked(&c, kind, after, limit, scan).await.unwrap();
+                assert!(page.deliveries.len() as i64 <= limit, "{kind:?}: a page of at most {limit}");
+                all.extend(page.deliveries);
+                match page.next_after_seq {
+                    Some(next) => {
+                        assert!(next > after, "{kind:?}: the cursor moves on");
+                        after = next;
+                    }
+                    None => return all,
+                }
+            }
+            panic!("{kind:?} does not end");
+        }
+    };
+    let ids = |v: &[UnackedDelivery]| v.iter().map(|d| d.message.message_id).collect::<Vec<_>>();
+    let stats = store.consumer_stats(Some("c"), false).await.unwrap().remove(0);
+
+    let in_flight = walk(UnackedKind::InFlight, 100, 100).await;
+    assert_eq!(ids(&in_flight), [a[0], a[2], a[3]], "pushed and leased, not the nacked ones");
+    assert!(in_flight.iter().all(|d| d.state == DeliveryState::Leased && d.delivery_count == 1));
+    assert!(in_flight.iter().all(|d| d.lease_expires_at == Some(later)), "{in_flight:?}");
+    assert_eq!(in_flight.len() as i64, stats.in_flight);
+
+    let retrying = walk(UnackedKind::Retrying, 100, 100).await;
+    assert_eq!(ids(&retrying), [a[1], a[4]]);
+    for d in &retrying {
+        assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 1, retry_at));
+        assert_eq!(d.last_error.as_deref(), Some("boom"));
+    }
+    assert_eq!(retrying.len() as i64, stats.retrying);
+
+    let pending = walk(UnackedKind::Pending, 100, 100).await;
+    let want = [a[1], a[4], a[5], a[7], a[8], a[9], k, b[0], b[1], b[2]];
+    assert_eq!(ids(&pending), want, "waiting ones, wherever held, not the acked one");
+    assert!(pending.iter().all(|d| d.state == DeliveryState::Pending && d.lease_expires_at.is_none()));
+    assert!(pending.iter().filter(|d| d.delivery_count == 0).all(|d| d.available_at == now && d.last_error.is_none()));
+    assert_eq!(pending[2].message.topic, "t");
+    assert_eq!(pending[6].message.ordering_key.as_deref(), Some("k"));
+    assert_eq!(pending.len() as i64, stats.backlog);
+    let seqs: Vec<i64> = pending.iter().map(|d| d.message.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in seq order: {seqs:?}");
+
+    // Any page size walks the same lists; a retry page reads at most `scan` pending ones and
+    // moves on even when it finds none.
+    for limit in [1, 2, 3] {
+        assert_eq!(ids(&walk(UnackedKind::Pending, limit, 100).await), want, "pages of {limit}");
+        assert_eq!(ids(&walk(UnackedKind::InFlight, limit, 100).await), [a[0], a[2], a[3]]);
+        assert_eq!(ids(&walk(UnackedKind::Retrying, limit, 1).await), [a[1], a[4]], "scan 1, pages of {limit}");
+    }
+    let page = store.delivery_list_unacked(&c.name, UnackedKind::Retrying, 0, 10, 1).await.unwrap();
+    assert_eq!(ids(&page.deliveries), [a[1]]);
+    let a4 = pending[1].message.seq;
+    let page = store.delivery_list_unacked(&c.name, UnackedKind::Retrying, a4, 10, 1).await.unwrap();
+    assert!(page.deliveries.is_empty(), "no retry within the one pending row after a4: {page:?}");
+    assert!(page.next_after_seq.is_some_and(|n| n > a4), "and on past it: {page:?}");
+    let unknown = ConsumerName::parse("name", "nobody").unwrap();
+    assert!(matches!(
+        store.delivery_list_unacked(&unknown, UnackedKind::Pending, 0, 10, 10).await,
+        Err(StoreError::ConsumerNotFound(_))
+    ));
 }

@@ -2,9 +2,11 @@
 //! with Selenium against an outboxd on PostgreSQL that serves the console (`--console-listen`)
 //! with an auth file of three principals: one with every permission, one with `admin:read` only,
 //! one with `admin:read` and `replay:*` but no `tail:`. The script signs in, watches a consumer's
-//! backlog grow and shrink, makes messages fail, dry-runs and replays their group, checks what
-//! each principal may see and do and that a POST without the CSRF token is refused, and writes a
-//! screenshot of each screen to `docs/console/` (docs/console.md shows them).
+//! backlog grow and shrink, lists its deliveries, makes messages fail, dry-runs and replays their
+//! group, skips a held key, replays one message from its page, follows a deep link through the
+//! sign-in, checks what each principal may see and do and that a POST without the CSRF token is
+//! refused (with a way back), and writes a screenshot of each screen to `docs/console/`
+//! (docs/console.md shows them).
 //!
 //! It needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian's `chromium` and
 //! `chromium-driver`, which `.ci/run` installs). Without Chromium it is skipped, saying so,

@@ -2,6 +2,7 @@
 //! real outboxd with `--console-listen`, its pages, sign-in, cookies, CSRF, permissions and a
 //! replay of a group of dead letters. (The browser's view is `console.rs`.)
 use anyhow::{Context as _, Result, ensure};
+use outbox_client::Message;
 use outbox_client::grpc::admin_with;
 use outbox_proto::v1 as pb;
 use outbox_tests::{Backend, Outboxd, RawStream, TestStore, consumer, create_consumer, eventually};
@@ -9,7 +10,10 @@ use outbox_tests::{Backend, Outboxd, RawStream, TestStore, consumer, create_cons
 use crate::security::{Scratch, auth_file, s, start, tok};
 use crate::{WAIT, conformance, setup, stats};
 
-conformance!(an_operator_replays_a_group_of_dead_letters_from_the_console);
+conformance!(
+    an_operator_replays_a_group_of_dead_letters_from_the_console,
+    an_operators_day_lists_deliveries_replays_one_message_skips_a_held_key_and_searches_patterns,
+);
 
 /// The console's base URL, from the line outboxd logs when it binds `--console-listen`.
 pub(crate) fn console_url(srv: &Outboxd) -> Result<String> {
@@ -513,6 +517,350 @@ async fn failed_sign_ins_are_rate_limited_per_address_and_logged_in_aggregate() 
     sign_in(&base, "tok-root").await?;
     let lines = srv.log_lines(&["console sign-in", "refused", "127.0.0.3"]);
     assert_eq!(lines.len(), 1, "one line for the address's refusals so far: {lines:#?}");
+    Ok(())
+}
+
+/// The `location` of a redirect.
+fn location(r: &reqwest::Response) -> String {
+    r.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+}
+
+/// Issue 48 item 6: a deep link survives the sign-in (the sign-in page leads back to it), and
+/// never leads anywhere but a page of this console (no open redirect); a refused change is a
+/// page with a way back to the form's page; a principal without `replay:` cannot replay one
+/// message; the pages have an icon.
+#[tokio::test]
+async fn a_deep_link_survives_the_sign_in_and_leads_to_no_other_site() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let scratch = Scratch::new()?;
+    let file = scratch.write(
+        "auth.toml",
+        &auth_file(&[("root", &["*"]), ("reader", &["admin:read"]), ("other", &["admin:read", "replay:other"])]),
+    )?;
+    let srv = start(&store, &["--auth-file", s(&file), "--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let host = base.trim_start_matches("http://").to_owned();
+    let mut admin = admin_with(&srv.endpoint, &tok("root")).await?;
+    create_consumer(&mut admin, consumer("billing", &["orders.*"])).await?;
+    let mut producer = outbox_client::grpc::outbox_with(&srv.endpoint, &tok("root")).await?;
+    let id = producer
+        .enqueue(pb::EnqueueRequest {
+            topic: "orders.created".into(),
+            r#type: "OrderCreated".into(),
+            payload: b"{}".to_vec(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .message_id;
+    let page = format!("/messages/{id}");
+    let http = client()?;
+
+    // A fresh browser opening the message is sent to sign in, and from there back to it.
+    let r = http.get(format!("{base}{page}?from=mail")).send().await?;
+    assert_eq!(r.status(), 303);
+    let to_sign_in = location(&r);
+    let url = reqwest::Url::parse(&format!("{base}{to_sign_in}"))?;
+    let next: Vec<(String, String)> = url.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    assert_eq!((url.path(), next), ("/login", vec![("next".to_owned(), format!("{page}?from=mail"))]));
+    let form = http.get(format!("{base}{to_sign_in}")).send().await?.text().await?;
+    assert!(form.contains(&format!(r#"name="next" value="/messages/{id}?from=mail""#)), "{form}");
+    let r = http
+        .post(format!("{base}/login"))
+        .form(&[("token", "tok-root"), ("next", &format!("{page}?from=mail"))])
+        .send()
+        .await?;
+    assert_eq!((r.status().as_u16(), location(&r)), (303, format!("{page}?from=mail")), "back to the deep link");
+    let cookie = set_cookie(&r).context("a session")?.split(';').next().unwrap_or_default().to_owned();
+    let shown = http.get(format!("{base}{page}")).header("cookie", &cookie).send().await?;
+    assert_eq!(shown.status(), 200);
+    // A wrong token keeps the page to go back to.
+    let r = http.post(format!("{base}/login")).form(&[("token", "tok-nobody"), ("next", &page)]).send().await?;
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await?.contains(&format!(r#"name="next" value="{page}""#)));
+    // The overview, and a page's own refresh, need no way back.
+    let r = http.get(format!("{base}/")).send().await?;
+    assert_eq!(location(&r), "/login");
+    let r = http.get(format!("{base}/fragments/overview")).send().await?;
+    assert_eq!(location(&r), "/login");
+
+    // Never to another site, however `next` is spelt: the overview instead.
+    for evil in [
+        "//evil.example/x",
+        "/\\evil.example/x",
+        "\\\\evil.example",
+        "https://evil.example/",
+        "/\t/evil.example",
+        "javascript:alert(1)",
+        "evil.example",
+        "/login",
+    ] {
+        let r = http.post(format!("{base}/login")).form(&[("token", "tok-root"), ("next", evil)]).send().await?;
+        assert_eq!((r.status().as_u16(), location(&r)), (303, "/".to_owned()), "next={evil:?}");
+        let form = http.get(format!("{base}/login?next={}", urlencode(evil))).send().await?.text().await?;
+        assert!(!form.contains(r#"name="next""#), "next={evil:?} is not kept: {form}");
+    }
+
+    // A change without this session's token: a page that says nothing changed and leads back
+    // to the form's page (from the browser's Referer, on this host only).
+    let reader = sign_in(&base, "tok-reader").await?;
+    for (referer, back) in [
+        (format!("http://{host}/consumers/billing"), "/consumers/billing"),
+        (format!("http://{host}/consumers/billing/replay"), "/consumers/billing"),
+        ("http://evil.example/consumers/billing".to_owned(), "/"),
+    ] {
+        let r = reader
+            .http
+            .post(format!("{base}/consumers/billing/pause"))
+            .header("cookie", &reader.cookie)
+            .header("referer", &referer)
+            .form(&[("csrf", "left-open-before-a-restart")])
+            .send()
+            .await?;
+        assert_eq!(r.status(), 403);
+        assert!(r.headers()["content-type"].to_str()?.starts_with("text/html"), "a page, not a line of text");
+        let body = r.text().await?;
+        assert!(body.contains(r#"href="/assets/console.css""#) && body.contains("nothing was changed"), "{body}");
+        assert!(body.contains(&format!(r#"class="button primary" id="back" href="{back}""#)), "{referer}: {body}");
+    }
+    // The reader sees no replay of a message, and its POST is refused with its own token too.
+    let msg = reader.page(&page).await?;
+    assert!(!msg.contains("replay-message"), "no replay: for a reader");
+    let token = csrf(&msg)?;
+    let r = reader.post(&format!("{page}/replay"), &[("csrf", &token), ("consumer", "billing")]).await?;
+    assert_eq!(r.status(), 403);
+    let r = reader.post(&format!("{page}/replay"), &[("consumer", "billing"), ("confirmed", "true")]).await?;
+    assert_eq!(r.status(), 403);
+    let st = admin.get_stats(pb::GetStatsRequest { consumer: "billing".into() }).await?.into_inner();
+    assert_eq!(st.consumers[0].backlog, 1, "nothing replayed");
+    // Skipping a held key asks first only those who may release it: replay: of another
+    // consumer is refused before anything about billing's keys is shown.
+    let other = sign_in(&base, "tok-other").await?;
+    let token = csrf(&other.page("/consumers/billing").await?)?;
+    let r = other
+        .post("/consumers/billing/keys/release", &[("csrf", &token), ("ordering_key", "k"), ("skip_dead", "true")])
+        .await?;
+    assert_eq!(r.status(), 403, "replay:other may not skip billing's keys");
+
+    // An icon, at the address browsers ask for too.
+    for path in ["/favicon.ico", "/assets/favicon.svg"] {
+        let r = http.get(format!("{base}{path}")).send().await?;
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-type"], "image/svg+xml");
+        assert!(r.text().await?.starts_with("<svg"), "{path}");
+    }
+    assert!(form.contains(r#"<link rel="icon" type="image/svg+xml" href="/assets/favicon.svg">"#), "{form}");
+    Ok(())
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes().map(|b| format!("%{b:02X}")).collect()
+}
+
+/// Issue 48 item 6, the rest of an operator's day, on each store: a consumer's pending,
+/// retrying and in-flight deliveries listed and paged; a held key skipped only after a
+/// confirmation, with a message after; one message replayed from its page (a dry run first);
+/// error texts shown alike on every screen (quotes and all); a payload's keys in their order;
+/// search by topic pattern; acked figures and dashes on the overview; and, without sign-in,
+/// a deep link kept through the first visit's redirect.
+async fn an_operators_day_lists_deliveries_replays_one_message_skips_a_held_key_and_searches_patterns(
+    backend: Backend,
+) -> Result<()> {
+    let (_store, srv, db) = setup(backend, &["--console-listen", "127.0.0.1:0"]).await?;
+    let base = console_url(&srv)?;
+    let mut admin = srv.admin().await?;
+    let mut shipping = consumer("shipping", &["orders.*"]);
+    shipping.max_deliveries = 1;
+    shipping.dead_key_policy = pb::DeadKeyPolicy::Hold as i32;
+    create_consumer(&mut admin, shipping).await?;
+    let mut billing = consumer("billing", &["invoices.*"]);
+    billing.backoff_base = Some(outbox_tests::dur(std::time::Duration::from_secs(600)));
+    billing.backoff_max = billing.backoff_base;
+    create_consumer(&mut admin, billing).await?;
+
+    // Without sign-in, a first visit's redirect (which sets the cookie) keeps the deep link.
+    let http = client()?;
+    let k1a = db.enqueue(&Message::new("orders.created", "OrderCreated", b"{}".to_vec()).ordering_key("k1")).await?;
+    let r = http.get(format!("{base}/messages/{}", k1a.message_id)).send().await?;
+    assert_eq!((r.status().as_u16(), location(&r)), (303, format!("/messages/{}", k1a.message_id)));
+    let cookie = set_cookie(&r).context("a session cookie")?.split(';').next().unwrap_or_default().to_owned();
+    let session = Session { http, base: base.clone(), cookie };
+    let token = csrf(&session.page(&format!("/messages/{}", k1a.message_id)).await?)?;
+
+    // Shipping: a key held by its dead message, and a dead message to replay by itself.
+    let k1b = db.enqueue(&Message::new("orders.created", "OrderCreated", b"{}".to_vec()).ordering_key("k1")).await?;
+    let payload = br#"{"zeta":1,"alpha":[1.50,2],"mid":"x"}"#;
+    let u0 = db.enqueue(&Message::new("orders.charged", "OrderCharged", payload.to_vec())).await?;
+    let mut s = RawStream::open(&srv.endpoint, "shipping", 10).await?;
+    let first = s.take(2, WAIT).await?;
+    let quoted = r#"card "declined" by \bank"#;
+    for d in &first {
+        s.nack(&d.message_id, if d.message_id == k1a.message_id.to_string() { quoted } else { "carrier down" }).await;
+    }
+    eventually("shipping: 2 dead, k1 held", WAIT, || async {
+        let st = stats(&srv, "shipping").await?;
+        Ok((st.dead == 2 && st.held_keys == 1).then_some(()))
+    })
+    .await?;
+
+    // Billing: one retrying (its retry 10 minutes away), one in flight, 55 pending behind.
+    let mut invoices = Vec::new();
+    for i in 0..57 {
+        invoices.push(db.sql_enqueue("invoices.created", "InvoiceCreated", format!("{{\"n\":{i}}}").as_bytes()).await?);
+    }
+    let mut b = RawStream::open(&srv.endpoint, "billing", 1).await?;
+    let i0 = b.take(1, WAIT).await?.remove(0);
+    assert_eq!(i0.message_id, invoices[0].to_string());
+    b.nack(&i0.message_id, r#"timeout: "upstream" took 30s"#).await;
+    let i1 = b.take(1, WAIT).await?.remove(0);
+    eventually("billing: 1 retrying, 1 in flight", WAIT, || async {
+        let st = stats(&srv, "billing").await?;
+        Ok((st.retrying == 1 && st.in_flight == 1 && st.backlog == 56).then_some(()))
+    })
+    .await?;
+    let rows = |page: &str| -> Vec<String> {
+        page.match_indices("<tr data-message-id=\"")
+            .map(|(i, m)| page[i + m.len()..].split('"').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let in_flight = session.page("/consumers/billing/deliveries?kind=in-flight").await?;
+    assert_eq!(rows(&in_flight), std::slice::from_ref(&i1.message_id), "{in_flight}");
+    let retrying = session.page("/consumers/billing/deliveries?kind=retrying").await?;
+    assert_eq!(rows(&retrying), std::slice::from_ref(&i0.message_id));
+    assert!(
+        retrying.contains(r#"<span class="error-text">timeout: &quot;upstream&quot; took 30s</span>"#),
+        "{retrying}"
+    );
+    let mut pending = Vec::new();
+    let mut next = Some("/consumers/billing/deliveries?kind=pending".to_owned());
+    let mut pages = 0;
+    while let Some(path) = next.take() {
+        let page = session.page(&path).await?;
+        pending.extend(rows(&page));
+        next =
+            page.split(r#"id="next" href=""#).nth(1).and_then(|r| r.split('"').next()).map(|h| h.replace("&amp;", "&"));
+        pages += 1;
+        ensure!(pages < 5, "pending pages do not end");
+    }
+    let mut want: Vec<String> = invoices.iter().map(|u| u.to_string()).filter(|u| *u != i1.message_id).collect();
+    want.sort();
+    let mut got = pending.clone();
+    got.sort();
+    assert_eq!((pages, got), (2, want), "56 pending (the retrying one too) in two pages of at most 50");
+    assert_eq!(pending[0], i0.message_id, "oldest first");
+    let consumer_page = session.page("/consumers/billing").await?;
+    for kind in ["pending", "retrying", "in-flight"] {
+        assert!(consumer_page.contains(&format!(r#"id="list-{kind}""#)), "a link to the {kind} list");
+    }
+    assert_eq!(session.get("/consumers/billing/deliveries?kind=acked").await?.status(), 400);
+    assert_eq!(session.get("/consumers/nobody/deliveries").await?.status(), 404);
+
+    // The held key: "Skip it" asks first, and changes nothing until confirmed.
+    let page = session.page("/consumers/shipping").await?;
+    assert!(page.contains(r#"<span class="error-text">card &quot;declined&quot; by \bank</span>"#), "{page}");
+    let ask = session
+        .post("/consumers/shipping/keys/release", &[("csrf", &token), ("ordering_key", "k1"), ("skip_dead", "true")])
+        .await?;
+    assert_eq!(ask.status(), 200);
+    let ask = ask.text().await?;
+    assert!(ask.contains(r#"id="skip-confirm""#) && ask.contains(&k1a.message_id.to_string()), "{ask}");
+    assert_eq!(stats(&srv, "shipping").await?.held_keys, 1, "not released before it is confirmed");
+    assert!(s.next(std::time::Duration::from_millis(300)).await?.is_none(), "k1b still waits");
+    let done = session
+        .post(
+            "/consumers/shipping/keys/release",
+            &[("csrf", &token), ("ordering_key", "k1"), ("skip_dead", "true"), ("confirmed", "true")],
+        )
+        .await?;
+    assert_eq!(done.status(), 303);
+    let after = location(&done);
+    assert!(after.starts_with("/consumers/shipping?"), "{after}");
+    let next_of_key = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(next_of_key.message_id, k1b.message_id.to_string(), "the waiting one goes");
+    s.ack(&[&next_of_key.message_id]).await;
+    let notice = session.page(&after).await?;
+    assert!(
+        notice.contains(r#"id="notice""#) && notice.contains("Skipped the dead message of ordering key k1"),
+        "{notice}"
+    );
+    assert_eq!(stats(&srv, "shipping").await?.dead, 2, "the skipped one stays dead");
+
+    // A group replay by that error: its screens show the error as every other screen does.
+    let r = session
+        .post(
+            "/consumers/shipping/replay",
+            &[("csrf", &token), ("last_error", quoted), ("dry_run", "false"), ("max_per_second", "50")],
+        )
+        .await?;
+    assert_eq!(r.status(), 303);
+    let job = location(&r);
+    eventually("the group replayed", WAIT, || async {
+        Ok(session.page(&job).await?.contains(r#"<strong class="state">done</strong>"#).then_some(()))
+    })
+    .await?;
+    for screen in [job.as_str(), "/replays"] {
+        let p = session.page(screen).await?;
+        assert!(p.contains(r#"last error <span class="error-text">card &quot;declined&quot; by \bank</span>"#), "{p}");
+        assert!(!p.contains(r#"\&quot;"#), "no backslashed quotes on {screen}: {p}");
+    }
+    let again = s.take(1, WAIT).await?.remove(0);
+    assert_eq!(again.message_id, k1a.message_id.to_string());
+    s.ack(&[&again.message_id]).await;
+
+    // One message replayed from its page: a dry run first, then the replay, then a message.
+    let u0_page = format!("/messages/{}", u0.message_id);
+    let m = session.page(&u0_page).await?;
+    assert!(m.contains(r#"class="replay-message inline""#), "a replay form for shipping: {m}");
+    // The payload as it was written: keys in their order, numbers as they are.
+    assert!(
+        m.contains("{\n  &quot;zeta&quot;: 1,\n  &quot;alpha&quot;: [\n    1.50,\n    2\n  ],\n  &quot;mid&quot;: &quot;x&quot;\n}"),
+        "{m}"
+    );
+    let dry = session.post(&format!("{u0_page}/replay"), &[("csrf", &token), ("consumer", "shipping")]).await?;
+    assert_eq!(dry.status(), 200);
+    let dry = dry.text().await?;
+    assert!(dry.contains(r#"id="replay-message-confirm""#) && dry.contains(">DEAD<"), "{dry}");
+    assert_eq!(stats(&srv, "shipping").await?.dead, 1, "a dry run changes nothing");
+    let r = session
+        .post(&format!("{u0_page}/replay"), &[("csrf", &token), ("consumer", "shipping"), ("confirmed", "true")])
+        .await?;
+    assert_eq!((r.status().as_u16(), location(&r)), (303, format!("{u0_page}?replayed=shipping&count=1")));
+    let d = s.take(1, WAIT).await?.remove(0);
+    assert_eq!((d.message_id.as_str(), d.delivery_count), (u0.message_id.to_string().as_str(), 1));
+    s.ack(&[&d.message_id]).await;
+    let shown = session.page(&location(&r)).await?;
+    assert!(shown.contains(r#"id="notice""#) && shown.contains("Replayed to shipping"), "{shown}");
+    let r = session.post(&format!("{u0_page}/replay"), &[("consumer", "shipping"), ("confirmed", "true")]).await?;
+    assert_eq!(r.status(), 403, "without the CSRF token");
+
+    // Search by topic pattern.
+    let found = session.page("/search?topic=orders.*").await?;
+    let mut ids = rows(&found);
+    ids.sort();
+    let mut orders = vec![k1a.message_id.to_string(), k1b.message_id.to_string(), u0.message_id.to_string()];
+    orders.sort();
+    assert_eq!(ids, orders, "orders.* and no invoice");
+    assert_eq!(rows(&session.page("/search?topic=invoices.%3E").await?).len(), 50, "invoices.> (a page of 50)");
+    let bad = session.page("/search?topic=orders.%3E.x").await?;
+    assert!(bad.contains("search-error") && bad.contains("final"), "{bad}");
+
+    // The overview: acks of the last hour, and dashes until a rate can be drawn. (A stream's ack
+    // is applied after it is sent: the figure is waited for.)
+    let acked = |overview: &str, name: &str| {
+        overview
+            .split(&format!(r#"data-consumer="{name}""#))
+            .nth(1)
+            .and_then(|r| r.split(r#"<td class="num acked">"#).nth(1))
+            .and_then(|r| r.split('<').next())
+            .map(str::to_owned)
+    };
+    let overview = eventually("the overview's acks of shipping to reach 3 (k1b, k1a, u0)", WAIT, || async {
+        let page = session.page("/").await?;
+        Ok((acked(&page, "shipping").as_deref() == Some("3")).then_some(page))
+    })
+    .await?;
+    assert_eq!(acked(&overview, "billing").as_deref(), Some("0"));
+    assert!(overview.contains(r#"<span class="dash""#), "no rate yet: a dash: {overview}");
     Ok(())
 }
 

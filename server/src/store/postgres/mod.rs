@@ -17,10 +17,11 @@ use super::records::{
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
     MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
-    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
+    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry,
+    UnackedDelivery, UnackedKind, UnackedPage, VacuumHorizon,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
-use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 use listener::WorkListener;
 
 mod conninfo;
@@ -1138,16 +1139,31 @@ impl Store for PgStore {
             return Ok(SearchPage::default());
         };
         let upper = before_seq.map_or(upper, |c| c.min(upper));
+        let (topic, pattern) = super::search_topic(query.topic.as_ref());
+        // `*` one segment, `>` (last) one or more: as `outbox.topic_matches` reads a pattern.
+        let pattern = pattern.map(|p| {
+            let segments: Vec<&str> = p
+                .as_str()
+                .split('.')
+                .map(|s| match s {
+                    "*" => "[^.]+",
+                    ">" => ".+",
+                    literal => literal,
+                })
+                .collect();
+            format!("^{}$", segments.join("\\."))
+        });
         let rows = sqlx::query(q::MESSAGE_SEARCH_WINDOW)
             .bind(upper)
             .bind(lower)
             .bind(scan)
-            .bind(query.topic.as_deref())
+            .bind(topic)
             .bind(query.type_.as_deref())
             .bind(query.ordering_key.as_deref())
             .bind(query.after)
             .bind(query.before)
             .bind(limit)
+            .bind(pattern)
             .persistent(false)
             .fetch_all(&self.pool)
             .await?;
@@ -1178,6 +1194,49 @@ impl Store for PgStore {
             }
         };
         Ok(super::search_page(messages, scanned, lowest.filter(|l| *l > lower), limit, scan))
+    }
+
+    async fn delivery_unacked_page(
+        &self,
+        consumer: &str,
+        kind: UnackedKind,
+        after_seq: i64,
+        limit: i64,
+        scan: i64,
+    ) -> Result<UnackedPage> {
+        let sql = match kind {
+            UnackedKind::Pending => q::DELIVERY_PENDING_PAGE,
+            UnackedKind::Retrying => q::DELIVERY_RETRYING_PAGE,
+            UnackedKind::InFlight => q::DELIVERY_LEASED_PAGE,
+        };
+        let mut query = sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit);
+        if kind == UnackedKind::Retrying {
+            query = query.bind(scan);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        let mut reached = None;
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for r in &rows {
+            reached = r.try_get("reached")?;
+            // The one row of an empty page carries `reached` alone.
+            let Some(id) = r.try_get::<Option<Uuid>, _>("message_id")? else { continue };
+            deliveries.push(UnackedDelivery {
+                message: MessageSummary {
+                    message_id: MessageId(id),
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    type_: r.try_get("type")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    enqueued_at: r.try_get("enqueued_at")?,
+                },
+                state: DeliveryState::try_from(r.try_get::<&str, _>("state")?)?,
+                delivery_count: count(r, "delivery_count")?,
+                available_at: r.try_get("available_at")?,
+                lease_expires_at: r.try_get("lease_expires_at")?,
+                last_error: r.try_get("last_error")?,
+            });
+        }
+        Ok(super::unacked_page(deliveries, limit, reached))
     }
 
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {

@@ -28,11 +28,11 @@ use super::records::{
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
     MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
-    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, VacuumHorizon,
-    WorkHint,
+    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry,
+    UnackedDelivery, UnackedKind, UnackedPage, VacuumHorizon, WorkHint,
 };
 use crate::domain::fanout::{self, PassMessage, Subscriber};
-use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
 /// time by `build.rs`.
@@ -933,6 +933,49 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn delivery_unacked_page(
+        &self,
+        consumer: &str,
+        kind: UnackedKind,
+        after_seq: i64,
+        limit: i64,
+        scan: i64,
+    ) -> Result<UnackedPage> {
+        let sql = match kind {
+            UnackedKind::Pending => q::DELIVERY_PENDING_PAGE,
+            UnackedKind::Retrying => q::DELIVERY_RETRYING_PAGE,
+            UnackedKind::InFlight => q::DELIVERY_LEASED_PAGE,
+        };
+        let mut query = sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit);
+        if kind == UnackedKind::Retrying {
+            query = query.bind(scan);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        let mut reached = None;
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for r in &rows {
+            reached = r.try_get("reached")?;
+            // The one row of an empty page carries `reached` alone.
+            let Some(id) = r.try_get::<Option<&str>, _>("message_id")? else { continue };
+            deliveries.push(UnackedDelivery {
+                message: MessageSummary {
+                    message_id: uuid(id)?,
+                    seq: r.try_get("seq")?,
+                    topic: r.try_get("topic")?,
+                    type_: r.try_get("type")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    enqueued_at: time(r.try_get("enqueued_at")?),
+                },
+                state: DeliveryState::try_from(r.try_get::<&str, _>("state")?)?,
+                delivery_count: count(r, "delivery_count")?,
+                available_at: time(r.try_get("available_at")?),
+                lease_expires_at: opt_time(r.try_get("lease_expires_at")?),
+                last_error: r.try_get("last_error")?,
+            });
+        }
+        Ok(super::unacked_page(deliveries, limit, reached))
+    }
+
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>> {
         let rows = sqlx::query(q::DELIVERY_LIST_OF_MESSAGE).bind(id.to_string()).fetch_all(&self.pool).await?;
         rows.iter().map(delivery_from_row).collect()
@@ -1066,20 +1109,32 @@ impl Store for SqliteStore {
             .bind(scan)
             .fetch_one(&self.pool)
             .await?;
+        let (topic, pattern) = super::search_topic(query.topic.as_ref());
+        // A pattern's GLOB takes more than the pattern (a `*` of it also spans dots): every
+        // candidate of the window is read, and the pattern keeps its own, newest first.
+        let glob = pattern.map(|p| {
+            p.as_str().split('.').map(|s| if s == "*" || s == ">" { "*" } else { s }).collect::<Vec<_>>().join(".")
+        });
         let rows = sqlx::query(q::MESSAGE_SEARCH_WINDOW)
             .bind(upper)
             .bind(lower)
             .bind(scan)
-            .bind(query.topic.as_deref())
+            .bind(topic)
             .bind(query.type_.as_deref())
             .bind(query.ordering_key.as_deref())
             .bind(query.after.map(us))
             .bind(query.before.map(us))
-            .bind(limit)
+            .bind(if pattern.is_some() { scan } else { limit })
+            .bind(glob)
             .fetch_all(&self.pool)
             .await?;
         let messages = rows
             .iter()
+            .filter(|r| match pattern {
+                Some(p) => r.try_get::<&str, _>("topic").is_ok_and(|t| p.matches(t)),
+                None => true,
+            })
+            .take(usize::try_from(limit).unwrap_or(0))
             .map(|r| {
                 Ok(MessageSummary {
                     message_id: uuid(r.try_get("message_id")?)?,

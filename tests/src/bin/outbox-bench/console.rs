@@ -170,6 +170,10 @@ pub async fn run(args: &Args) -> Result<ConsoleCost> {
         format!("/messages/{some_id}"),
         "/search?type=Type5".to_owned(),
         "/search?topic=bench.seed.3&ordering_key=nobody".to_owned(),
+        "/search?topic=bench.*.3&ordering_key=nobody".to_owned(),
+        format!("/consumers/{CONSUMER}/deliveries?kind=pending"),
+        format!("/consumers/{CONSUMER}/deliveries?kind=retrying"),
+        format!("/consumers/{CONSUMER}/deliveries?kind=in-flight"),
         "/replays".to_owned(),
     ];
     let mut pages = Vec::new();

@@ -179,3 +179,122 @@ SELECT m.message_id, m.seq, m.topic, m.enqueued_at
    AND m.seq > $2
    {{replay_filters}}
  ORDER BY m.seq LIMIT $8;
+
+-- name: delivery_pending_page
+-- A page of consumer $1's pending deliveries after seq $2, at most $3, in seq order: its
+-- pending rows (`deliveries_pending`) and the seqs of its pending ranges that no row of its own
+-- decides over. The ranges are cut at the cursor and taken in the order of their lowest seq,
+-- at most $3 + 1 of them, and each of the first $3 sliced to its $3 lowest seqs: every range
+-- left out starts at or above the lowest seq of the first one left out, and every seq a slice
+-- left out lies above its range's slice, so the page looks no further than `upto`, the lower
+-- of the two, below which every seq has been seen (rows may have taken some, which would
+-- leave a page short); `upto` is where the next page starts when this one is short. It reads
+-- the page and the consumer's pending ranges (by `delivery_ranges_pending_consumer`), at most
+-- $3 of them sliced, each seq of the slices probed for a row (`deliveries_consumer_seq`) and
+-- each seq of the page's messages by primary key (`OFFSET 0` keeps both probes per row, where
+-- the planner, misled by the estimate of `generate_series`, would otherwise read every row of
+-- the consumer, or every message, in one join), never the backlog's length. A row with a NULL
+-- message_id only carries `reached` (an empty page).
+WITH cut AS (
+    SELECT g.seqs * int8multirange(int8range($2::int8 + 1, NULL)) AS seqs
+      FROM outbox.delivery_ranges g
+     WHERE g.consumer = $1 AND g.state = 'pending' AND upper(g.span) > $2::int8 + 1
+),
+firsts AS (
+    SELECT c.seqs, lower(c.seqs) AS lowest FROM cut c WHERE NOT isempty(c.seqs)
+     ORDER BY lower(c.seqs) LIMIT $3::int8 + 1
+),
+sliced AS (
+    SELECT x.slice, CASE WHEN upper(x.slice) < upper(x.seqs) THEN upper(x.slice) - 1 END AS last
+      FROM (SELECT f.seqs, outbox.multirange_slice(f.seqs, 0, $3::int8) AS slice
+              FROM firsts f ORDER BY f.lowest LIMIT $3::int8) x
+),
+bound AS (
+    SELECT least((SELECT min(s.last) FROM sliced s),
+                 (SELECT CASE WHEN count(*) > $3::int8 THEN max(f.lowest) - 1 END FROM firsts f)) AS upto
+),
+ranged AS (
+    SELECT q.seq
+      FROM sliced s, LATERAL unnest(s.slice) r, LATERAL generate_series(lower(r), upper(r) - 1) q(seq)
+     WHERE q.seq <= coalesce((SELECT b.upto FROM bound b), 9223372036854775807)
+       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x
+                        WHERE x.consumer = $1 AND x.seq = q.seq AND x.seq > 0 OFFSET 0)
+),
+page AS MATERIALIZED (
+    SELECT p.* FROM (
+        (SELECT d.seq, d.delivery_count, d.available_at, d.last_error
+           FROM outbox.deliveries d
+          WHERE d.consumer = $1 AND d.state = 'pending' AND d.seq > $2::int8
+            AND d.seq <= coalesce((SELECT b.upto FROM bound b), 9223372036854775807)
+          ORDER BY d.seq LIMIT $3::int8)
+        UNION ALL
+        SELECT r.seq, 0, NULL, NULL FROM ranged r) p
+     ORDER BY p.seq LIMIT $3::int8
+)
+SELECT b.upto AS reached, x.*
+  FROM bound b LEFT JOIN LATERAL (
+      SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, 'pending' AS state,
+             p.delivery_count, coalesce(p.available_at, m.available_at) AS available_at,
+             NULL::timestamptz AS lease_expires_at, p.last_error
+        FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m) x ON true
+ ORDER BY x.seq;
+
+-- name: delivery_leased_page
+-- A page of consumer $1's leased deliveries after seq $2, at most $3, in seq order: its leased
+-- rows and the seqs of its leased ranges that no row of its own decides over. Both are what
+-- streams and sinks hold (the leased rows of every consumer by `deliveries_leased`, the
+-- consumer's leased ranges by `delivery_ranges_leased_consumer`), never the history; each seq
+-- of a range is probed for a row, and each of the page's messages read, by index, one by one
+-- (`OFFSET 0`: see `delivery_pending_page`).
+WITH held AS MATERIALIZED (
+    SELECT d.seq, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error
+      FROM outbox.deliveries d
+     WHERE d.consumer = $1 AND d.state = 'leased' AND d.seq > $2::int8
+),
+ranged AS (
+    SELECT q.seq, g.lease_expires_at
+      FROM outbox.delivery_ranges g,
+           LATERAL unnest(g.seqs * int8multirange(int8range($2::int8 + 1, NULL))) r,
+           LATERAL generate_series(lower(r), upper(r) - 1) q(seq)
+     WHERE g.consumer = $1 AND g.state = 'leased' AND upper(g.span) > $2::int8 + 1
+       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries x
+                        WHERE x.consumer = $1 AND x.seq = q.seq AND x.seq > 0 OFFSET 0)
+),
+page AS MATERIALIZED (
+    SELECT p.* FROM (
+        SELECT h.seq, h.delivery_count, h.available_at, h.lease_expires_at, h.last_error FROM held h
+        UNION ALL
+        SELECT r.seq, 1, NULL, r.lease_expires_at, NULL FROM ranged r) p
+     ORDER BY p.seq LIMIT $3::int8
+)
+SELECT NULL::int8 AS reached, m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
+       'leased' AS state, p.delivery_count, coalesce(p.available_at, m.available_at) AS available_at,
+       p.lease_expires_at, p.last_error
+  FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m
+ ORDER BY p.seq;
+
+-- name: delivery_retrying_page
+-- A page of consumer $1's retries (pending rows with a delivery count: a retry always has a
+-- row) after seq $2, at most $3, in seq order, among at most $4 of its pending rows read by
+-- `deliveries_pending`; `reached`, the last seq read when it read $4, is where the next page
+-- starts if this one is short. Each of the page's messages is read by primary key
+-- (`OFFSET 0`: see `delivery_pending_page`). A row with a NULL message_id only carries
+-- `reached`.
+WITH w AS MATERIALIZED (
+    SELECT d.seq, d.delivery_count, d.available_at, d.last_error
+      FROM outbox.deliveries d
+     WHERE d.consumer = $1 AND d.state = 'pending' AND d.seq > $2::int8
+     ORDER BY d.seq LIMIT $4::int8
+),
+reach AS (
+    SELECT CASE WHEN count(*) >= $4::int8 THEN max(w.seq) END AS reached FROM w
+),
+page AS MATERIALIZED (
+    SELECT w.* FROM w WHERE w.delivery_count > 0 ORDER BY w.seq LIMIT $3::int8
+)
+SELECT r.reached, x.*
+  FROM reach r LEFT JOIN LATERAL (
+      SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, 'pending' AS state,
+             p.delivery_count, p.available_at, NULL::timestamptz AS lease_expires_at, p.last_error
+        FROM page p, LATERAL (SELECT * FROM outbox.messages o WHERE o.seq = p.seq OFFSET 0) m) x ON true
+ ORDER BY x.seq;

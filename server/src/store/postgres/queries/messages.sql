@@ -48,13 +48,16 @@ SELECT {{message_columns}} FROM outbox.messages m WHERE m.seq = ANY ($1::int8[])
 
 -- name: message_search_window
 -- The matches in the window of the `$3` newest messages below `$1` and from `$2`, each with the
--- size and the lowest seq of the window.
+-- size and the lowest seq of the window. A topic is `$4` exactly, or matches the regular
+-- expression `$10` of a topic pattern (`*` one segment, `>` the rest, as `outbox.topic_matches`
+-- reads them, written out by the server so that no function is called per message).
 WITH w AS ({{search_window}})
 SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at,
        (SELECT count(*) FROM w) AS scanned, (SELECT min(seq) FROM w) AS lowest
   FROM outbox.messages m
  WHERE m.seq IN (SELECT seq FROM w)
    AND ($4::text IS NULL OR m.topic = $4)
+   AND ($10::text IS NULL OR m.topic ~ $10)
    AND ($5::text IS NULL OR m.type = $5)
    AND ($6::text IS NULL OR m.ordering_key = $6)
    AND ($7::timestamptz IS NULL OR m.enqueued_at >= $7)

@@ -196,3 +196,44 @@ SELECT m.message_id, m.seq, m.topic, m.enqueued_at
    AND m.seq > ?2
    {{replay_filters}}
  ORDER BY m.seq LIMIT ?8;
+
+-- name: delivery_pending_page
+-- A page of consumer ?1's pending deliveries after seq ?2, at most ?3, in seq order
+-- (`outbox_deliveries_pending`).
+SELECT NULL AS reached, m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, d.state,
+       d.delivery_count, d.available_at, d.lease_expires_at, d.last_error
+  FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
+ WHERE d.consumer = ?1 AND d.state = 'pending' AND d.seq > ?2
+ ORDER BY d.seq LIMIT ?3;
+
+-- name: delivery_leased_page
+-- A page of consumer ?1's leased deliveries after seq ?2, at most ?3, in seq order
+-- (`outbox_deliveries_leased_by_consumer`).
+SELECT NULL AS reached, m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, d.state,
+       d.delivery_count, d.available_at, d.lease_expires_at, d.last_error
+  FROM outbox_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id
+ WHERE d.consumer = ?1 AND d.state = 'leased' AND d.seq > ?2
+ ORDER BY d.seq LIMIT ?3;
+
+-- name: delivery_retrying_page
+-- A page of consumer ?1's retries (pending with a delivery count) after seq ?2, at most ?3, in
+-- seq order, among at most ?4 of its pending deliveries read by `outbox_deliveries_pending`;
+-- `reached`, the last seq read when it read ?4, is where the next page starts if this one is
+-- short. A row with a NULL message_id only carries `reached`.
+WITH w AS (
+    SELECT d.message_id, d.seq, d.state, d.delivery_count, d.available_at, d.lease_expires_at, d.last_error
+      FROM outbox_deliveries d
+     WHERE d.consumer = ?1 AND d.state = 'pending' AND d.seq > ?2
+     ORDER BY d.seq LIMIT ?4
+),
+reach AS (
+    SELECT CASE WHEN count(*) >= ?4 THEN max(w.seq) END AS reached FROM w
+)
+SELECT r.reached, x.*
+  FROM reach r LEFT JOIN (
+      SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at, w.state,
+             w.delivery_count, w.available_at, w.lease_expires_at, w.last_error
+        FROM w JOIN outbox_messages m ON m.message_id = w.message_id
+       WHERE w.delivery_count > 0
+       ORDER BY w.seq LIMIT ?3) x ON 1
+ ORDER BY x.seq;

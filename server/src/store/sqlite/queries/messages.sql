@@ -60,11 +60,13 @@ SELECT {{message_columns}} FROM outbox_messages m
 SELECT count(*), min(seq) FROM ({{search_window}});
 
 -- name: message_search_window
--- The matches in that window.
+-- The matches in that window. A topic is ?4 exactly, or matches the GLOB ?10 that a topic
+-- pattern makes (each `*` or `>` segment a `*`: more than the pattern matches, which the
+-- server then narrows to the pattern's own matches).
 SELECT m.message_id, m.seq, m.topic, m.type, m.ordering_key, m.enqueued_at
   FROM outbox_messages m
  WHERE m.seq IN ({{search_window}})
-   AND (?4 IS NULL OR m.topic = ?4) AND (?5 IS NULL OR m.type = ?5)
+   AND (?4 IS NULL OR m.topic = ?4) AND (?10 IS NULL OR m.topic GLOB ?10) AND (?5 IS NULL OR m.type = ?5)
    AND (?6 IS NULL OR m.ordering_key = ?6)
    AND (?7 IS NULL OR m.enqueued_at >= ?7) AND (?8 IS NULL OR m.enqueued_at < ?8)
  ORDER BY m.seq DESC LIMIT ?9;
