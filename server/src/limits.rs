@@ -168,10 +168,10 @@ pub struct Limits {
     /// one client cannot take every place of --max-client-connections.
     #[arg(long, env = "OUTBOXD_MAX_CONNECTIONS_PER_PEER", default_value_t = Limits::DEFAULT.max_connections_per_peer)]
     pub max_connections_per_peer: usize,
-    /// How long a new connection may take to open its first stream (a call that authentication
-    /// lets through, health checks included), counted from its accept (from the end of the TLS
-    /// handshake, with TLS); a connection that opens none, answering keepalive PINGs or not, is
-    /// closed.
+    /// How long a new connection may take to open its first stream (a call of outboxd's own
+    /// services that authentication lets through; health checks, reflection and unknown paths
+    /// do not count), counted from its accept (from the end of the TLS handshake, with TLS); a
+    /// connection that opens none, answering keepalive PINGs or reading nothing, is closed.
     #[arg(long, env = "OUTBOXD_HTTP2_FIRST_STREAM_TIMEOUT", value_parser = humantime::parse_duration,
           default_value = "30s")]
     pub http2_first_stream_timeout: Duration,

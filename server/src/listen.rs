@@ -518,6 +518,19 @@ impl<S> Guarded<S> {
 }
 
 impl<S: AsyncWrite + Unpin> Guarded<S> {
+    /// A write that waits (the client does not read) fails instead when a deadline has passed
+    /// or the place was taken back: a connection whose client stops reading is not read from
+    /// either, and would otherwise outlive every deadline, and its place, with its socket.
+    fn unless_expired<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Pending => match self.expired(cx) {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+            ready => ready,
+        }
+    }
+
     /// A retired connection's GOAWAY, if it can go now: between two of h2's frames (the
     /// answers under way keep going). When h2 is in the middle of a frame, it goes after one of
     /// h2's next writes ends a frame. The error when the connection is to close instead.
@@ -631,11 +644,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
             // A GOAWAY that waited for h2 to end its frame (an error shows on the next read).
             let _ = this.send_goaway(cx);
         }
-        written
+        this.unless_expired(cx, written)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.inner).poll_flush(cx);
+        this.unless_expired(cx, flushed)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -661,7 +676,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
             }
             let _ = this.send_goaway(cx);
         }
-        written
+        this.unless_expired(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {

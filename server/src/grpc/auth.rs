@@ -37,6 +37,11 @@ impl NameGlob {
     pub fn matches(&self, name: &str) -> bool {
         glob_match(self.0.as_bytes(), name.as_bytes())
     }
+
+    /// Whether it names `name` itself, not by a pattern.
+    pub fn names(&self, name: &str) -> bool {
+        self.0 == name
+    }
 }
 
 /// `*` matches any run (possibly empty); everything else matches itself.
@@ -213,6 +218,15 @@ pub struct Principal {
 impl Principal {
     pub fn allows(&self, need: &Need<'_>) -> bool {
         self.permissions.iter().any(|p| p.allows(need))
+    }
+
+    /// Whether it holds `*`, or `consume:` naming the consumer `name` itself (no pattern).
+    fn owns_consumer_name(&self, name: &str) -> bool {
+        self.permissions.iter().any(|p| match p {
+            Permission::All => true,
+            Permission::Consume(g) => g.names(name),
+            _ => false,
+        })
     }
 
     /// Whether it holds any permission of `kind` (on any resource).
@@ -574,7 +588,9 @@ impl Caller {
                 let name = c.spec.name.as_str();
                 let allowed = match c.created_by.as_deref() {
                     Some(creator) => creator == p.name || p.allows(&Need::Everything),
-                    None => p.allows(&Need::Consume(name)),
+                    // No principal owns it: the one its name is given to (not by a pattern,
+                    // which may cover another team's names).
+                    None => p.owns_consumer_name(name),
                 };
                 if allowed {
                     count(&p.name, "allowed");
@@ -589,7 +605,8 @@ impl Caller {
                     ),
                     None => format!(
                         "principal {:?} lacks the permission consume:{name} for consumer {name:?}: it has no \
-                         recorded creator, and only a principal that may consume it (or *) deletes it",
+                         recorded creator, and only a principal given consume:{name} itself (not a pattern) or * \
+                         deletes it",
                         p.name
                     ),
                 }))
@@ -1283,6 +1300,11 @@ permissions = ["consume:inventory-*"]
         // that application's stream.
         assert!(caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&billing)).is_err());
         assert!(caller("app", &["consume:billing"]).check_consumer(ConsumerChange::Delete(&billing)).is_err());
+        let unowned = made_by("billing", None);
+        assert!(
+            caller("app", &["consume:bill*"]).check_consumer(ConsumerChange::Delete(&unowned)).is_err(),
+            "a pattern does not delete a consumer without a creator"
+        );
         assert!(
             caller("app", &["consume:billing"])
                 .check_consumer(ConsumerChange::Delete(&made_by("billing", None)))

@@ -488,3 +488,127 @@ async fn other_requests_do_not_keep_a_health_only_connection() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// What a client that never reads sends: HTTP/2's preface and `requests` health checks
+/// without a message, pipelined.
+fn unread_requests(to: SocketAddr, requests: u32) -> Vec<u8> {
+    // HPACK by hand. The first request's header block adds :path, :authority, content-type and
+    // te to the dynamic table (literals with incremental indexing); every later one is six
+    // bytes of indexes, so that outboxd's answers (an error: the request has no message)
+    // outweigh what it reads, and fill the socket.
+    let literal = |name: &str, value: &str| {
+        let mut b = vec![0x40u8, u8::try_from(name.len()).unwrap()];
+        b.extend_from_slice(name.as_bytes());
+        b.push(u8::try_from(value.len()).unwrap());
+        b.extend_from_slice(value.as_bytes());
+        b
+    };
+    let path = "/grpc.health.v1.Health/Check";
+    let authority = to.to_string();
+    let mut first = vec![0x83, 0x86, 0x44, u8::try_from(path.len()).unwrap()];
+    first.extend_from_slice(path.as_bytes());
+    first.push(0x41);
+    first.push(u8::try_from(authority.len()).unwrap());
+    first.extend_from_slice(authority.as_bytes());
+    first.extend(literal("content-type", "application/grpc"));
+    first.extend(literal("te", "trailers"));
+    // Dynamic table, newest first: te 62, content-type 63, :authority 64, :path 65.
+    let again = [0x83, 0x86, 0x80 | 65, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+    let mut bytes = PREFACE.to_vec();
+    bytes.extend(frame(4, 0, &[]));
+    for i in 0..requests {
+        // HEADERS with END_HEADERS and END_STREAM: a request without a message.
+        let mut headers = frame(1, 0x5, if i == 0 { &first } else { &again });
+        headers[5..9].copy_from_slice(&(2 * i + 1).to_be_bytes());
+        bytes.extend(headers);
+    }
+    bytes
+}
+
+/// Clients from each of `from` (`per` connections each) with a tiny receive buffer and
+/// segment size (Python's socket module sets both; the test's own sockets cannot set the
+/// second) that send `bytes` as fast as outboxd reads them and never read: once the answers
+/// fill the socket, outboxd can write no more and reads no more. Killed when dropped.
+async fn never_reading(to: SocketAddr, from: &[&str], per: usize, bytes: Vec<u8>) -> Result<tokio::process::Child> {
+    const CLIENTS: &str = r#"
+import socket, sys, time
+data = sys.stdin.buffer.read()
+host, port, froms, per = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), int(sys.argv[4])
+socks = []
+for f in froms:
+    for _ in range(per):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+        s.bind((f, 0))
+        s.connect((host, port))
+        s.setblocking(False)
+        socks.append([s, 0])
+print("connected", flush=True)
+while True:
+    for e in socks:
+        if e[1] < len(data):
+            try:
+                e[1] += e[0].send(data[e[1]:e[1] + 65536])
+            except BlockingIOError:
+                pass
+            except OSError:
+                e[1] = len(data)
+    time.sleep(0.01)
+"#;
+    let mut child = tokio::process::Command::new("python3")
+        .args(["-c", CLIENTS, &to.ip().to_string(), &to.port().to_string(), &from.join(","), &per.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    stdin.write_all(&bytes).await?;
+    drop(stdin);
+    let mut out = tokio::io::BufReader::new(child.stdout.take().context("stdout")?);
+    let mut line = String::new();
+    tokio::time::timeout(crate::WAIT, tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line))
+        .await
+        .context("the clients did not connect")??;
+    ensure!(line.trim() == "connected", "the clients: {line:?}");
+    Ok(child)
+}
+
+/// The sockets outboxd holds open.
+fn open_fds(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+/// The review of ADR 0079: a client that sends requests and never reads what it is answered
+/// stops outboxd from writing, and so from reading: the first-stream deadline and the taking
+/// back of places were checked only when outboxd waited to read, and such connections (no
+/// credential needed) kept their sockets past both, until the process ran out of descriptors.
+/// They are closed at the deadline while outboxd waits to write too.
+#[tokio::test]
+async fn connections_whose_clients_never_read_are_closed_at_the_deadline() -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let health_addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let (_store, _scratch, srv) =
+        serve(&["--health-listen", &health_addr.to_string(), "--http2-first-stream-timeout", "2s"]).await?;
+    let endpoint = format!("http://{health_addr}");
+    outbox_tests::eventually("the health listener answers", crate::WAIT, || async {
+        Ok(health_check(&endpoint).await.ok())
+    })
+    .await?;
+    let pid = srv.pid();
+    let before = open_fds(pid)?;
+    let clients =
+        never_reading(health_addr, &["127.0.0.2", "127.0.0.3"], 4, unread_requests(health_addr, 20_000)).await?;
+    // (The health check's own connection may have gone meanwhile: one fewer.)
+    outbox_tests::eventually("the eight connections accepted", crate::WAIT, || async {
+        Ok((open_fds(pid)? + 1 >= before + 8).then_some(()))
+    })
+    .await?;
+    outbox_tests::eventually("the eight connections closed", Duration::from_secs(15), || async {
+        Ok((open_fds(pid)? <= before + 1).then_some(()))
+    })
+    .await?;
+    health_check(&endpoint).await?;
+    drop(clients);
+    Ok(())
+}
