@@ -93,6 +93,33 @@ async fn serve_health_only<T, I, IO>(
     }
 }
 
+/// Warns when the process may open fewer files than its listeners may hold connections: a
+/// connection is a file descriptor, and a process out of them refuses everyone (the database
+/// and the auth file's reloads included), not only new clients. Linux reports the limit in
+/// /proc/self/limits; elsewhere nothing is said.
+fn warn_if_few_descriptors(config: &ServeConfig) {
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else { return };
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<usize>().ok());
+    let listeners = 1 + usize::from(config.health_listen.is_some());
+    let wanted = (config.limits.max_client_connections + HEALTH_RESERVED_CONNECTIONS) * listeners
+        + crate::console::MAX_CONNECTIONS.min(config.limits.max_client_connections)
+        + 256;
+    if let Some(soft) = soft
+        && soft < wanted
+    {
+        tracing::warn!(
+            open_files = soft,
+            wanted,
+            "the process may open {soft} files, fewer than its listeners may hold connections: raise its \
+             limit (ulimit -n, LimitNOFILE=, the container's nofile) or lower --max-client-connections"
+        );
+    }
+}
+
 impl App {
     /// Connects (creating the database if needed), migrates unless told not to, binds the
     /// listener (port 0 picks a free one) and starts serving and the background loops.
@@ -371,6 +398,7 @@ impl App {
                 }
             });
         }
+        warn_if_few_descriptors(&config);
         let (store_kind, location) = Place::of(&config.database_url).describe();
         let sec = &config.security;
         tracing::info!(

@@ -195,6 +195,14 @@ pub struct Place {
     shared: Arc<Shared>,
 }
 
+impl Place {
+    /// Resolves when another connection has been given this place: a connection still in its
+    /// TLS handshake gives up then, as a guarded one fails its next read or write.
+    pub fn evicted(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.slot.evicted.clone().cancelled_owned()
+    }
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
         let mut counts = self.shared.per_peer.lock().unwrap_or_else(|p| p.into_inner());
@@ -316,6 +324,7 @@ impl ConnectionLimit {
             evicted: Box::pin(place.slot.evicted.clone().cancelled_owned()),
             retired: Box::pin(place.slot.retired.clone().cancelled_owned()),
             retiring: None,
+            broken: false,
             place,
         }
     }
@@ -502,6 +511,8 @@ pub struct Guarded<S> {
     retired: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     /// Once the GOAWAY is out, how long the client has left to close the connection.
     retiring: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A GOAWAY went out in part: the connection's framing is broken, it fails at once.
+    broken: bool,
     place: Place,
 }
 
@@ -551,12 +562,19 @@ impl<S: AsyncWrite + Unpin> Guarded<S> {
                 None
             }
             Poll::Pending => None,
+            Poll::Ready(Ok(n)) if n > 0 => {
+                self.broken = true;
+                Some(io::Error::new(io::ErrorKind::ConnectionAborted, "a GOAWAY went out in part"))
+            }
             _ => Some(io::Error::new(io::ErrorKind::ConnectionAborted, "retired")),
         }
     }
 
     /// Whether a deadline has passed: the error to fail the read with.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.broken {
+            return Some(io::Error::new(io::ErrorKind::ConnectionAborted, "a GOAWAY went out in part"));
+        }
         if self.evicted.as_mut().poll(cx).is_ready() {
             return Some(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
@@ -638,6 +656,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
 impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.broken {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "a GOAWAY went out in part")));
+        }
         let written = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let (Poll::Ready(Ok(n)), Some(frames)) = (&written, &mut this.frames) {
             frames.written(&buf[..*n]);
@@ -663,6 +684,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.broken {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "a GOAWAY went out in part")));
+        }
         let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         if let (Poll::Ready(Ok(n)), Some(frames)) = (&written, &mut this.frames) {
             let mut left = *n;

@@ -251,12 +251,21 @@ impl TlsState {
                 let acceptor = TlsAcceptor::from(self.current());
                 let (tx, limit) = (tx.clone(), limit.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send(Ok(limit.guard(tls, place))).await;
-                        }
-                        Ok(Err(e)) => handshake_failed(peer, &e),
-                        Err(_) => handshake_failed(peer, &"timed out"),
+                    // A connection whose place a full listener takes back during its handshake
+                    // is dropped then, socket and all (ADR 0079): otherwise connections that
+                    // never send a ClientHello would keep their sockets for the whole timeout
+                    // beyond every place.
+                    let evicted = place.evicted();
+                    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                    tokio::select! {
+                        r = handshake => match r {
+                            Ok(Ok(tls)) => {
+                                let _ = tx.send(Ok(limit.guard(tls, place))).await;
+                            }
+                            Ok(Err(e)) => handshake_failed(peer, &e),
+                            Err(_) => handshake_failed(peer, &"timed out"),
+                        },
+                        _ = evicted => handshake_failed(peer, &"its place went to a new connection"),
                     }
                 });
             }

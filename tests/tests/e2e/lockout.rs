@@ -612,3 +612,47 @@ async fn connections_whose_clients_never_read_are_closed_at_the_deadline() -> Re
     drop(clients);
     Ok(())
 }
+
+/// The third review of ADR 0079: on a TLS listener a connection takes its place before its
+/// handshake; one whose place was taken back kept its socket until the handshake's timeout
+/// (10 s), so that connections that never send a ClientHello, from enough addresses, held
+/// sockets far beyond every place. They are closed as soon as their place goes.
+#[tokio::test]
+async fn tls_connections_that_never_say_hello_hold_no_socket_beyond_the_places() -> Result<()> {
+    let store = TestStore::create(Backend::Sqlite).await?;
+    let pki = outbox_tests::pki::Pki::new("ca")?;
+    let server = pki.server("server")?;
+    let srv = start(
+        &store,
+        &[
+            "--tls-cert",
+            s(&server.cert),
+            "--tls-key",
+            s(&server.key),
+            "--max-client-connections",
+            "4",
+            "--max-connections-per-peer",
+            "8",
+        ],
+    )
+    .await?;
+    let pid = srv.pid();
+    let before = open_fds(pid)?;
+    // 48 silent connections from six addresses, for 4 general places and 16 kept for health.
+    let mut silent = Vec::new();
+    for a in 2..=7 {
+        for _ in 0..8 {
+            silent.push(connect_from(&format!("127.0.0.{a}"), srv.addr).await?);
+        }
+    }
+    // Well within the handshake's 10 s: the 28 oldest are closed, the sockets beyond the 20
+    // places gone.
+    let began = Instant::now();
+    for (i, c) in silent.iter_mut().take(28).enumerate() {
+        let left = Duration::from_secs(5).saturating_sub(began.elapsed());
+        tokio::time::timeout(left, closed(c)).await.with_context(|| format!("silent connection {i} kept"))??;
+    }
+    ensure!(open_fds(pid)? <= before + 20 + 2, "sockets held beyond the places");
+    drop(silent);
+    Ok(())
+}
