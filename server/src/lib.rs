@@ -34,7 +34,9 @@
 //!   (`store::postgres`, with its LISTEN for other replicas' work and the libpq meaning of its
 //!   URL's TLS parameters, and the embedded `store::sqlite`, each with its migrations)
 //!   implements its narrow entity-first statements; the operations of several statements are
-//!   its provided methods, written once over the backend's transaction ([`store::StoreTx`]);
+//!   its provided methods, written once over the backend's transaction ([`store::StoreTx`]),
+//!   the relay pass among them, over the statements each backend gives for it
+//!   ([`store::RelayTx`], ADR 0087);
 //!   [`store::records`], rows decoded into the domain. The store returns data and
 //!   [`store::WorkHint`]s; it wakes nobody itself.
 //! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions; the push
@@ -43,8 +45,9 @@
 //!   [`delivery::window`] (held leases, room and its lend, expiry, late acks), its
 //!   [`delivery::pace`], and the
 //!   [`delivery::Command`]s a client gives it.
-//! - [`relay`]: the loop that runs relay passes (the store claims and writes, [`domain::fanout`]
-//!   decides), hands pushed deliveries to streams and wakes the rest, in batches.
+//! - [`relay`]: the loop that runs relay passes (the store's pass, written once: the store
+//!   claims and writes, [`domain::fanout`] decides), hands pushed deliveries to streams and wakes
+//!   the rest.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
 //!   managed replay, the vacuum of outboxd's own tables, and the gauges read from the store.
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file

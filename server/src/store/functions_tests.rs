@@ -217,36 +217,9 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
     assert_eq!(states, [("leased".into(), 1), ("leased".into(), 1), ("leased".into(), 1), ("acked".into(), 1)]);
 }
 
-/// The consumers a relay pass may fan out to, by name, from `outbox.relay_consumers`'s JSON.
+/// The consumers a relay pass may fan out to, by name, from `outbox.relay_consumers_since`'s JSON.
 fn listed(json: &serde_json::Value) -> std::collections::BTreeMap<String, serde_json::Value> {
     json.as_array().unwrap().iter().map(|c| (c[0].as_str().unwrap().to_owned(), c.clone())).collect()
-}
-
-#[tokio::test]
-async fn relay_consumers_lists_those_that_name_a_topic_or_have_a_wildcard() {
-    let (_db, pool, store, _) = setup(0).await;
-    for (name, topics) in [("x", &["orders.created"][..]), ("w", &["orders.*"]), ("o", &["billing.paid"])] {
-        store.consumer_create(&spec(name, topics, 5), Utc::now()).await.unwrap();
-    }
-    // Written by raw SQL, with a NULL pattern the server never writes.
-    sqlx::query(
-        "INSERT INTO outbox.consumers (name, topics, max_deliveries, backoff_base_ms, backoff_max_ms, ack_deadline_ms, start_from)
-         VALUES ('n', ARRAY['a.>', NULL], 5, 1000, 10000, 30000, 'new')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let json: serde_json::Value = sqlx::query_scalar("SELECT outbox.relay_consumers(ARRAY['t', 'orders.created'])")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let got = listed(&json);
-    assert_eq!(got.keys().collect::<Vec<_>>(), ["c", "n", "w", "x"], "not `o`: no topic of it, no wildcard");
-    assert_eq!(got["c"], serde_json::json!(["c", false, 0, 0, ["t"]]));
-    assert_eq!(got["n"][4], serde_json::json!(["a.>"]), "the NULL pattern left out");
-    let none: serde_json::Value =
-        sqlx::query_scalar("SELECT outbox.relay_consumers(ARRAY['zzz'])").fetch_one(&pool).await.unwrap();
-    assert_eq!(listed(&none).keys().collect::<Vec<_>>(), ["n", "w"], "the wildcards only");
 }
 
 /// What `outbox.relay_consumers_since` answers for the version `known` and the first seq 1.

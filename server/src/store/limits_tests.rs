@@ -209,7 +209,6 @@ async fn a_producer_role_enqueues_in_its_own_transaction_and_can_read_or_change_
         "CREATE TABLE outbox.mine (id int)",
         "SELECT * FROM outbox.enqueue_message('orders.created', 'T', '\\x'::bytea)",
         "SELECT outbox.ack('billing', gen_random_uuid())",
-        "SELECT * FROM outbox.relay_pass(10, 0, now(), 1, NULL, '{}', '{}', '{}', '{}')",
         "SELECT * FROM outbox.relay_claim(10, now(), 1)",
         "CREATE OR REPLACE FUNCTION outbox.enqueue(topic text, type text, payload bytea, headers jsonb DEFAULT '{}', message_id uuid DEFAULT NULL, ordering_key text DEFAULT NULL) RETURNS uuid LANGUAGE sql AS 'SELECT NULL::uuid'",
     ] {

@@ -23,6 +23,7 @@ mod quarantine_tests;
 #[cfg(test)]
 mod race_tests;
 pub mod records;
+mod relay_pass;
 mod seam;
 pub mod sqlite;
 #[cfg(test)]
@@ -34,9 +35,12 @@ mod transition_tests;
 
 use std::sync::Arc;
 
-use crate::domain::{LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
+use crate::domain::{LeasedDelivery, Release, ReleaseGuard, StoredMessage};
 
+/// What a relay pass takes and returns, named where the seam is.
+pub use crate::domain::{PushOffer, RelayOutcome};
 pub use postgres::PgStore;
+pub use relay_pass::{RelayClaim, RelayTx, RelayWritten};
 pub use seam::{Store, StoreTx};
 pub use sqlite::SqliteStore;
 

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
+use super::relay_pass::RelayTx;
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender,
     MessageQuery, NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats,
@@ -100,22 +101,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // ---- The relay (required).
 
-    /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
-    /// consumer's inbox, mark them relayed; one transaction. `notify` announces the new
-    /// deliveries to other replicas where the store supports that. A delivery that one of the
-    /// `offers` can take at once (due now, no ordering key, consumer not paused) is created
-    /// leased to that stream instead of pending, never more than an offer's room, and returned
-    /// in [`RelayOutcome::pushed`]. Room is the caller's: the store only reads the offers.
-    /// Both stores read after a cursor (PostgreSQL's with gaps for late commits, ADR 0027;
-    /// SQLite's needs none, ADR 0066), and decide who gets what with
-    /// [`crate::domain::fanout::plan`] (ADR 0067).
-    async fn relay_batch(
-        &self,
-        limit: i64,
-        now: DateTime<Utc>,
-        notify: bool,
-        offers: &[PushOffer],
-    ) -> Result<RelayOutcome>;
+    /// A transaction for one relay pass, with its statements ([`super::relay_pass`]). The pass
+    /// itself is [`Store::relay_batch`], written once for every backend.
+    async fn begin_relay(&self) -> Result<Box<dyn RelayTx>>;
 
     // ---- Consumers (required).
 
@@ -259,6 +247,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>>;
 
     // ---- Operations of several statements (provided, the same on every backend).
+
+    /// One relay pass: claim up to `limit` unrelayed messages, fan each out to every matching
+    /// consumer, mark them relayed; one transaction. `notify` announces the new deliveries to
+    /// other replicas where the store supports that. A delivery that one of the `offers` can
+    /// take at once (due now, no ordering key, consumer not paused) is created leased to that
+    /// stream instead of pending, never more than an offer's room, and returned in
+    /// [`RelayOutcome::pushed`]. Room is the caller's: the pass only reads the offers. Both
+    /// stores read after a cursor (PostgreSQL's with gaps for late commits, ADR 0027; SQLite's
+    /// needs none, ADR 0066); [`crate::domain::fanout::plan`] decides who gets what (ADR 0067),
+    /// and the pass is written once over the backend's statements (ADR 0087).
+    async fn relay_batch(
+        &self,
+        limit: i64,
+        now: DateTime<Utc>,
+        notify: bool,
+        offers: &[PushOffer],
+    ) -> Result<RelayOutcome> {
+        super::relay_pass::run(self.begin_relay().await?, limit, now, notify, offers).await
+    }
 
     /// What a tail of `patterns` reads next: among at most `scan` messages after `after`, the
     /// first `limit` whose topic a pattern matches (`domain::topic_matches`, as the relay

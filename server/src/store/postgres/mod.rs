@@ -16,16 +16,16 @@ use super::records::{
 };
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
-    MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
-    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry,
-    UnackedDelivery, UnackedKind, UnackedPage, VacuumHorizon,
+    MessageQuery, MessageSummary, NewMessage, Pruned, RelayTx, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
+    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery,
+    UnackedKind, UnackedPage, VacuumHorizon,
 };
-use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 use listener::WorkListener;
 
 mod conninfo;
 mod listener;
+mod relay;
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
 /// time by `build.rs`.
@@ -87,7 +87,7 @@ pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
 
 /// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
 /// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 11;
+pub(crate) const FUNCTIONS_REVISION: i32 = 12;
 
 /// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
 #[cfg(test)]
@@ -156,62 +156,7 @@ pub struct PgStore {
     lease_pool: PgPool,
     /// The consumers as the last relay pass of this process read them, at their version
     /// (ADR 0078): a pass's claim brings them again only when the version moved.
-    relay_consumers: Arc<std::sync::Mutex<RelayConsumers>>,
-}
-
-/// The consumers a relay pass matches, at the version of `outbox.consumers_version` they were
-/// read at (`None`: never read).
-#[derive(Debug, Default)]
-struct RelayConsumers {
-    version: Option<String>,
-    list: Arc<ConsumerIndex>,
-}
-
-/// The consumers kept between passes, indexed by the topics they name exactly, so that a pass
-/// matches only those that name one of its topics and those with a wildcard pattern.
-#[derive(Debug, Default)]
-struct ConsumerIndex {
-    rows: Vec<ConsumerRow>,
-    exact: std::collections::HashMap<String, Vec<usize>>,
-    wildcard: Vec<usize>,
-}
-
-impl ConsumerIndex {
-    fn new(rows: Vec<ConsumerRow>) -> Self {
-        let mut exact: std::collections::HashMap<String, Vec<usize>> = std::collections::HashMap::new();
-        let mut wildcard = Vec::new();
-        for (i, (_, _, _, patterns)) in rows.iter().enumerate() {
-            if patterns.iter().any(|p| p.contains(['*', '>'])) {
-                wildcard.push(i);
-            }
-            for p in patterns.iter().filter(|p| !p.contains(['*', '>'])) {
-                let at = exact.entry(p.clone()).or_default();
-                if at.last() != Some(&i) {
-                    at.push(i);
-                }
-            }
-        }
-        Self { rows, exact, wildcard }
-    }
-
-    /// The consumers that may take one of `topics`, each once.
-    fn candidates(&self, topics: &std::collections::BTreeSet<&str>) -> Vec<&ConsumerRow> {
-        let mut at: Vec<usize> = self.wildcard.clone();
-        at.extend(topics.iter().filter_map(|t| self.exact.get(*t)).flatten());
-        at.sort_unstable();
-        at.dedup();
-        at.into_iter().map(|i| &self.rows[i]).collect()
-    }
-}
-
-/// What `outbox.relay_consumers_since` answers: the consumers only when their version is not
-/// the one the relay holds them at; the backfills that reach the pass's first seq every time.
-#[derive(Debug, serde::Deserialize)]
-struct ConsumersSince {
-    /// A UUID, compared as it is written.
-    version: String,
-    consumers: Option<Vec<ConsumerRow>>,
-    backfill: Vec<(String, i64)>,
+    relay_consumers: Arc<std::sync::Mutex<relay::RelayConsumers>>,
 }
 
 fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
@@ -234,73 +179,6 @@ pub(crate) fn multirange(seqs: &[i64]) -> String {
     let (lo, hi) = seq_runs(seqs.iter().copied());
     let parts: Vec<String> = lo.iter().zip(&hi).map(|(lo, hi)| format!("[{lo},{hi})")).collect();
     format!("{{{}}}", parts.join(","))
-}
-
-/// A consumer as the claim lists it (`relay_claim`): name, paused, start seq, topic patterns.
-type ConsumerRow = (String, bool, i64, Vec<String>);
-
-/// The consumers that subscribe to the topics of a pass whose first seq is `first`, matched
-/// here against the consumers kept at the claim's version (ADR 0078), each with the rows it
-/// has already for the pass's messages (only a consumer whose backfill, listed by the claim,
-/// reached `first` can have any: the pass asks for those alone).
-async fn relay_subscribers(
-    tx: &mut Transaction<'_, Postgres>,
-    messages: &[StoredMessage],
-    first: i64,
-    consumers: &ConsumerIndex,
-    backfill: &[(String, i64)],
-) -> Result<Vec<Subscriber>> {
-    let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
-    let backfill: std::collections::HashMap<&str, i64> = backfill.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-    let mut subscribers: Vec<Subscriber> = Vec::new();
-    let mut probed: Vec<(String, i64)> = Vec::new();
-    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for (name, paused, start_seq, patterns) in consumers.candidates(&topics) {
-        let (paused, start_seq) = (*paused, *start_seq);
-        // Listed only where it reaches `first`; below it, no row can exist for the pass.
-        let backfill_seq = backfill.get(name.as_str()).copied().unwrap_or(0);
-        let matched: std::collections::HashSet<String> = topics
-            .iter()
-            .filter(|t| patterns.iter().any(|p| crate::domain::topic_matches(p, t)))
-            .map(|t| (*t).to_owned())
-            .collect();
-        if matched.is_empty() {
-            continue;
-        }
-        if backfill_seq >= first {
-            probed.push((name.clone(), backfill_seq));
-        }
-        index.insert(name.clone(), subscribers.len());
-        subscribers.push(Subscriber {
-            name: name.clone(),
-            paused,
-            start_seq,
-            topics: matched,
-            ..Subscriber::default()
-        });
-    }
-    if !probed.is_empty() {
-        let (mut names, mut ids) = (Vec::new(), Vec::new());
-        for (name, backfill_seq) in &probed {
-            let s = &subscribers[index[name]];
-            for m in messages.iter().filter(|m| m.seq <= *backfill_seq && s.topics.contains(&m.topic)) {
-                names.push(name.as_str());
-                ids.push(m.message_id.0);
-            }
-        }
-        let seq_of: std::collections::HashMap<Uuid, i64> = messages.iter().map(|m| (m.message_id.0, m.seq)).collect();
-        let there = sqlx::query(q::RELAY_ROWS_OF).bind(&names).bind(&ids).fetch_all(&mut **tx).await?;
-        for row in &there {
-            let name: String = row.try_get("consumer")?;
-            let id: Uuid = row.try_get("message_id")?;
-            if let (Some(i), Some(seq)) = (index.get(&name), seq_of.get(&id)) {
-                subscribers[*i].has_row.insert(*seq);
-            }
-        }
-    }
-    // In name order: the fan-out writes in this order.
-    subscribers.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(subscribers)
 }
 
 fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
@@ -432,26 +310,6 @@ impl PgStore {
         &self.pool
     }
 
-    /// The consumers at the version a claim read (ADR 0078): those it brought, kept for the
-    /// passes after it, or those kept when it brought none because the version is the same.
-    fn relay_consumers_at(&self, since: ConsumersSince) -> Result<Arc<ConsumerIndex>> {
-        let mut kept = self.relay_consumers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match since.consumers {
-            Some(list) => {
-                *kept = RelayConsumers { version: Some(since.version), list: Arc::new(ConsumerIndex::new(list)) };
-                Ok(kept.list.clone())
-            }
-            // Claims take turns and each reads after the one before committed, so the version
-            // this process holds is the one a claim that brought nothing answered; anything
-            // else is an error, never a pass with another list.
-            None if kept.version.as_deref() == Some(since.version.as_str()) => Ok(kept.list.clone()),
-            None => Err(StoreError::InvalidValue(format!(
-                "a relay claim at consumers version {} came without the consumers (this process holds {:?})",
-                since.version, kept.version
-            ))),
-        }
-    }
-
     /// This database's notification channels: [`WORK_CHANNEL`] with its channel key and
     /// [`ENQUEUED_CHANNEL`] with its wake key.
     pub async fn channels(&self) -> Result<Channels> {
@@ -540,152 +398,8 @@ impl Store for PgStore {
         Ok((row.try_get("unrelayed")?, row.try_get("oldest")?))
     }
 
-    /// One relay pass, in one transaction on the relay's pool (ADR 0067): `outbox.relay_claim`
-    /// claims up to `limit` committed messages after the cursor and in open gaps;
-    /// [`fanout::plan`] decides who gets what (pushed to an offered stream as a leased range,
-    /// pending as a range, or a row); the named `relay_*` statements write it.
-    ///
-    /// With `notify`, the transaction also sends one `NOTIFY outbox_work_KEY` naming the consumers
-    /// that got waiting deliveries, so the streams of other replicas wake at once. It costs this
-    /// transaction, never a producer's.
-    async fn relay_batch(
-        &self,
-        limit: i64,
-        now: DateTime<Utc>,
-        notify: bool,
-        offers: &[PushOffer],
-    ) -> Result<RelayOutcome> {
-        // On the relay's pool, which commits without waiting for the WAL flush: a pass lost in
-        // a database crash is derived state that the next pass redoes (its messages are
-        // unrelayed again, as the claim is lost with it), and any later durable commit, such
-        // as an ack of one of its deliveries, flushes it first. Producers' commits stay
-        // durable; so do acks and every admin change.
-        let mut tx = self.relay_pool.begin().await?;
-        // Payloads come with the claim for as many messages as the offers have room: in a
-        // steady flow every pushed one; past that (a backlog), only what is pushed is read, below.
-        let room: usize = offers.iter().map(|o| o.room).sum();
-        let known = self.relay_consumers.lock().map(|c| c.version.clone()).unwrap_or(None);
-        let claimed = sqlx::query(q::RELAY_CLAIM)
-            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .bind(now)
-            .bind(CONSUMERS_LOCK)
-            .bind(i64::try_from(room).unwrap_or(i64::MAX))
-            .bind(known)
-            .fetch_all(&mut *tx)
-            .await?;
-        let mut messages = claimed.iter().map(message_from_row).collect::<Result<Vec<_>>>()?;
-        let with_payload: Vec<bool> =
-            claimed.iter().map(|r| r.try_get::<bool, _>("with_payload")).collect::<std::result::Result<_, _>>()?;
-        let Some(first) = messages.first().map(|m| m.seq) else {
-            // The claim may have closed gaps.
-            tx.commit().await?;
-            return Ok(RelayOutcome::default());
-        };
-        // The first row carries the consumers' version, and the consumers when it is not the
-        // one this process holds them at; a claim without them would fan out to no one.
-        let since = claimed.first().map(|r| r.try_get::<Option<Json<ConsumersSince>>, _>("consumers")).transpose()?;
-        let Some(Json(mut since)) = since.flatten() else {
-            return Err(StoreError::InvalidValue("a relay claim came without its consumers".into()));
-        };
-        let backfill = std::mem::take(&mut since.backfill);
-        let consumers = self.relay_consumers_at(since)?;
-        let subscribers = relay_subscribers(&mut tx, &messages, first, &consumers, &backfill).await?;
-        let plan = fanout::plan(&messages.iter().map(PassMessage::from).collect::<Vec<_>>(), &subscribers, offers, now);
-
-        let mut ranges: (Vec<&str>, Vec<Option<&str>>, Vec<Option<DateTime<Utc>>>, Vec<String>) = Default::default();
-        for (i, seqs) in &plan.leased {
-            let o = &offers[*i];
-            ranges.0.push(&o.consumer);
-            ranges.1.push(Some(&o.session));
-            ranges.2.push(Some(o.lease_until));
-            ranges.3.push(multirange(seqs));
-        }
-        for (consumer, seqs) in &plan.pending {
-            ranges.0.push(consumer);
-            ranges.1.push(None);
-            ranges.2.push(None);
-            ranges.3.push(multirange(seqs));
-        }
-        if !ranges.0.is_empty() {
-            sqlx::query(q::RELAY_INSERT_RANGES)
-                .bind(&ranges.0)
-                .bind(&ranges.1)
-                .bind(&ranges.2)
-                .bind(&ranges.3)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let mut waiting: Vec<String> = plan.pending.iter().map(|(c, _)| c.clone()).collect();
-        let mut created_rows = 0;
-        if !plan.rows.is_empty() {
-            let created: Vec<String> = sqlx::query_scalar(q::RELAY_INSERT_ROWS)
-                .bind(plan.rows.iter().map(|(c, _)| c.as_str()).collect::<Vec<_>>())
-                .bind(plan.rows.iter().map(|(_, s)| *s).collect::<Vec<_>>())
-                .bind(now)
-                .fetch_all(&mut *tx)
-                .await?;
-            created_rows = created.len() as u64;
-            waiting.extend(created);
-        }
-        waiting.sort_unstable();
-        waiting.dedup();
-        if notify && !waiting.is_empty() {
-            let names = waiting.join(",");
-            // Too long a list for a notification: empty means "every consumer".
-            let names = if names.len() > 7900 { String::new() } else { names };
-            sqlx::query(q::RELAY_NOTIFY).bind(names).execute(&mut *tx).await?;
-        }
-        // The payloads of pushed messages that the claim did not bring.
-        let missing: Vec<i64> = {
-            let pushed: std::collections::HashSet<i64> =
-                plan.leased.iter().flat_map(|(_, s)| s.iter().copied()).collect();
-            messages
-                .iter()
-                .zip(&with_payload)
-                .filter(|(m, w)| !**w && pushed.contains(&m.seq))
-                .map(|(m, _)| m.seq)
-                .collect()
-        };
-        if !missing.is_empty() {
-            let rows = sqlx::query(q::RELAY_PAYLOADS).bind(&missing).fetch_all(&mut *tx).await?;
-            let mut payloads: std::collections::HashMap<i64, Vec<u8>> = std::collections::HashMap::new();
-            for r in &rows {
-                payloads.insert(r.try_get("seq")?, r.try_get("payload")?);
-            }
-            for m in messages.iter_mut() {
-                if let Some(p) = payloads.remove(&m.seq) {
-                    m.payload = p;
-                }
-            }
-        }
-        tx.commit().await?;
-
-        let mut out = RelayOutcome {
-            messages: messages.len() as u64,
-            last_seq: messages.last().map(|m| m.seq),
-            deliveries: (plan.deliveries() - plan.rows.len()) as u64 + created_rows,
-            consumers: waiting,
-            ..RelayOutcome::default()
-        };
-        for m in &messages {
-            if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
-                out.traced.push((m.message_id.to_string(), tp.clone()));
-            }
-        }
-        let by_seq: std::collections::HashMap<i64, &StoredMessage> = messages.iter().map(|m| (m.seq, m)).collect();
-        for (i, seqs) in &plan.leased {
-            let o = &offers[*i];
-            for seq in seqs {
-                if let Some(m) = by_seq.get(seq) {
-                    let d =
-                        LeasedDelivery { message: (*m).clone(), delivery_count: 1, lease_expires_at: o.lease_until };
-                    out.pushed.push((o.consumer.clone(), o.session.clone(), d));
-                }
-            }
-        }
-        out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
-        Ok(out)
+    async fn begin_relay(&self) -> Result<Box<dyn RelayTx>> {
+        Ok(Box::new(self.relay_tx().await?))
     }
 
     async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {

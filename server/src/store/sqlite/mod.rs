@@ -27,11 +27,10 @@ use super::records::{
 };
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
-    MessageQuery, MessageSummary, NewMessage, Pruned, PushOffer, RelayOutcome, Release, ReleaseGuard, ReplayCandidate,
-    ReplayFilter, Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry,
-    UnackedDelivery, UnackedKind, UnackedPage, VacuumHorizon, WorkHint,
+    MessageQuery, MessageSummary, NewMessage, Pruned, RelayTx, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
+    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery,
+    UnackedKind, UnackedPage, VacuumHorizon, WorkHint,
 };
-use crate::domain::fanout::{self, PassMessage, Subscriber};
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
@@ -39,6 +38,8 @@ use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState
 pub(crate) mod q {
     include!(concat!(env!("OUT_DIR"), "/sqlite_queries.rs"));
 }
+
+mod relay;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
 
@@ -278,149 +279,6 @@ impl SqliteStore {
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
         retry_busy(|| self.writer.begin_with("BEGIN IMMEDIATE")).await
     }
-
-    /// A relay pass commits derived state without flushing the WAL (`synchronous = NORMAL`,
-    /// outside its transaction, where SQLite allows the change, and back to FULL after it).
-    /// A crash of outboxd keeps it; only the operating system's crash can lose it, and then the
-    /// next pass redoes it (its messages are unrelayed again). Any later durable commit, such as
-    /// the ack of one of its deliveries, flushes it first: the WAL is one sequence. ADR 0017.
-    async fn relay_pass(
-        &self,
-        limit: i64,
-        now: DateTime<Utc>,
-        offers: &[PushOffer],
-        used: &mut [usize],
-    ) -> Result<RelayOutcome> {
-        let mut conn = self.writer.acquire().await?;
-        sqlx::query(q::SYNCHRONOUS_NORMAL).execute(&mut *conn).await?;
-        let out = relay_pass_on(&mut conn, limit, now, offers, used).await;
-        if out.is_err() {
-            // Whatever the error left open; an error here only means there was none.
-            let _ = sqlx::query(q::ROLLBACK).execute(&mut *conn).await;
-        }
-        if sqlx::query(q::SYNCHRONOUS_FULL).execute(&mut *conn).await.is_err() {
-            // Never hand a connection that commits without the flush to durable writes.
-            conn.close_on_drop();
-        }
-        out
-    }
-}
-
-/// The body of [`Store::relay_batch`], on the writer connection, in a transaction it begins and
-/// ends itself (the caller rolls back what an error left open); `used[i]` counts what went to
-/// `offers[i]`.
-async fn relay_pass_on(
-    conn: &mut SqliteConnection,
-    limit: i64,
-    now: DateTime<Utc>,
-    offers: &[PushOffer],
-    used: &mut [usize],
-) -> Result<RelayOutcome> {
-    begin_immediate(conn).await?;
-    // After the cursor, in seq order: under the write lock, no seq below the highest committed
-    // one can commit later (one writer at a time; ADR 0066).
-    let claimed = sqlx::query(q::RELAY_READ).bind(limit).fetch_all(&mut *conn).await?;
-    let (Some(first), Some(last)) = (claimed.first(), claimed.last()) else {
-        sqlx::query(q::ROLLBACK).execute(&mut *conn).await?;
-        return Ok(RelayOutcome::default());
-    };
-    let (lo, hi): (i64, i64) = (first.try_get("seq")?, last.try_get("seq")?);
-    sqlx::query(q::RELAY_ADVANCE).bind(hi).execute(&mut *conn).await?;
-    sqlx::query(q::RELAY_LOG).bind(hi).bind(lo).bind(us(now)).execute(&mut *conn).await?;
-    let consumers = consumers_on(conn).await?;
-    let mut traced = Vec::new();
-    let mut messages = Vec::with_capacity(claimed.len());
-    for row in &claimed {
-        let m = StoredMessage { relayed_at: Some(now), ..message_from_row(row)? };
-        if let Some(tp) = m.headers.get(crate::telemetry::TRACEPARENT) {
-            traced.push((m.message_id.to_string(), tp.clone()));
-        }
-        messages.push(m);
-    }
-    let pass: Vec<PassMessage> = messages.iter().map(PassMessage::from).collect();
-    let topics: std::collections::BTreeSet<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
-    // No probe for rows already there: the insert leaves them alone, and what it did not
-    // create gives its room back below.
-    let subscribers: Vec<Subscriber> = consumers
-        .iter()
-        .filter_map(|c| {
-            let topics: std::collections::HashSet<String> =
-                topics.iter().filter(|t| c.spec.matches(t)).map(|t| (*t).to_owned()).collect();
-            (!topics.is_empty()).then(|| Subscriber {
-                name: c.spec.name.as_str().to_owned(),
-                paused: c.paused,
-                start_seq: c.start_seq,
-                topics,
-                has_row: Default::default(),
-            })
-        })
-        .collect();
-    let plan = fanout::plan(&pass, &subscribers, offers, now);
-    // SQLite keeps a row per delivery: its documented transactional ack is an `UPDATE` whose
-    // changed-row count is the answer (ADR 0064).
-    let by_seq: std::collections::HashMap<i64, &StoredMessage> = messages.iter().map(|m| (m.seq, m)).collect();
-    let mut rows = Vec::with_capacity(plan.deliveries());
-    for (i, seqs) in &plan.leased {
-        used[*i] += seqs.len();
-        for seq in seqs {
-            if let Some(m) = by_seq.get(seq) {
-                let mut d = new_delivery(m, &offers[*i].consumer);
-                d["l"] = json!(offers[*i].session);
-                d["u"] = json!(us(offers[*i].lease_until));
-                rows.push(d);
-            }
-        }
-    }
-    for (consumer, seq) in plan
-        .pending
-        .iter()
-        .flat_map(|(c, seqs)| seqs.iter().map(move |s| (c, *s)))
-        .chain(plan.rows.iter().map(|(c, s)| (c, *s)))
-    {
-        if let Some(m) = by_seq.get(&seq) {
-            rows.push(new_delivery(m, consumer));
-        }
-    }
-    let created = delivery_insert_many_returning(conn, &rows, now).await?;
-    sqlx::query(q::COMMIT).execute(&mut *conn).await?;
-
-    let mut out = RelayOutcome {
-        messages: messages.len() as u64,
-        last_seq: messages.iter().map(|m| m.seq).max(),
-        deliveries: created.len() as u64,
-        traced,
-        ..RelayOutcome::default()
-    };
-    // What the pass planned but found already there (a backfill got there first) was not
-    // leased: its room goes back.
-    let created_keys: std::collections::HashSet<(&str, &str)> =
-        created.iter().map(|(m, c, _)| (m.as_str(), c.as_str())).collect();
-    for d in rows.iter().filter(|d| d.get("l").is_some()) {
-        let key = (d["m"].as_str().unwrap_or_default(), d["c"].as_str().unwrap_or_default());
-        if !created_keys.contains(&key)
-            && let Some(i) =
-                offers.iter().position(|o| o.consumer == key.1 && Some(o.session.as_str()) == d["l"].as_str())
-        {
-            used[i] = used[i].saturating_sub(1);
-        }
-    }
-    let by_id: std::collections::HashMap<String, &StoredMessage> =
-        messages.iter().map(|m| (m.message_id.to_string(), m)).collect();
-    for (message_id, consumer, session) in created {
-        match session {
-            Some((session, until)) => {
-                if let Some(m) = by_id.get(&message_id) {
-                    let d = LeasedDelivery { message: (*m).clone(), delivery_count: 1, lease_expires_at: until };
-                    out.pushed.push((consumer, session, d));
-                }
-            }
-            None => out.consumers.push(consumer),
-        }
-    }
-    out.pushed.sort_by_key(|(_, _, d)| d.message.seq);
-    out.consumers.sort_unstable();
-    out.consumers.dedup();
-    Ok(out)
 }
 
 /// `BEGIN IMMEDIATE` on `conn`, trying again as [`retry_busy`] does.
@@ -575,21 +433,8 @@ impl Store for SqliteStore {
         Ok((row.try_get("unrelayed")?, opt_time(row.try_get("oldest")?)))
     }
 
-    /// Never pushes: every delivery is created pending (SQLite's single writer makes the lease
-    /// that follows cheap next to PostgreSQL's).
-    /// One pass, one write transaction: claims unrelayed messages in seq order and fans them
-    /// out. A delivery that can go at once (due, no ordering key, consumer not paused) is
-    /// created leased to a stream of this process that offered room, and handed back in
-    /// `pushed`; the rest are pending, and their consumers are named for a wake-up.
-    async fn relay_batch(
-        &self,
-        limit: i64,
-        now: DateTime<Utc>,
-        _notify: bool,
-        offers: &[PushOffer],
-    ) -> Result<RelayOutcome> {
-        let mut used = vec![0usize; offers.len()];
-        self.relay_pass(limit, now, offers, &mut used).await
+    async fn begin_relay(&self) -> Result<Box<dyn RelayTx>> {
+        Ok(Box::new(self.relay_tx().await?))
     }
 
     async fn consumer_find(&self, name: &str) -> Result<Option<ConsumerRecord>> {
