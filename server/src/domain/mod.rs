@@ -8,8 +8,10 @@ use uuid::Uuid;
 mod delivery;
 pub mod fanout;
 pub mod sink;
+mod transition;
 pub use delivery::{Attempt, LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
 pub use sink::{REDACTED, Sink, SinkKind, SinkTarget, Template, WebhookSecret, redact_url};
+pub use transition::{Stage, Transition};
 
 /// A value at the edge that does not parse; `field` names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

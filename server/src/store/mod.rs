@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic, TopicPattern};
 
 #[cfg(test)]
+mod acked_count_tests;
+#[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
 mod functions_tests;

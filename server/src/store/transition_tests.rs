@@ -21,12 +21,15 @@ use sqlx::Connection as _;
 
 use super::tests::{Guard, msg, spec};
 use super::*;
-use crate::domain::{Attempt, ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom};
+use crate::domain::{Attempt, ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom, Transition};
 
 /// Runs each case once per store, as `on_every_store!` does, and then checks what holds after
 /// every transition whatever it was (see [`invariants_hold`]).
 macro_rules! transitions {
     ($($case:ident),* $(,)?) => {
+        /// The cases, each run on both stores.
+        const CASES: &[&str] = &[$(stringify!($case)),*];
+
         mod on_postgres {
             $(#[tokio::test]
             async fn $case() {
@@ -75,6 +78,15 @@ transitions!(
     t26_releasing_a_key_with_skip_dead_lets_the_waiting_go_and_leaves_the_dead_one,
     t27_releasing_a_key_without_skip_dead_delivers_the_dead_message_first,
 );
+
+/// Each transition of [`Transition::ALL`] has one case, `tNN_…`, and each case is one's.
+#[test]
+fn every_transition_has_its_case_on_both_stores() {
+    let number = |case: &str| case.strip_prefix('t').and_then(|c| c.get(..2)).and_then(|n| n.parse::<u8>().ok());
+    let cases: Vec<Option<u8>> = CASES.iter().map(|c| number(c)).collect();
+    let expected: Vec<Option<u8>> = Transition::ALL.iter().map(|t| Some(t.number())).collect();
+    assert_eq!(cases, expected, "the cases of transitions!, in order: {CASES:?}");
+}
 
 const LEASE: chrono::Duration = chrono::Duration::seconds(30);
 

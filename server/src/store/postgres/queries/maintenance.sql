@@ -76,7 +76,15 @@ msg AS (DELETE FROM outbox.messages m USING doomed
 -- Deliveries acked out of a batch have no row: the ack log says who acked them.
 logged AS (SELECT count(DISTINCT (a.consumer, doomed.seq)) AS n
              FROM doomed JOIN outbox.delivery_ranges a
-               ON a.state = 'acked' AND a.seqs @> doomed.seq)
+               ON a.state = 'acked' AND a.seqs @> doomed.seq),
+-- An acked range holds the deliveries of messages still kept (ADR 0083): the seqs of the
+-- messages pruned leave it, and a range left with none goes, so that the stats count `acked`
+-- by a range's seqs. `logged` reads the ranges as they were.
+gone AS (SELECT range_agg(int8range(doomed.seq, doomed.seq + 1)) AS seqs FROM doomed),
+emptied AS (DELETE FROM outbox.delivery_ranges a USING gone
+             WHERE a.state = 'acked' AND a.seqs <@ gone.seqs RETURNING 1),
+trimmed AS (UPDATE outbox.delivery_ranges a SET seqs = a.seqs - gone.seqs FROM gone
+             WHERE a.state = 'acked' AND a.seqs && gone.seqs AND NOT a.seqs <@ gone.seqs RETURNING 1)
 SELECT (SELECT count(*) FROM msg) AS messages,
        (SELECT count(*) FROM del) + (SELECT n FROM logged) AS deliveries;
 
@@ -86,6 +94,8 @@ WHERE upper(l.seqs) <= coalesce((SELECT min(m.seq) FROM outbox.messages m),
                                 (SELECT c.position + 1 FROM outbox.relay_cursor c));
 
 -- name: prune_acked_ranges
+-- The prune trims acked ranges as it goes (`prune_messages`); this deletes the ones that name no
+-- message though, which releases before ADR 0083 left behind.
 DELETE FROM outbox.delivery_ranges a
 WHERE a.state = 'acked' AND a.at < $1
   AND NOT EXISTS (SELECT 1 FROM unnest(a.seqs) r,
