@@ -59,7 +59,7 @@ fn inline_statements(source: &str) -> Vec<String> {
             }) else {
                 break;
             };
-            if after[..open].contains(|c: char| c == ';' || c == '{' || c == '\n') {
+            if after[..open].contains([';', '{', '\n']) {
                 continue;
             }
             if first_argument(&after[open + 1..]).is_some_and(|a| {
