@@ -9,6 +9,10 @@
    names subcommands that exist, and every `--flag` it uses appears in that subcommand's
    `--help` (`outboxctl consumers create --help`, …), run from `--bin-dir` (default
    target/debug).
+3. No retired word (docs/glossary.md, the table after `<!-- retired-words`) appears in the code
+   (server/src, client/src, tests/src, clients/) or the documentation (docs/, README.md), except
+   in the names the glossary keeps (the list after `<!-- kept-names`), in decisions (docs/adr/,
+   history) and in the few names of `TEMPORARY` below.
 
 Exits 1 with one line per problem, `file:line: what is wrong`; 0 when all is well.
 """
@@ -331,6 +335,95 @@ def check_commands(path: Path, binaries: Binaries, problems: list[str]) -> int:
     return count
 
 
+# ---- vocabulary --------------------------------------------------------------------------
+
+GLOSSARY = ROOT / "docs" / "glossary.md"
+# Code and documentation that must speak the glossary's words, as git lists them (tracked or
+# new, not ignored): decisions are history, and generated code follows the wire contract.
+VOCABULARY_ROOTS = ("server/src/", "client/src/", "tests/src/", "clients/", "docs/", "README.md")
+VOCABULARY_SUFFIXES = (".rs", ".sql", ".py", ".ts", ".md")
+VOCABULARY_EXEMPT = ("docs/adr/", "docs/glossary.md", "clients/python/src/outboxd/_proto/", "CHANGELOG")
+# Names that still carry a retired word until the code that owns them is rewritten; each line
+# says by what. Remove a line once its name is gone.
+TEMPORARY = (
+    "relay_batch",  # Store::relay_batch: renamed by the relay pass rewrite
+    "batch_size",  # the relay config's batch_size: renamed by the relay pass rewrite
+)
+
+
+def glossary_words() -> tuple[list[str], list[str]]:
+    """The retired words and the kept names of docs/glossary.md."""
+    text = GLOSSARY.read_text(encoding="utf-8")
+    retired: list[str] = []
+    kept: list[str] = []
+    section = None
+    for line in text.split("\n"):
+        if line.startswith("<!-- retired-words"):
+            section = "retired"
+        elif line.startswith("<!-- kept-names"):
+            section = "kept"
+        elif section == "retired":
+            if not line.startswith("|"):
+                if retired:
+                    section = None
+                continue
+            first = line.strip("|").split("|")[0]
+            retired += re.findall(r"`([^`]+)`", first)
+        elif section == "kept":
+            if not line.startswith("- "):
+                if kept:
+                    section = None
+                continue
+            kept += re.findall(r"`([^`]+)`", line.split(": ", 1)[0])  # the names, before what they are
+    return retired, kept
+
+
+def retired_pattern(word: str) -> re.Pattern[str]:
+    """A retired word in any case, a space, `_` or `-` standing for any of them, with an ending
+    `s`, `es`, `ed` or `ing`, not inside a longer word."""
+    parts = [re.escape(p) for p in re.split(r"[ _-]+", word)]
+    return re.compile(
+        r"(?<![A-Za-z0-9])" + r"[\s_-]+".join(parts) + r"(?:s|es|ed|ing)?(?![A-Za-z0-9])", re.IGNORECASE
+    )
+
+
+def vocabulary_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *VOCABULARY_ROOTS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    return [
+        ROOT / f
+        for f in sorted(set(listed))
+        if f.endswith(VOCABULARY_SUFFIXES) and not f.startswith(VOCABULARY_EXEMPT) and (ROOT / f).is_file()
+    ]
+
+
+def check_vocabulary(problems: list[str]) -> int:
+    retired, kept = glossary_words()
+    if not retired:
+        problems.append(f"{GLOSSARY.relative_to(ROOT)}: no retired words found after <!-- retired-words")
+        return 0
+    patterns = [(w, retired_pattern(w)) for w in retired]
+    # Longest first, so that a kept name inside another is masked as part of the longer one.
+    masks = sorted({*kept, *TEMPORARY}, key=len, reverse=True)
+    files = vocabulary_files()
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for name in masks:
+            text = re.sub(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])", lambda m: "\x00" * len(m.group(0)), text)
+        for word, pattern in patterns:
+            for m in pattern.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{line}: retired word {m.group(0)!r} ({word!r}; see docs/glossary.md)"
+                )
+    return len(files)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin-dir", default="target/debug", help="where outboxd and outboxctl are (default: target/debug)")
@@ -345,6 +438,7 @@ def main() -> int:
     for f in files:
         links += check_links(f, problems)
         commands += check_commands(f, binaries, problems)
+    vocabulary = check_vocabulary(problems)
     for program in sorted(binaries.missing):
         problems.append(f"{bin_dir / program} does not exist: build it, or pass --bin-dir")
     if problems:
@@ -352,7 +446,10 @@ def main() -> int:
         for p in problems:
             print(f"  {p}", file=sys.stderr)
         return 1
-    print(f"check-docs: {len(files)} files, {links} relative links and {commands} outboxd/outboxctl commands: all resolve")
+    print(
+        f"check-docs: {len(files)} files, {links} relative links and {commands} outboxd/outboxctl commands: all "
+        f"resolve; {vocabulary} files without a retired word"
+    )
     return 0
 
 

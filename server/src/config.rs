@@ -59,7 +59,7 @@ pub struct RelayArgs {
     /// What to print: a line of text, or one JSON object.
     #[arg(long, value_enum, default_value_t = RelayOutput::Text)]
     pub output: RelayOutput,
-    /// Messages per relay batch.
+    /// Messages per relay pass.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch: i64,
     /// Fan out only; deliver no sinks.
@@ -106,7 +106,7 @@ pub struct ServeArgs {
     /// How long streams may take to ack what they hold at shutdown before it is released.
     #[arg(long, env = "OUTBOXD_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
-    /// Relayed, acked messages and their inbox rows are pruned after this long; it is also
+    /// Relayed, acked messages and their deliveries are pruned after this long; it is also
     /// the dedup horizon.
     #[arg(long, env = "OUTBOXD_RETENTION", default_value = "7d", value_parser = humantime::parse_duration)]
     pub retention: Duration,

@@ -2,7 +2,7 @@
 //!
 //! Producers write messages into `outbox.messages` inside their own database transactions (the
 //! `outbox-client` crate, the SQL function `outbox.enqueue`, or the `Enqueue` RPC). This server
-//! relays them into per-consumer inbox rows and delivers them over gRPC streams with ack/nack,
+//! relays them into deliveries, one per consumer, and delivers them over gRPC streams with ack/nack,
 //! retries with backoff, dead letters and replay.
 //!
 //! # Layout

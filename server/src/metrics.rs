@@ -20,8 +20,8 @@ pub const DEAD_LETTERED: &str = "outboxd_dead_lettered_total";
 pub const RELAYED: &str = "outboxd_relayed_messages_total";
 pub const COMMIT_TO_DELIVERY: &str = "outboxd_commit_to_delivery_seconds";
 pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
-pub const RELAY_BATCH_SIZE: &str = "outboxd_relay_batch_messages";
-pub const RELAY_BATCH_DURATION: &str = "outboxd_relay_batch_duration_seconds";
+pub const RELAY_PASS_MESSAGES: &str = "outboxd_relay_batch_messages";
+pub const RELAY_PASS_DURATION: &str = "outboxd_relay_batch_duration_seconds";
 pub const SINK_PUBLISHED: &str = "outboxd_sink_published_total";
 pub const SINK_CONFIRMED: &str = "outboxd_sink_confirmed_total";
 pub const SINK_FAILED: &str = "outboxd_sink_failed_total";
@@ -68,7 +68,7 @@ pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(RELAY_BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(RELAY_PASS_MESSAGES.into()), BATCH_BUCKETS)?
         .install()?;
     describe();
     Ok(())
@@ -80,7 +80,7 @@ fn describe() {
     describe_counter!(NACKS, "Deliveries nacked by consumers.");
     describe_counter!(EXPIRED, "Leases that passed their ack deadline.");
     describe_counter!(DEAD_LETTERED, "Deliveries that became dead letters.");
-    describe_counter!(RELAYED, "Messages fanned out to inboxes by this process's relay.");
+    describe_counter!(RELAYED, "Messages fanned out to consumers by this process's relay.");
     describe_counter!(
         DECISIONS,
         "Authentication and permission decisions by principal and outcome (allowed, denied, unauthenticated)."
@@ -102,8 +102,8 @@ fn describe() {
         SINK_SUSPENDED,
         "1 while a sink is stopped: its creator may no longer run it, or its secrets cannot be opened."
     );
-    describe_histogram!(RELAY_BATCH_SIZE, "Messages per non-empty relay pass.");
-    describe_histogram!(RELAY_BATCH_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
+    describe_histogram!(RELAY_PASS_MESSAGES, "Messages per non-empty relay pass.");
+    describe_histogram!(RELAY_PASS_DURATION, Unit::Seconds, "Duration of non-empty relay passes.");
     describe_gauge!(UNRELAYED_MESSAGES, "Committed messages not yet fanned out.");
     describe_gauge!(OLDEST_UNRELAYED_AGE, Unit::Seconds, "Age of the oldest unrelayed message.");
     describe_gauge!(CONSUMER_BACKLOG, "Deliveries waiting (pending, including retries).");
@@ -236,8 +236,8 @@ pub fn expired(consumer: &str, dead: bool) {
 
 pub fn relayed(messages: u64, took: Duration) {
     counter!(RELAYED).increment(messages);
-    histogram!(RELAY_BATCH_SIZE).record(messages as f64);
-    histogram!(RELAY_BATCH_DURATION).record(took.as_secs_f64());
+    histogram!(RELAY_PASS_MESSAGES).record(messages as f64);
+    histogram!(RELAY_PASS_DURATION).record(took.as_secs_f64());
 }
 
 /// 1 while a sink consumer is stopped: its creator may no longer run it, or it cannot be opened.

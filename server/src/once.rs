@@ -23,9 +23,9 @@ const MAX_PASSES: u32 = 1000;
 /// What one run moved (the `--output json` object).
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
 pub struct OnceReport {
-    /// Committed messages fanned out to consumers' inboxes.
+    /// Committed messages fanned out to consumers.
     pub relayed_messages: u64,
-    /// Inbox rows (deliveries) those made.
+    /// Deliveries those made.
     pub relayed_deliveries: u64,
     /// Relay passes run.
     pub passes: u32,

@@ -123,7 +123,7 @@ enum ConsumersCmd {
     /// A durable consumer (a sink with --sink): it takes every message of its topics from now on
     /// (or the earliest retained, --start-from earliest).
     Create(Box<CreateArgs>),
-    /// A consumer and its inbox rows (its acked, pending and dead deliveries).
+    /// A consumer and its deliveries (acked, pending and dead).
     Delete {
         name: String,
         /// Do not ask for confirmation.

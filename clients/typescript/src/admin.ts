@@ -189,7 +189,7 @@ export class AdminClient {
     return (await this.rpc.listConsumers({})).consumers.map(withToJSON);
   }
 
-  /** Deletes a consumer and its inbox rows. */
+  /** Deletes a consumer and its deliveries. */
   async deleteConsumer(name: string): Promise<void> {
     await this.rpc.deleteConsumer({ consumer: consumerName("name", name) });
   }

@@ -19,7 +19,7 @@ use super::views::{self, SearchForm};
 use crate::domain::{ConsumerName, MessageId, TopicPattern};
 use crate::grpc::auth::Need;
 use crate::maintenance::replay::Origin;
-use crate::store::{MessageQuery, StoreError, UnackedKind};
+use crate::store::{DeadLetterPageParams, MessageQuery, SearchParams, StoreError, UnackedKind, UnackedPageParams};
 
 type Page = Result<Response, Refusal>;
 
@@ -579,7 +579,15 @@ async fn dead_letters(
         .admin
         .ctx
         .store
-        .dead_letter_list_with_error(&n, Some(&q.error), q.after.max(0), PAGE_ROWS)
+        .dead_letter_list_with_error(
+            &n,
+            &DeadLetterPageParams {
+                last_error: Some(&q.error),
+                after_seq: q.after.max(0),
+                limit: PAGE_ROWS,
+                with_payloads: false,
+            },
+        )
         .await
         .map_err(store_refusal)?;
     let next = (rows.len() as i64 == PAGE_ROWS).then(|| {
@@ -715,7 +723,10 @@ async fn deliveries(
         .admin
         .ctx
         .store
-        .delivery_list_unacked(&n, kind, q.after.max(0), PAGE_ROWS, SEARCH_WINDOW)
+        .delivery_list_unacked(
+            &n,
+            &UnackedPageParams { kind, after_seq: q.after.max(0), limit: PAGE_ROWS, scan: SEARCH_WINDOW },
+        )
         .await
         .map_err(store_refusal)?;
     let next = page
@@ -781,8 +792,13 @@ async fn search(Ctx(state): Ctx<Arc<State>>, viewer: Viewer, Query(form): Query<
         Ok(p) => p,
         Err(e) => return Ok(html(views::search(&viewer, &form, None, Some(&e)))),
     };
-    let page =
-        state.admin.ctx.store.message_search(&query, cursor, PAGE_ROWS, SEARCH_WINDOW).await.map_err(store_refusal)?;
+    let page = state
+        .admin
+        .ctx
+        .store
+        .message_search(&SearchParams { query: &query, before_seq: cursor, limit: PAGE_ROWS, scan: SEARCH_WINDOW })
+        .await
+        .map_err(store_refusal)?;
     let next = page.next_before_seq.map(|seq| {
         let next_form = SearchForm { cursor: seq.to_string(), ..form.clone() };
         format!("/search?{}", serde_urlencoded::to_string(&next_form).unwrap_or_default())

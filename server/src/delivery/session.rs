@@ -34,7 +34,7 @@ use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
-use crate::store::{SharedStore, StoreError, next_key_cursor};
+use crate::store::{ExtendParams, LeaseParams, SharedStore, StoreError, next_key_cursor};
 use crate::{metrics, telemetry};
 
 /// Commands taken from a stream in one pass before they are applied.
@@ -481,7 +481,14 @@ impl Session {
         let leased = self
             .ctx
             .store
-            .delivery_lease_batch(self.consumer(), &self.id, room as i64, &self.key_cursor, lease_until, now)
+            .delivery_lease(&LeaseParams {
+                consumer: self.consumer(),
+                session: &self.id,
+                limit: room as i64,
+                keys_after: &self.key_cursor,
+                lease_until,
+                now,
+            })
             .await;
         // The next stream's turn; sending may wait on a slow client.
         drop(turn);
@@ -599,7 +606,12 @@ impl Session {
             return;
         }
         let until = clock::add(now, deadline);
-        match self.ctx.store.delivery_extend_many(self.consumer(), &self.id, &ids, until, now).await {
+        match self
+            .ctx
+            .store
+            .delivery_extend_many(&ExtendParams { consumer: self.consumer(), session: &self.id, ids: &ids, until, now })
+            .await
+        {
             Ok(_) => self.window.extend(&ids, until),
             Err(e) => tracing::warn!(consumer = %self.consumer(), error = %e, "extend failed"),
         }
@@ -740,7 +752,7 @@ mod tests {
         let now = Utc::now();
         store.consumer_create(&spec("c", &["t"], 1), now).await.unwrap();
         let ids: Vec<MessageId> = store
-            .message_insert_batch(&[msg("t"), msg("t"), msg("t")], now)
+            .message_insert_many(&[msg("t"), msg("t"), msg("t")], now)
             .await
             .unwrap()
             .iter()

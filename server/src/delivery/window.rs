@@ -23,7 +23,7 @@ pub struct Held {
     pub enqueued_at: DateTime<Utc>,
     /// Its ack may make the next message with the same key due.
     pub has_ordering_key: bool,
-    /// The message's seq, which the store finds batch-held deliveries by.
+    /// The message's seq, which the store finds range-held deliveries by.
     pub seq: i64,
     /// What the delivery weighs against its principal's byte budget.
     pub bytes: usize,

@@ -346,7 +346,7 @@ pub struct Consumer {
     pub created_by: Option<String>,
 }
 
-/// The delivery (inbox row) state machine; the schema's CHECK lists the same four states.
+/// The delivery state machine; the schema's CHECK lists the same four states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryState {
     /// Due at `available_at`. Moved out by a delivery session's lease (→ leased), by a

@@ -253,7 +253,7 @@ const ROWS: [Row; 27] = [
                   room left `outbox.lease_pending_visible` moves the lowest seqs of the oldest pending ranges the \
                   statement can see into one new leased range (`INSERT INTO outbox.delivery_ranges … 'leased'`, \
                   count 1; ADR 0056)",
-        sqlite: "`delivery_lease_batch`: `ready_key_heads`, then one `UPDATE outbox_deliveries SET state = 'leased' \
+        sqlite: "`delivery_lease`: `ready_key_heads`, then one `UPDATE outbox_deliveries SET state = 'leased' \
                 …`",
     },
     Row {
@@ -347,11 +347,11 @@ const ROWS: [Row; 27] = [
         detail: " (due after the backoff, `last_error` \"ack deadline expired\")",
         cause: "lease expiry: the sweeper (`LeaseSweeper::run_once`) finds `lease_expires_at <= now`, below \
                `max_deliveries`",
-        postgres: "`delivery_expired_batch`: `outbox.unbatch(NULL, NULL, NULL, now)` (its own statement: every \
+        postgres: "`delivery_expired`: `outbox.unbatch(NULL, NULL, NULL, now)` (its own statement: every \
                   expired leased range becomes `leased` rows), then `SELECT` of expired `leased` rows; \
                   `delivery_release_many` with `ReleaseGuard::ExpiredAt(now)`: `unbatch` again, then the `UPDATE` \
                   of T12",
-        sqlite: "`delivery_expired_batch` (`SELECT`), `delivery_release_many` with the deadline guard",
+        sqlite: "`delivery_expired` (`SELECT`), `delivery_release_many` with the deadline guard",
     },
     Row {
         transition: Transition::T15,
@@ -450,13 +450,13 @@ const ROWS: [Row; 27] = [
         detail: "",
         cause: "prune (`Pruner`, every 10 minutes, or `Prune`): the message is relayed, enqueued before the cutoff, \
                and every delivery of it is `acked`",
-        postgres: "`prune_batch` under `PRUNE_LOCK`: fold acked count-0 rows out of pending ranges \
+        postgres: "`prune_before` under `PRUNE_LOCK`: fold acked count-0 rows out of pending ranges \
                   (`prune_fold_acked_rows`, `prune_empty_ranges`); `DELETE` rows and message for messages with no \
                   non-acked row, in no pending range, below every leased range, and take their seqs out of the acked \
                   ranges, deleting a range left with none (`prune_messages`, ADR 0083); delete the relay log's \
                   entries of pruned messages, and acked ranges older than the cutoff that name no message, as \
                   releases before ADR 0083 left them (`prune_acked_ranges`)",
-        sqlite: "`prune_batch`: `DELETE` rows and messages that are relayed, old enough, and have no non-acked row; \
+        sqlite: "`prune_before`: `DELETE` rows and messages that are relayed, old enough, and have no non-acked row; \
                 the range-held deliveries of those messages are counted (`prune_range_deliveries`) and the acked \
                 ranges that hold no message any more deleted (`prune_acked_ranges`)",
     },

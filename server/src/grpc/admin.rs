@@ -10,7 +10,7 @@ use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::limits::QuotaKey;
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::{Origin, ReplayPlan, ReplayProgress, Replayer};
-use crate::store::{ReplayFilter, StoreError};
+use crate::store::{ConsumerCreateParams, KeyReleaseParams, ReplayFilter, StoreError, TailParams};
 
 #[derive(Debug, Clone)]
 pub struct AdminService {
@@ -259,7 +259,12 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             let max = self.streams.limits().max_consumers;
             let owner = audit.caller.principal_name();
             let now = self.ctx.clock.now();
-            let consumer = self.ctx.store.consumer_create_by(&spec, owner, max, now).await.map_err(store_status)?;
+            let consumer = self
+                .ctx
+                .store
+                .consumer_create_by(&ConsumerCreateParams { spec: &spec, created_by: owner, max, now })
+                .await
+                .map_err(store_status)?;
             self.ctx.hub.consumers_changed().notify();
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(self.shown(&consumer)) }))
         }
@@ -497,7 +502,17 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 )));
             }
             let now = self.ctx.clock.now();
-            match self.ctx.store.held_key_release(&n, &req.ordering_key, req.skip_dead, now).await {
+            match self
+                .ctx
+                .store
+                .held_key_release(&KeyReleaseParams {
+                    consumer: &n,
+                    ordering_key: &req.ordering_key,
+                    skip_dead: req.skip_dead,
+                    now,
+                })
+                .await
+            {
                 Ok(Some(held)) => {
                     self.ctx.hub.notify_consumer(n.as_str());
                     Ok(Response::new(pb::ReleaseKeyResponse { key: Some(pb_held_key(held)) }))
@@ -704,7 +719,8 @@ async fn tail_read(
     budget: Option<&std::sync::Arc<crate::limits::ByteBudget>>,
 ) -> Result<(Vec<(pb::Message, Held)>, bool), crate::store::StoreError> {
     loop {
-        let page = ctx.store.message_tail(*cursor, patterns, TAIL_SCAN, fits).await?;
+        let page =
+            ctx.store.message_tail(&TailParams { after: *cursor, patterns, scan: TAIL_SCAN, limit: fits }).await?;
         let mut taken = Vec::new();
         let mut short = false;
         for hit in &page.hits {

@@ -68,7 +68,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         for t in topics {
             caller.check(Need::Produce(t))?;
         }
-        let out = self.ctx.store.message_insert_batch(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
+        let out = self.ctx.store.message_insert_many(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
         self.ctx.hub.enqueued().notify();
         Ok(Response::new(pb::EnqueueBatchResponse {
             results: out

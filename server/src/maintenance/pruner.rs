@@ -1,4 +1,4 @@
-//! The pruner: deletes relayed, fully acked messages and their inbox rows once they are older
+//! The pruner: deletes relayed, fully acked messages and their deliveries once they are older
 //! than the retention. The retention is also the dedup horizon: a message id enqueued again
 //! after its first copy was pruned is a new message.
 use std::time::Duration;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId, TopicPattern};
 use crate::hub::Hub;
-use crate::store::{ReplayCandidate, ReplayFilter, SharedStore, StoreError};
+use crate::store::{ReplayCandidate, ReplayCandidatesParams, ReplayFilter, SharedStore, StoreError};
 
 /// Candidates read per query while counting.
 const COUNT_PAGE: i64 = 5_000;
@@ -367,7 +367,13 @@ impl Replayer {
 
     /// One page of candidates after `after`, with the topic rules applied.
     async fn page(&self, plan: &ReplayPlan, spec: &ConsumerSpec, after: i64, limit: i64) -> Result<Page, StoreError> {
-        let mut candidates = self.store.replay_candidates(&plan.consumer, &plan.filter, after, limit).await?;
+        let mut candidates = self
+            .store
+            .replay_candidates(
+                &plan.consumer,
+                &ReplayCandidatesParams { filter: &plan.filter, after_seq: after, limit },
+            )
+            .await?;
         let next = if (candidates.len() as i64) < limit { None } else { candidates.last().map(|c| c.seq) };
         // Only the consumer's own topics, also for ids named one by one: a replay must not
         // hand a consumer (and whoever may replay into it) messages it never takes, and a dry

@@ -16,7 +16,7 @@ use crate::domain::{ConsumerSpec, DeadKeyPolicy, DeliveryState, MessageId};
 use crate::hub::Hub;
 use crate::relay::{Relay, RelayConfig};
 use crate::store::tests::{msg, on_every_store, spec};
-use crate::store::{NewMessage, Pruned, SharedStore, StoreError};
+use crate::store::{LeaseParams, NewMessage, Pruned, SharedStore, StoreError};
 
 on_every_store!(
     expired_leases_back_off_then_die_at_max_deliveries,
@@ -39,7 +39,14 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
     for attempt in 1..=3u32 {
         let now = clock.now();
         let leased = store
-            .delivery_lease_batch(&c.name, "s", 10, "", crate::clock::add(now, c.ack_deadline), now)
+            .delivery_lease(&LeaseParams {
+                consumer: &c.name,
+                session: "s",
+                limit: 10,
+                keys_after: "",
+                lease_until: crate::clock::add(now, c.ack_deadline),
+                now,
+            })
             .await
             .unwrap();
         assert_eq!(leased.len(), 1, "attempt {attempt} leases the message");
@@ -57,7 +64,18 @@ async fn expired_leases_back_off_then_die_at_max_deliveries(store: SharedStore) 
             let wait = rows[0].available_at - clock.now();
             assert_eq!(wait.to_std().unwrap(), c.backoff.delay(attempt), "backoff after attempt {attempt}");
             assert!(
-                store.delivery_lease_batch(&c.name, "s", 10, "", clock.now(), clock.now()).await.unwrap().is_empty(),
+                store
+                    .delivery_lease(&LeaseParams {
+                        consumer: &c.name,
+                        session: "s",
+                        limit: 10,
+                        keys_after: "",
+                        lease_until: clock.now(),
+                        now: clock.now()
+                    })
+                    .await
+                    .unwrap()
+                    .is_empty(),
                 "not due during backoff"
             );
             clock.advance(c.backoff.delay(attempt));
@@ -93,12 +111,22 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
     let now = Utc::now();
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
-    // Keyed, so that every delivery is a row on PostgreSQL too (unkeyed ones wait in batches).
+    // Keyed, so that every delivery is a row on PostgreSQL too (unkeyed ones wait in ranges).
     let keyed = |i: usize| NewMessage { ordering_key: Some(format!("k{i}")), ..msg("t") };
-    store.message_insert_batch(&(0..20).map(keyed).collect::<Vec<_>>(), now).await.unwrap();
+    store.message_insert_many(&(0..20).map(keyed).collect::<Vec<_>>(), now).await.unwrap();
     store.relay_batch(100, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
-    let leased = store.delivery_lease_batch(&c.name, "s", 100, "", later, now).await.unwrap();
+    let leased = store
+        .delivery_lease(&LeaseParams {
+            consumer: &c.name,
+            session: "s",
+            limit: 100,
+            keys_after: "",
+            lease_until: later,
+            now,
+        })
+        .await
+        .unwrap();
     let ids: Vec<MessageId> = leased.iter().map(|d| d.message.message_id).collect();
     assert_eq!(store.delivery_ack_many(&c.name, &ids, now).await.unwrap(), 20);
     if store.backend() == "sqlite" {
@@ -161,7 +189,17 @@ async fn an_expired_lease_that_dies_holds_its_key_too(store: SharedStore) {
         let (store, c) = (store.clone(), c.clone());
         async move {
             let until = crate::clock::add(now, c.ack_deadline);
-            let mut leased = store.delivery_lease_batch(&c.name, "s", 10, "", until, now).await.unwrap();
+            let mut leased = store
+                .delivery_lease(&LeaseParams {
+                    consumer: &c.name,
+                    session: "s",
+                    limit: 10,
+                    keys_after: "",
+                    lease_until: until,
+                    now,
+                })
+                .await
+                .unwrap();
             leased.sort_by_key(|d| d.message.seq);
             leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>()
         }

@@ -28,7 +28,7 @@ impl LeaseSweeper {
     /// Releases one batch of expired leases; returns how many were released.
     pub async fn run_once(&self) -> Result<u64, StoreError> {
         let now = self.clock.now();
-        let expired = self.store.delivery_expired_batch(now, self.batch_size).await?;
+        let expired = self.store.delivery_expired(now, self.batch_size).await?;
         if expired.is_empty() {
             return Ok(0);
         }

@@ -12,7 +12,7 @@ use super::{Relay, RelayConfig};
 use crate::clock::{ManualClock, SharedClock};
 use crate::hub::Hub;
 use crate::store::tests::{msg, on_every_store, spec};
-use crate::store::{NewMessage, PgStore, SharedStore, Store as _, WorkHint};
+use crate::store::{LeaseParams, NewMessage, PgStore, SharedStore, Store as _, WorkHint};
 use crate::testing::TestDb;
 
 on_every_store!(
@@ -25,7 +25,7 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: Shared
     store.consumer_create(&spec("a", &["t.*"], 5), clock.now()).await.unwrap();
     store.consumer_create(&spec("b", &["t.>"], 5), clock.now()).await.unwrap();
     let batch: Vec<NewMessage> = (0..1200).map(|_| msg("t.x")).collect();
-    store.message_insert_batch(&batch, clock.now()).await.unwrap();
+    store.message_insert_many(&batch, clock.now()).await.unwrap();
 
     let relay = |size| {
         Relay::new(store.clone(), clock.clone(), Hub::default(), RelayConfig { batch_size: size, ..Default::default() })
@@ -55,7 +55,7 @@ async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_relea
     use crate::hub::{Lend, PushSlot};
     let clock: SharedClock = Arc::new(ManualClock::new(Utc::now().trunc_subsecs(6)));
     store.consumer_create(&spec("c", &["t"], 5), clock.now()).await.unwrap();
-    let sent = store.message_insert_batch(&[msg("t"), msg("t")], clock.now()).await.unwrap();
+    let sent = store.message_insert_many(&[msg("t"), msg("t")], clock.now()).await.unwrap();
     let hub = Hub::default();
     let lend = Arc::new(Lend::default());
     assert!(lend.adjust(|_| 10));
@@ -74,7 +74,17 @@ async fn deliveries_pushed_to_a_stream_that_ended_before_the_hand_over_are_relea
     }
     let c = ConsumerName::parse("consumer", "c").unwrap();
     let until = clock.now() + chrono::Duration::seconds(30);
-    let again = store.delivery_lease_batch(&c, "next", 10, "", until, clock.now()).await.unwrap();
+    let again = store
+        .delivery_lease(&LeaseParams {
+            consumer: &c,
+            session: "next",
+            limit: 10,
+            keys_after: "",
+            lease_until: until,
+            now: clock.now(),
+        })
+        .await
+        .unwrap();
     assert_eq!(again.len(), 2);
     assert!(again.iter().all(|l| l.delivery_count == 1), "the same first attempt: {again:?}");
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::{Outcome, Publish, Target};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Attempt, Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
-use crate::store::{SharedStore, StoreError};
+use crate::store::{LeaseParams, SharedStore, StoreError};
 
 /// How long a round waits for its target to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,8 +72,16 @@ pub async fn run(
     let now = clock.now();
     let lease_until = clock::add(now, consumer.spec.ack_deadline);
     let spec = &consumer.spec;
-    let leased =
-        store.delivery_lease_batch(&spec.name, &session, i64::from(sink.max_in_flight), "", lease_until, now).await?;
+    let leased = store
+        .delivery_lease(&LeaseParams {
+            consumer: &spec.name,
+            session: &session,
+            limit: i64::from(sink.max_in_flight),
+            keys_after: "",
+            lease_until,
+            now,
+        })
+        .await?;
     report.published = leased.len() as u64;
     let mut in_flight: FuturesUnordered<_> = leased
         .into_iter()

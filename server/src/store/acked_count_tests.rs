@@ -96,7 +96,17 @@ async fn a_delivery_replayed_and_acked_again_after_a_prune_is_counted_once(_db: 
     // delivery, wherever the store keeps it now.
     assert_eq!(store.replay_apply(&c, &[ids[2]], at + mins(1)).await.unwrap(), 1);
     assert_eq!(acked(&store, &c).await, (2, 2), "pending again");
-    let leased = store.delivery_lease_batch(&c, "s2", 10, "", at + mins(2), at + mins(1)).await.unwrap();
+    let leased = store
+        .delivery_lease(&LeaseParams {
+            consumer: &c,
+            session: "s2",
+            limit: 10,
+            keys_after: "",
+            lease_until: at + mins(2),
+            now: at + mins(1),
+        })
+        .await
+        .unwrap();
     assert_eq!(leased.iter().map(|d| d.message.message_id).collect::<Vec<_>>(), [ids[2]]);
     assert_eq!(store.delivery_ack_many(&c, &[ids[2]], at + mins(1)).await.unwrap(), 1);
     assert_eq!(acked(&store, &c).await, (3, 3));

@@ -1,15 +1,17 @@
 //! PostgreSQL only: each PL/pgSQL function of the delivery path on its own, called as the server
 //! calls it, on ranges and rows written by hand, so that a change of one function is checked
-//! without the statements around it. (`outbox.relay_claim`, `outbox.relay_pass`, `outbox.ack`
-//! and `outbox.topic_matches` have theirs in `tests.rs`, `race_tests.rs` and `limits_tests.rs`.)
+//! without the statements around it (`outbox.relay_claim`, `outbox.relay_pass` and `outbox.ack`
+//! have theirs in `tests/relay.rs`, `race_tests.rs` and `limits_tests.rs`); and the functions'
+//! one source file, and `outbox.topic_matches` against the server's matching.
 use std::sync::Arc;
 
 use chrono::Utc;
 use sqlx::PgPool;
 
 use super::postgres::{PgStore, multirange};
-use super::tests::{inbox_of, msg, spec};
+use super::tests::{Guard, inbox_of, msg, postgres, spec};
 use super::{Enqueued, SharedStore, Store};
+use crate::domain::TopicPattern;
 use crate::testing::TestDb;
 
 /// A migrated database with consumer `c` (topic `t`) and `n` messages, none relayed.
@@ -135,7 +137,7 @@ async fn ack_seqs_acks_each_place_once_and_counts_what_changed() {
     let s: Vec<i64> = m.iter().map(|e| e.seq).collect();
     range(&pool, "leased", &s[0..3], Some("sess")).await;
     range(&pool, "pending", &s[3..4], None).await;
-    // s[4]: a leased row (unbatched), and s[2] acked in the consumer's transaction already.
+    // s[4]: a leased row (out of its range), and s[2] acked in the consumer's transaction already.
     range(&pool, "leased", &s[4..5], Some("sess")).await;
     let rows: i64 = sqlx::query_scalar("SELECT outbox.unbatch(ARRAY['c'], ARRAY[$1::uuid], 'sess', NULL)")
         .bind(m[4].message_id.0)
@@ -174,12 +176,12 @@ async fn ack_seqs_acks_each_place_once_and_counts_what_changed() {
 /// and count 1: the named ones of one session's ranges, or every seq of the ranges expired by a
 /// time; others' ranges and unexpired ones stay; a seq with a row of its own keeps its row.
 #[tokio::test]
-async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holder() {
+async fn ranges_to_rows_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holder() {
     let (_db, pool, _store, m) = setup(4).await;
     let s: Vec<i64> = m.iter().map(|e| e.seq).collect();
     range(&pool, "leased", &s[0..2], Some("a")).await;
     range(&pool, "leased", &s[2..4], Some("b")).await;
-    let unbatch = |session: Option<&'static str>, ids: Option<Vec<uuid::Uuid>>, expired: bool| {
+    let to_rows = |session: Option<&'static str>, ids: Option<Vec<uuid::Uuid>>, expired: bool| {
         let pool = pool.clone();
         async move {
             let consumers = ids.as_ref().map(|i| vec!["c"; i.len()]);
@@ -196,8 +198,8 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
         }
     };
     // Another session's range is not touched.
-    assert_eq!(unbatch(Some("b"), Some(vec![m[0].message_id.0]), false).await, 0);
-    assert_eq!(unbatch(Some("a"), Some(vec![m[0].message_id.0]), false).await, 1);
+    assert_eq!(to_rows(Some("b"), Some(vec![m[0].message_id.0]), false).await, 0);
+    assert_eq!(to_rows(Some("a"), Some(vec![m[0].message_id.0]), false).await, 1);
     assert_eq!(ranges(&pool, "leased").await, [multirange(&s[1..2]), multirange(&s[2..4])]);
     let holder: (String, String, i32) = sqlx::query_as(
         "SELECT state, leased_by, delivery_count FROM outbox.deliveries WHERE consumer = 'c' AND seq = $1",
@@ -207,11 +209,11 @@ async fn unbatch_turns_the_named_or_expired_seqs_into_leased_rows_of_their_holde
     .await
     .unwrap();
     assert_eq!(holder, ("leased".into(), "a".into(), 1));
-    // A transactional ack first: its row stays acked when the sweeper unbatches.
+    // A transactional ack first: its row stays acked when the sweeper turns ranges to rows.
     let acked: bool =
         sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(m[3].message_id.0).fetch_one(&pool).await.unwrap();
     assert!(acked);
-    assert_eq!(unbatch(None, None, true).await, 2, "every expired seq but the acked one");
+    assert_eq!(to_rows(None, None, true).await, 2, "every expired seq but the acked one");
     assert!(ranges(&pool, "leased").await.is_empty());
     let states: Vec<(String, i32)> = inbox_of(&pool, "c").await.into_iter().map(|(_, st, n)| (st, n)).collect();
     assert_eq!(states, [("leased".into(), 1), ("leased".into(), 1), ("leased".into(), 1), ("acked".into(), 1)]);
@@ -351,4 +353,126 @@ async fn the_claims_consumers_are_read_after_the_turn_it_waited_for() {
         serde_json::json!([["c", seq]]),
         "the replay's backfill_seq, committed during the wait"
     );
+}
+
+/// PostgreSQL only: the SQL functions come from `server/sql/functions.sql` alone (ADR 0043).
+/// After migrating, every function of schema `outbox` has its body in that file; a second
+/// migration with the file unchanged rewrites no function; functions recorded as a newer
+/// revision stay, those of an older revision or another digest are replaced by the file's; and
+/// no migration after the last one that defined functions defines one.
+#[tokio::test]
+async fn the_sql_functions_come_from_their_one_source_file() {
+    use super::postgres::{FUNCTIONS, FUNCTIONS_REVISION, LAST_MIGRATION_WITH_FUNCTIONS, MIGRATOR};
+    let db = TestDb::create().await.unwrap();
+    let pg = PgStore::connect(&db.url, 4).await.unwrap();
+    pg.migrate().await.unwrap();
+    let bodies: Vec<(String, String)> = sqlx::query_as(
+        "SELECT proname::text, prosrc FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace ORDER BY 1",
+    )
+    .fetch_all(pg.pool())
+    .await
+    .unwrap();
+    assert!(bodies.iter().any(|(n, _)| n == "relay_claim") && bodies.len() >= 13, "{bodies:?}");
+    for (name, body) in &bodies {
+        assert!(FUNCTIONS.contains(body.as_str()), "outbox.{name} is not defined as server/sql/functions.sql says");
+    }
+
+    let versions = || async {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT proname::text, xmin::text FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace ORDER BY 1",
+        )
+        .fetch_all(pg.pool())
+        .await
+        .unwrap()
+    };
+    let before = versions().await;
+    pg.migrate().await.unwrap();
+    assert_eq!(versions().await, before, "an unchanged file rewrites no function");
+
+    // Another body under another version: a newer revision is left alone, this revision with
+    // another digest or an older revision gets the file's definitions back.
+    let other_body = |revision: i32| {
+        let pool = pg.pool().clone();
+        async move {
+            sqlx::query("UPDATE outbox.function_source SET revision = $1, digest = 'other'")
+                .bind(revision)
+                .execute(&pool)
+                .await
+                .unwrap();
+            sqlx::raw_sql(
+                "CREATE OR REPLACE FUNCTION outbox.topic_matches(patterns text[], topic text) RETURNS boolean
+                 LANGUAGE sql IMMUTABLE AS $$ SELECT false $$",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let file_matches = || async {
+        sqlx::query_scalar::<_, bool>("SELECT outbox.topic_matches(ARRAY['orders.*'], 'orders.created')")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap()
+    };
+    other_body(FUNCTIONS_REVISION + 1).await;
+    pg.migrate().await.unwrap();
+    assert!(!file_matches().await, "a newer release's functions stay");
+    for revision in [FUNCTIONS_REVISION, FUNCTIONS_REVISION - 1] {
+        other_body(revision).await;
+        pg.migrate().await.unwrap();
+        assert!(file_matches().await, "the file's definition replaced revision {revision}'s");
+        let (held, digest): (i32, String) =
+            sqlx::query_as("SELECT revision, digest FROM outbox.function_source").fetch_one(pg.pool()).await.unwrap();
+        assert_eq!((held, digest.len()), (FUNCTIONS_REVISION, 64), "this revision and a SHA-256 recorded: {digest}");
+    }
+    assert!(
+        FUNCTIONS.starts_with(&format!("-- revision: {FUNCTIONS_REVISION}\n")),
+        "the file's first line states FUNCTIONS_REVISION"
+    );
+
+    for m in MIGRATOR.migrations.iter().filter(|m| m.version > LAST_MIGRATION_WITH_FUNCTIONS) {
+        let sql = m.sql.as_str().split_whitespace().collect::<Vec<_>>().join(" ").to_ascii_uppercase();
+        // The one exception: migration 0022's trigger function for the old names' views, which
+        // it needs before the file runs (the file holds the same body, checked above).
+        let sql = sql.replace("CREATE FUNCTION OUTBOX.DELIVERY_RANGES_INSERT_THROUGH_VIEW()", "");
+        assert!(
+            !sql.contains("CREATE FUNCTION") && !sql.contains("CREATE OR REPLACE FUNCTION"),
+            "migration {} defines a function: define it in server/sql/functions.sql",
+            m.version
+        );
+    }
+}
+
+/// `outbox.topic_matches` (the release before's relay pass, during a rolling upgrade) matches
+/// topics exactly as the server's `TopicPattern` and its relay (`domain::topic_matches`) do.
+#[tokio::test]
+async fn sql_topic_matching_agrees_with_the_servers() {
+    let (_db, _store) = postgres().await;
+    let Guard::Pg(db) = &_db else { unreachable!() };
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let patterns = ["orders", "orders.*", "orders.>", "*.created", "*", ">", "a.*.c", "a.>", "a-b_c.*"];
+    let topics = ["orders", "orders.created", "orders.created.eu", "users.created", "a.b.c", "a.bc", "a", "a-b_c.x"];
+    for p in patterns {
+        for t in topics {
+            let sql: bool = sqlx::query_scalar("SELECT outbox.topic_matches(ARRAY[$1], $2)")
+                .bind(p)
+                .bind(t)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(sql, TopicPattern::parse("p", p).unwrap().matches(t), "pattern {p:?}, topic {t:?}");
+        }
+    }
+    // Several patterns, exact ones and wildcards together: any one matching is a match.
+    for (ps, t, want) in [
+        (vec!["users.created", "orders.*"], "orders.paid", true),
+        (vec!["orders.created", "users.*"], "orders.created", true),
+        (vec!["orders.created", "users.*"], "orders.paid", false),
+        (vec!["orders", "a.>"], "orders.created", false),
+        (vec!["x", "y"], "y", true),
+    ] {
+        let sql: bool =
+            sqlx::query_scalar("SELECT outbox.topic_matches($1, $2)").bind(&ps).bind(t).fetch_one(&pool).await.unwrap();
+        assert_eq!(sql, want, "patterns {ps:?}, topic {t:?}");
+    }
 }

@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic, TopicPattern};
+use crate::domain::{ConsumerName, ConsumerSpec, DeliveryState, MessageId, Topic, TopicPattern};
 
 #[cfg(test)]
 mod acked_count_tests;
-#[cfg(test)]
-mod driver_tests;
 #[cfg(test)]
 mod functions_tests;
 #[cfg(test)]
@@ -52,7 +50,7 @@ pub use sqlite::SqliteStore;
 pub struct RelayDefaults {
     /// The most messages a pass claims.
     pub batch_size: i64,
-    /// After a pass that found less than a batch, how long to wait before the next (see
+    /// After a pass that found fewer than `batch_size`, how long to wait before the next (see
     /// `relay::RelayConfig::gather`).
     pub gather: Duration,
 }
@@ -208,7 +206,7 @@ pub struct Enqueued {
     pub duplicate: bool,
 }
 
-/// One consumer's inbox row for a message.
+/// One consumer's delivery of a message.
 #[derive(Debug, Clone)]
 pub struct DeliveryRow {
     pub consumer: String,
@@ -504,6 +502,116 @@ pub struct ReplayCandidate {
 pub struct Pruned {
     pub messages: i64,
     pub deliveries: i64,
+}
+
+/// What [`Store::delivery_lease`] leases, and for whom.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseParams<'a> {
+    pub consumer: &'a ConsumerName,
+    /// The session the leases are for (`leased_by`).
+    pub session: &'a str,
+    /// The most deliveries to lease.
+    pub limit: i64,
+    /// The key cursor: ordering keys are visited from the first after it, wrapping around (""
+    /// = from the first); see [`next_key_cursor`].
+    pub keys_after: &'a str,
+    /// The deadline of the new leases.
+    pub lease_until: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+}
+
+/// Which leases [`Store::delivery_extend_many`] pushes out, and until when.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtendParams<'a> {
+    pub consumer: &'a ConsumerName,
+    /// The session that holds them: the leases of any other are left alone.
+    pub session: &'a str,
+    pub ids: &'a [MessageId],
+    /// Their new deadline.
+    pub until: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+}
+
+/// Which page of a consumer's unfinished deliveries a list reads
+/// ([`Store::delivery_unacked_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnackedPageParams {
+    pub kind: UnackedKind,
+    /// The page starts after this seq.
+    pub after_seq: i64,
+    /// The most deliveries on the page.
+    pub limit: i64,
+    /// The most pending rows looked at for retrying ones.
+    pub scan: i64,
+}
+
+/// Which page of a consumer's dead letters a list reads ([`Store::dead_letter_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetterPageParams<'a> {
+    /// Only those whose last error is exactly this (`None`: any).
+    pub last_error: Option<&'a str>,
+    /// The page starts after this seq.
+    pub after_seq: i64,
+    /// The most dead letters on the page.
+    pub limit: i64,
+    /// With payloads and headers; else those are left empty.
+    pub with_payloads: bool,
+}
+
+/// Which replay candidates [`Store::replay_candidates`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayCandidatesParams<'a> {
+    pub filter: &'a ReplayFilter,
+    /// The page starts after this seq.
+    pub after_seq: i64,
+    /// The most candidates on the page; fewer means there are no more.
+    pub limit: i64,
+}
+
+/// One page of a message search ([`Store::message_search`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SearchParams<'a> {
+    pub query: &'a MessageQuery,
+    /// The page looks below this seq (`None`: from the newest).
+    pub before_seq: Option<i64>,
+    /// The most matches on the page.
+    pub limit: i64,
+    /// The most messages the page looks at.
+    pub scan: i64,
+}
+
+/// What a tail reads next ([`Store::message_tail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailParams<'a> {
+    /// The read starts after this seq.
+    pub after: i64,
+    /// The topics it takes, matched as the relay matches them.
+    pub patterns: &'a [TopicPattern],
+    /// The most messages it looks at.
+    pub scan: i64,
+    /// The most matches it takes.
+    pub limit: usize,
+}
+
+/// A consumer to create ([`Store::consumer_create_by`]), on whose behalf and within what limit.
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerCreateParams<'a> {
+    pub spec: &'a ConsumerSpec,
+    /// The principal that creates it (ADR 0072).
+    pub created_by: Option<&'a str>,
+    /// The most consumers that may exist: refused with [`StoreError::ConsumerLimit`] at it.
+    pub max: usize,
+    pub now: DateTime<Utc>,
+}
+
+/// A held key to let flow again ([`Store::held_key_release`]).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyReleaseParams<'a> {
+    pub consumer: &'a ConsumerName,
+    pub ordering_key: &'a str,
+    /// Leave the dead message that holds the key dead; else it is made due again first.
+    pub skip_dead: bool,
+    pub now: DateTime<Utc>,
 }
 
 /// Where the next lease of a session should start visiting ordering keys: after the last key

@@ -92,7 +92,17 @@ async fn backlog(store: &SharedStore, now: DateTime<Utc>) -> std::collections::H
 
 async fn lease(store: &SharedStore, c: &ConsumerSpec, now: DateTime<Utc>) -> Vec<MessageId> {
     let until = crate::clock::add(now, c.ack_deadline);
-    let mut leased = store.delivery_lease_batch(&c.name, "s", 10, "", until, now).await.unwrap();
+    let mut leased = store
+        .delivery_lease(&LeaseParams {
+            consumer: &c.name,
+            session: "s",
+            limit: 10,
+            keys_after: "",
+            lease_until: until,
+            now,
+        })
+        .await
+        .unwrap();
     leased.sort_by_key(|d| d.message.seq);
     leased.iter().map(|d| d.message.message_id).collect()
 }
@@ -202,16 +212,37 @@ async fn replaying_the_dead_message_resumes_its_key_in_order(store: SharedStore,
 async fn releasing_with_skip_dead_lets_the_waiting_go_and_leaves_the_dead_one_dead(store: SharedStore, _db: Guard) {
     let now = Utc::now().trunc_subsecs(6);
     let (c, m) = a_held(&store, now).await;
-    assert!(store.held_key_release(&c.name, "b", true, now).await.unwrap().is_none(), "b is not held");
-    let released = store.held_key_release(&c.name, "a", true, now).await.unwrap().unwrap();
+    assert!(
+        store
+            .held_key_release(&KeyReleaseParams { consumer: &c.name, ordering_key: "b", skip_dead: true, now })
+            .await
+            .unwrap()
+            .is_none(),
+        "b is not held"
+    );
+    let released = store
+        .held_key_release(&KeyReleaseParams { consumer: &c.name, ordering_key: "a", skip_dead: true, now })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((released.ordering_key.as_str(), released.message_id, released.waiting), ("a", m["a1"], 2));
-    assert!(store.held_key_release(&c.name, "a", true, now).await.unwrap().is_none(), "released already");
+    assert!(
+        store
+            .held_key_release(&KeyReleaseParams { consumer: &c.name, ordering_key: "a", skip_dead: true, now })
+            .await
+            .unwrap()
+            .is_none(),
+        "released already"
+    );
     assert_eq!(lease(&store, &c, now).await, vec![m["a2"], m["b2"]]);
     assert_eq!(state(&store, &c, m["a1"]).await, (DeliveryState::Dead, 1), "still a dead letter");
     store.delivery_ack_many(&c.name, &[m["a2"]], now).await.unwrap();
     assert_eq!(lease(&store, &c, now).await, vec![m["a3"]]);
     let missing = ConsumerName::parse("c", "nobody").unwrap();
-    assert!(matches!(store.held_key_release(&missing, "a", true, now).await, Err(StoreError::ConsumerNotFound(_))));
+    assert!(matches!(
+        store.held_key_release(&KeyReleaseParams { consumer: &missing, ordering_key: "a", skip_dead: true, now }).await,
+        Err(StoreError::ConsumerNotFound(_))
+    ));
 }
 
 /// `ReleaseKey` without `skip_dead`: the dead message is due again at once (count from 1) and
@@ -219,7 +250,11 @@ async fn releasing_with_skip_dead_lets_the_waiting_go_and_leaves_the_dead_one_de
 async fn releasing_without_skip_dead_delivers_the_dead_message_first(store: SharedStore, _db: Guard) {
     let now = Utc::now().trunc_subsecs(6);
     let (c, m) = a_held(&store, now).await;
-    let released = store.held_key_release(&c.name, "a", false, now).await.unwrap().unwrap();
+    let released = store
+        .held_key_release(&KeyReleaseParams { consumer: &c.name, ordering_key: "a", skip_dead: false, now })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(released.message_id, m["a1"]);
     assert_eq!(state(&store, &c, m["a1"]).await, (DeliveryState::Pending, 0));
     assert_eq!(lease(&store, &c, now).await, vec![m["a1"], m["b2"]]);
@@ -236,7 +271,7 @@ async fn a_held_keys_waiting_messages_are_counted_only_up_to_the_cap(store: Shar
     let now = Utc::now().trunc_subsecs(6);
     let (c, _) = a_held(&store, now).await;
     let more: Vec<NewMessage> = (0..1_010).map(|_| keyed(Some("a"))).collect();
-    store.message_insert_batch(&more, now).await.unwrap();
+    store.message_insert_many(&more, now).await.unwrap();
     while store.relay_batch(1000, now, false, &[]).await.unwrap().messages > 0 {}
     let held = store.held_key_list(&c.name, 10).await.unwrap();
     assert_eq!(held.len(), 1, "{held:?}");

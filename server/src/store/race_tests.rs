@@ -1,5 +1,5 @@
 //! PostgreSQL only: the decisions that read more than one of the places a delivery's state can
-//! be in (its row, a lease batch, a pending batch, the ack log), interleaved on purpose with the
+//! be in (its row, a leased range, a pending range, an acked range), interleaved on purpose with the
 //! transactions that move a delivery between those places (ADR 0052).
 //!
 //! Each case pauses one session right after one of its own statements: a test-only statement
@@ -9,7 +9,7 @@
 //! run: no sleeps, no timing.
 //!
 //! The first case is the loss that chaos found: `outbox.ack` answered "already acked" for a
-//! delivery that the sweeper had just moved from its lease batch into a row, so the consumer
+//! delivery that the sweeper had just moved from its leased range into a row, so the consumer
 //! rolled its effect back, and its stream ack then acked the row: a message with no effect.
 #![allow(clippy::unwrap_used)]
 
@@ -90,7 +90,7 @@ async fn enqueue(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
     store.message_insert(&msg, at).await.unwrap()
 }
 
-/// One message, pushed by a relay pass to stream `s1` in a lease batch until `until`.
+/// One message, pushed by a relay pass to stream `s1` in a leased range until `until`.
 async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 1, lease_until: until };
@@ -100,7 +100,7 @@ async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enq
     sent
 }
 
-/// One message, relayed with no stream to push to: waiting in a pending batch.
+/// One message, relayed with no stream to push to: waiting in a pending range.
 async fn waiting(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
     let out = store.relay_batch(10, at, false, &[]).await.unwrap();
@@ -118,12 +118,12 @@ async fn held_in(pool: &PgPool, state: &str, seq: i64) -> bool {
         .unwrap()
 }
 
-/// The sweeper's pass at `at`: expired lease batches become rows, then expired rows go back
+/// The sweeper's pass at `at`: expired leased ranges become rows, then expired rows go back
 /// to pending with "ack deadline expired", due after the backoff, as `maintenance::sweeper`
 /// does.
 async fn sweep(store: PgStore, at: DateTime<Utc>) {
     let d = &store;
-    let expired = d.delivery_expired_batch(at, 100).await.unwrap();
+    let expired = d.delivery_expired(at, 100).await.unwrap();
     let releases: Vec<Release> = expired
         .iter()
         .map(|e| Release {
@@ -258,15 +258,25 @@ async fn row_state(pool: &PgPool, id: MessageId) -> Option<String> {
 async fn acked_once_and_never_again(store: &PgStore, id: MessageId, late: DateTime<Utc>) {
     assert_eq!(effects(store.pool(), id).await, 1, "exactly one effect");
     let until = late + chrono::Duration::seconds(30);
-    let again = store.delivery_lease_batch(&consumer(), "s9", 10, "", until, late).await.unwrap();
+    let again = store
+        .delivery_lease(&LeaseParams {
+            consumer: &consumer(),
+            session: "s9",
+            limit: 10,
+            keys_after: "",
+            lease_until: until,
+            now: late,
+        })
+        .await
+        .unwrap();
     assert!(again.is_empty(), "delivered again after its ack: {again:?}");
     let stats = store.consumer_stats(Some("c"), true).await.unwrap();
     assert_eq!((stats[0].backlog, stats[0].in_flight, stats[0].acked), (0, 0, 1), "{stats:?}");
 }
 
 /// The loss chaos found. A pushed delivery's lease expires; the consumer's transactional ack
-/// runs its first statement (no row yet: the delivery is in a lease batch); the sweeper turns
-/// the batch entry into a row and commits; the ack goes on. It must ack the row (true), not
+/// runs its first statement (no row yet: the delivery is in a leased range); the sweeper turns
+/// the range-held seq into a row and commits; the ack goes on. It must ack the row (true), not
 /// answer "already acked" for a delivery that is pending.
 #[tokio::test]
 async fn a_transactional_ack_overtaken_by_the_sweeper_acks_the_row_it_moved_to() {
@@ -284,7 +294,7 @@ async fn a_transactional_ack_overtaken_by_the_sweeper_acks_the_row_it_moved_to()
 }
 
 /// The same with the stream's hand-back (a stream that closes releases what it holds): the
-/// release moves the batch entry into a row between the ack's statements.
+/// release moves the range-held seq into a row between the ack's statements.
 #[tokio::test]
 async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
     let (db, store) = setup().await;
@@ -309,10 +319,10 @@ async fn a_transactional_ack_overtaken_by_a_streams_release_acks_the_row() {
     acked_once_and_never_again(&store, sent.message_id, at + chrono::Duration::seconds(5)).await;
 }
 
-/// A transactional ack of a delivery waiting in a pending batch, overtaken by a lease that
-/// moves it into a lease batch: acked (true), and the lease's delivery then finds it acked.
+/// A transactional ack of a delivery waiting in a pending range, overtaken by a lease that
+/// moves it into a leased range: acked (true), and the lease's delivery then finds it acked.
 #[tokio::test]
-async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_batch_acks_once() {
+async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_range_acks_once() {
     let (db, store) = setup().await;
     let at = now();
     let sent = waiting(&store, at).await;
@@ -320,7 +330,17 @@ async fn a_transactional_ack_overtaken_by_a_lease_from_a_pending_batch_acks_once
     let until = at + chrono::Duration::seconds(15);
     let (leased_tx, leased_rx) = tokio::sync::oneshot::channel();
     let acked = ack_overtaken_by(&db, sent.message_id, async move {
-        let got = mover_store.delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+        let got = mover_store
+            .delivery_lease(&LeaseParams {
+                consumer: &consumer(),
+                session: "s2",
+                limit: 10,
+                keys_after: "",
+                lease_until: until,
+                now: at,
+            })
+            .await
+            .unwrap();
         let _ = leased_tx.send(got.len());
     })
     .await;
@@ -372,7 +392,7 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
     let until = at + chrono::Duration::seconds(15);
     let sent = pushed(&store, at, until).await;
     let d = &store;
-    d.delivery_expired_batch(until, 10).await.unwrap();
+    d.delivery_expired(until, 10).await.unwrap();
     let dead = Release {
         consumer: consumer(),
         message_id: sent.message_id,
@@ -396,8 +416,8 @@ async fn a_transactional_ack_overtaken_by_a_replay_acks_the_replayed_delivery() 
 }
 
 /// `outbox.ack`'s answers, one per place a delivery can be in (no race): true once for a
-/// leased row, a lease batch and a pending batch; false for an acked row, an ack logged from a
-/// batch, a dead row, a message not relayed yet (then true for its delivery), a message the
+/// leased row, a leased range and a pending range; false for an acked row, a seq acked out of a
+/// leased range, a dead row, a message not relayed yet (then true for its delivery), a message the
 /// consumer does not take, an unknown message or consumer.
 #[tokio::test]
 async fn the_transactional_ack_answers_exactly_from_every_place() {
@@ -418,20 +438,20 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     let until = at + chrono::Duration::seconds(15);
     let d = &store;
 
-    let in_lease_batch = pushed(&store, at, until).await;
-    assert!(ack(in_lease_batch.message_id.0, "c").await, "held in a lease batch");
-    assert!(!ack(in_lease_batch.message_id.0, "c").await, "then acked");
+    let in_leased_range = pushed(&store, at, until).await;
+    assert!(ack(in_leased_range.message_id.0, "c").await, "held in a leased range");
+    assert!(!ack(in_leased_range.message_id.0, "c").await, "then acked");
 
-    let in_pending_batch = waiting(&store, at).await;
-    assert!(ack(in_pending_batch.message_id.0, "c").await, "waiting in a pending batch");
-    assert!(!ack(in_pending_batch.message_id.0, "c").await);
+    let in_pending_range = waiting(&store, at).await;
+    assert!(ack(in_pending_range.message_id.0, "c").await, "waiting in a pending range");
+    assert!(!ack(in_pending_range.message_id.0, "c").await);
 
     let logged = pushed(&store, at, until).await;
     d.delivery_ack_held(&consumer(), &[(logged.message_id, logged.seq)], at).await.unwrap();
-    assert!(!ack(logged.message_id.0, "c").await, "acked out of its lease batch by the stream");
+    assert!(!ack(logged.message_id.0, "c").await, "acked out of its leased range by the stream");
 
     let as_row = pushed(&store, at, until).await;
-    d.delivery_expired_batch(until, 10).await.unwrap();
+    d.delivery_expired(until, 10).await.unwrap();
     assert_eq!(row_state(&pool, as_row.message_id).await.as_deref(), Some("leased"));
     assert!(ack(as_row.message_id.0, "c").await, "a leased row");
     assert!(!ack(as_row.message_id.0, "c").await);
@@ -440,12 +460,22 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     assert!(!ack(unrelayed.message_id.0, "c").await, "not relayed yet: no delivery to ack");
     let out = d.relay_batch(10, at, false, &[]).await.unwrap();
     assert_eq!(out.messages, 1);
-    let leased = d.delivery_lease_batch(&consumer(), "s3", 10, "", until, at).await.unwrap();
+    let leased = d
+        .delivery_lease(&LeaseParams {
+            consumer: &consumer(),
+            session: "s3",
+            limit: 10,
+            keys_after: "",
+            lease_until: until,
+            now: at,
+        })
+        .await
+        .unwrap();
     assert_eq!(leased.len(), 1, "delivered after all");
     assert!(ack(unrelayed.message_id.0, "c").await, "and its delivery's ack takes");
 
     let dead = pushed(&store, at, until).await;
-    d.delivery_expired_batch(until, 10).await.unwrap();
+    d.delivery_expired(until, 10).await.unwrap();
     let release = Release {
         consumer: consumer(),
         message_id: dead.message_id,
@@ -471,22 +501,22 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     d.relay_batch(10, at, false, &[]).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "and after");
     assert!(!ack(uuid::Uuid::new_v4(), "c").await, "an unknown message");
-    assert!(!ack(in_lease_batch.message_id.0, "nobody").await, "an unknown consumer");
+    assert!(!ack(in_leased_range.message_id.0, "nobody").await, "an unknown consumer");
 }
 
-/// A lease from pending batches, overtaken between its snapshot and its batch read by a relay
-/// pass that writes a new pending batch: the lease must return every delivery it puts in its
-/// lease batch. Before the fix, the function took the new batch's seqs (its own statements see
+/// A lease from pending ranges, overtaken between its snapshot and its read of ranges by a relay
+/// pass that writes a new pending range: the lease must return every delivery it puts in its
+/// leased range. Before the fix, the function took the new range's seqs (its own statements see
 /// the relay's commit) while the statement read their messages with its older snapshot, which
 /// cannot see them: the seqs were leased and never sent, stuck until the lease expired (a 30 s
 /// stall seen with three replicas).
 #[tokio::test]
-async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
+async fn a_lease_from_pending_ranges_takes_only_what_it_can_send() {
     let (db, store) = setup().await;
     let at = now();
     let first = waiting(&store, at).await;
     let until = at + chrono::Duration::seconds(15);
-    // Paused right after it took the first batch (its DELETE), its snapshot already taken.
+    // Paused right after it took the first range (its DELETE), its snapshot already taken.
     let (mut conn, paused) = pausable(&db, "delivery_ranges:DELETE").await;
     let lease = tokio::spawn(async move {
         let rows = sqlx::query(postgres::q::DELIVERY_LEASE)
@@ -511,17 +541,27 @@ async fn a_lease_from_pending_batches_takes_only_what_it_can_send() {
     mover.await.unwrap();
     let second = second_rx.await.unwrap();
     let returned = lease.await.unwrap();
-    assert!(returned.contains(&first.seq), "the first batch's delivery is leased: {returned:?}");
-    let batch: Vec<i64> = sqlx::query_scalar(
+    assert!(returned.contains(&first.seq), "the first range's delivery is leased: {returned:?}");
+    let held: Vec<i64> = sqlx::query_scalar(
         "SELECT s FROM outbox.delivery_ranges b, unnest(b.seqs) r, generate_series(lower(r), upper(r) - 1) s
           WHERE b.state = 'leased' AND b.leased_by = 's1' ORDER BY s",
     )
     .fetch_all(store.pool())
     .await
     .unwrap();
-    assert_eq!(batch, returned, "leased and not returned: never sent until the lease expires");
+    assert_eq!(held, returned, "leased and not returned: never sent until the lease expires");
     // What it did not take waits for the next lease.
-    let next = store.delivery_lease_batch(&consumer(), "s2", 10, "", until, at).await.unwrap();
+    let next = store
+        .delivery_lease(&LeaseParams {
+            consumer: &consumer(),
+            session: "s2",
+            limit: 10,
+            keys_after: "",
+            lease_until: until,
+            now: at,
+        })
+        .await
+        .unwrap();
     let seqs: Vec<i64> = next.iter().map(|d| d.message.seq).collect();
     assert!(returned.contains(&second.seq) || seqs == [second.seq], "the second: {returned:?} then {seqs:?}");
 }

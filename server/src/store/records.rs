@@ -68,7 +68,7 @@ impl TryFrom<ConsumerRecord> for Consumer {
     }
 }
 
-/// A row of the deliveries table (one consumer's inbox row for one message).
+/// A row of the deliveries table (one consumer's delivery of one message).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeliveryRecord {
     pub consumer: String,

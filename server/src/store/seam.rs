@@ -2,7 +2,7 @@
 //! maintenance loops and the admin service ask of a database. Each backend (`postgres`,
 //! `sqlite`) implements its required methods, each one narrow, entity-first statement (or the
 //! one round trip a backend needs for it); the operations made of several statements —
-//! create-or-compare and the EARLIEST backfill of a consumer, batches in one transaction, the
+//! create-or-compare and the EARLIEST backfill of a consumer, several messages in one transaction, the
 //! prune loop, a lookup of the consumer before a listing that must name a missing one — are its
 //! provided methods, written here once for every backend. Two required methods,
 //! [`Store::consumer_set_paused`] and [`Store::delivery_next_due`], tell a missing consumer from
@@ -10,8 +10,9 @@
 //! (the per-method suite checks it on both). Statements that such an operation runs inside its
 //! transaction are the methods of [`StoreTx`], the transaction a backend opens for it.
 //!
-//! The conformance suite runs every backend through the same cases: `driver_tests` calls the
-//! required methods directly (River's `riverdrivertest`), `tests` the operations.
+//! The conformance suite runs every backend through the same cases (`tests`, one file per
+//! subject): some call the required methods directly (River's `riverdrivertest`), some the
+//! operations.
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,17 +21,18 @@ use tokio_util::sync::CancellationToken;
 use super::records::{ConsumerRecord, DeliveryRecord, MessageRef};
 use super::relay_pass::RelayTx;
 use super::{
-    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeliveryRow, Enqueued, ExpiredLease, HeldKey, HintSender,
-    MessageQuery, NewMessage, Pruned, RelayDefaults, ReplayCandidate, ReplayFilter, Result, SearchPage, Stats,
-    StoreError, TableHealth, TailEntry, TailPage, UnackedKind, UnackedPage, VacuumHorizon,
+    ConsoleSession, ConsumerCreateParams, ConsumerStats, DeadGroup, DeadLetter, DeadLetterPageParams, DeliveryRow,
+    Enqueued, ExpiredLease, ExtendParams, HeldKey, HintSender, KeyReleaseParams, LeaseParams, NewMessage, Pruned,
+    RelayDefaults, ReplayCandidate, ReplayCandidatesParams, Result, SearchPage, SearchParams, Stats, StoreError,
+    TableHealth, TailEntry, TailPage, TailParams, UnackedPage, UnackedPageParams, VacuumHorizon,
 };
 use crate::domain::{
     Consumer, ConsumerName, ConsumerSpec, LeasedDelivery, MessageId, PushOffer, RelayOutcome, Release, ReleaseGuard,
-    StartFrom, StoredMessage, TopicPattern,
+    StartFrom, StoredMessage,
 };
 
 /// Messages read per round trip when a consumer starting from EARLIEST walks the log.
-pub const SCAN_BATCH: i64 = 5_000;
+pub const BACKFILL_PAGE: i64 = 5_000;
 
 /// The storage seam. Each backend gives the same semantics; the conformance suite runs against
 /// every one.
@@ -91,13 +93,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Messages matching `query`, newest first, among at most `scan` messages with
     /// `seq < before_seq` (all when `None`), at most `limit` of them: a page costs what it
     /// scans, never the whole history.
-    async fn message_search(
-        &self,
-        query: &MessageQuery,
-        before_seq: Option<i64>,
-        limit: i64,
-        scan: i64,
-    ) -> Result<SearchPage>;
+    async fn message_search(&self, p: &SearchParams<'_>) -> Result<SearchPage>;
 
     // ---- The relay (required).
 
@@ -137,15 +133,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// order, wrapping around; "" = from the first), so that a session that passes the key
     /// cursor of its last lease ([`super::next_key_cursor`]) serves every key in turn. The cost
     /// follows what the lease returns, not the backlog behind it.
-    async fn delivery_lease_batch(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        limit: i64,
-        keys_after: &str,
-        lease_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<LeasedDelivery>>;
+    async fn delivery_lease(&self, p: &LeaseParams<'_>) -> Result<Vec<LeasedDelivery>>;
     /// Acks leased or pending deliveries; returns how many changed.
     async fn delivery_ack_many(&self, consumer: &ConsumerName, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64>;
     /// [`Store::delivery_ack_many`] for deliveries whose `seq` the caller holds (a stream's
@@ -169,51 +157,30 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<u64>;
     /// Leases whose deadline is at or before `now`, oldest first, with the policy that decides
     /// their next state.
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>>;
+    async fn delivery_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>>;
     /// The earliest deadline of any lease (one probe of the leased index), so that the sweeper
     /// sleeps until then instead of polling.
     async fn delivery_next_expiry(&self) -> Result<Option<DateTime<Utc>>>;
     /// Pushes the deadline of leases that `session` holds.
-    async fn delivery_extend_many(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        ids: &[MessageId],
-        until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64>;
+    async fn delivery_extend_many(&self, p: &ExtendParams<'_>) -> Result<u64>;
     /// The earliest `available_at` of a consumer's pending deliveries;
     /// [`StoreError::ConsumerNotFound`] once the consumer is gone.
     async fn delivery_next_due(&self, consumer: &ConsumerName) -> Result<Option<DateTime<Utc>>>;
-    /// Every consumer's inbox row for one message, in consumer order.
+    /// Every consumer's delivery of one message, in consumer order.
     async fn delivery_list_of_message(&self, id: MessageId) -> Result<Vec<DeliveryRecord>>;
     /// A page of the consumer's unfinished deliveries of `kind`, in `seq` order after
     /// `after_seq`, at most `limit`. Each kind is read from the partial indexes of its state,
     /// never from the history: pending ones from the pending rows and (PostgreSQL) the pending
     /// ranges, in flight ones from the leases; retrying ones are the pending rows with a
     /// delivery count, found among at most `scan` pending rows per page.
-    async fn delivery_unacked_page(
-        &self,
-        consumer: &str,
-        kind: UnackedKind,
-        after_seq: i64,
-        limit: i64,
-        scan: i64,
-    ) -> Result<UnackedPage>;
+    async fn delivery_unacked_page(&self, consumer: &str, p: &UnackedPageParams) -> Result<UnackedPage>;
 
     // ---- Dead letters, replay and held keys (required).
 
     /// A page of the consumer's dead letters in `seq` order after `after_seq` (only those whose
     /// last error is `last_error` when given); without their payloads and headers (left empty)
     /// unless `with_payloads`.
-    async fn dead_letter_page(
-        &self,
-        consumer: &str,
-        last_error: Option<&str>,
-        after_seq: i64,
-        limit: i64,
-        with_payloads: bool,
-    ) -> Result<Vec<DeadLetter>>;
+    async fn dead_letter_page(&self, consumer: &str, p: &DeadLetterPageParams<'_>) -> Result<Vec<DeadLetter>>;
     /// The consumer's dead letters grouped by last error, largest group first, at most `limit`
     /// groups.
     async fn dead_letter_group_page(&self, consumer: &str, limit: i64) -> Result<Vec<DeadGroup>>;
@@ -223,9 +190,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        filter: &ReplayFilter,
-        after_seq: i64,
-        limit: i64,
+        p: &ReplayCandidatesParams<'_>,
     ) -> Result<Vec<ReplayCandidate>>;
     /// Up to `limit` of the keys `consumer` holds, oldest hold first (only `ordering_key` when
     /// given), each with its dead message's last error and its waiting messages counted up to
@@ -242,9 +207,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Vacuums these of outboxd's tables (as [`Store::table_health`] names them), unless another
     /// process is doing it; returns the tables vacuumed. A no-op on stores that need none.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>>;
-    /// Deletes up to `batch` relayed, fully acked messages enqueued before `cutoff`, with their
-    /// inbox rows, in one transaction; `None` when another replica is pruning.
-    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>>;
+    /// Deletes up to `limit` relayed, fully acked messages enqueued before `cutoff`, with their
+    /// deliveries, in one transaction; `None` when another replica is pruning.
+    async fn prune_before(&self, cutoff: DateTime<Utc>, limit: i64) -> Result<Option<Pruned>>;
 
     // ---- Operations of several statements (provided, the same on every backend).
 
@@ -271,7 +236,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// first `limit` whose topic a pattern matches (`domain::topic_matches`, as the relay
     /// matches). Only topics and sizes are read here: a tail loads the payloads of its matches
     /// alone, and only as many as its reader has room for ([`Store::message_list_of_seqs`]).
-    async fn message_tail(&self, after: i64, patterns: &[TopicPattern], scan: i64, limit: usize) -> Result<TailPage> {
+    async fn message_tail(&self, p: &TailParams<'_>) -> Result<TailPage> {
+        let TailParams { after, patterns, scan, limit } = *p;
         let window = self.message_tail_window(after, scan).await?;
         let mut page = TailPage { hits: Vec::new(), next_after: after, more: window.len() as i64 >= scan };
         for entry in window {
@@ -290,7 +256,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// All or nothing: one transaction for the whole batch.
-    async fn message_insert_batch(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
+    async fn message_insert_many(&self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
         let mut tx = self.begin().await?;
         let mut out = Vec::with_capacity(msgs.len());
         for msg in msgs {
@@ -300,7 +266,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Ok(out)
     }
 
-    /// A message and every consumer's inbox row for it.
+    /// A message and every consumer's delivery of it.
     async fn message_get(&self, id: MessageId) -> Result<(StoredMessage, Vec<DeliveryRow>)> {
         let message = self.message_find(id).await?.ok_or(StoreError::MessageNotFound(id))?;
         let deliveries = self
@@ -317,19 +283,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// consumer gets a pending row for every retained message it matches, relayed or not (the
     /// relay's insert later finds it there), in the same transaction.
     async fn consumer_create(&self, spec: &ConsumerSpec, now: DateTime<Utc>) -> Result<Consumer> {
-        self.consumer_create_by(spec, None, usize::MAX, now).await
+        self.consumer_create_by(&ConsumerCreateParams { spec, created_by: None, max: usize::MAX, now }).await
     }
 
     /// [`Store::consumer_create`] on behalf of `created_by`, refused with
     /// [`StoreError::ConsumerLimit`] when `max` consumers exist already: counted under the
     /// consumer-change lock, so concurrent creates (on any replica) never exceed it.
-    async fn consumer_create_by(
-        &self,
-        spec: &ConsumerSpec,
-        created_by: Option<&str>,
-        max: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Consumer> {
+    async fn consumer_create_by(&self, p: &ConsumerCreateParams<'_>) -> Result<Consumer> {
+        let ConsumerCreateParams { spec, created_by, max, now } = *p;
         let mut tx = self.begin_consumer_change().await?;
         if let Some(existing) = tx.consumer_find(spec.name.as_str()).await? {
             let existing = Consumer::try_from(existing)?;
@@ -346,10 +307,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         if spec.start_from == StartFrom::Earliest {
             let mut after = 0;
             loop {
-                let page = tx.message_page(after, SCAN_BATCH).await?;
+                let page = tx.message_page(after, BACKFILL_PAGE).await?;
                 let Some(last) = page.last() else { break };
                 after = last.seq;
-                let full = page.len() as i64 == SCAN_BATCH;
+                let full = page.len() as i64 == BACKFILL_PAGE;
                 let mine: Vec<_> = page.into_iter().filter(|m| spec.matches(&m.topic)).collect();
                 tx.delivery_insert_pending(spec.name.as_str(), &mine, now).await?;
                 if !full {
@@ -366,7 +327,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Consumer::try_from(row.ok_or_else(|| StoreError::ConsumerNotFound(name.to_string()))?)
     }
 
-    /// Deletes a consumer and its inbox rows.
+    /// Deletes a consumer and its deliveries.
     async fn consumer_delete(&self, name: &ConsumerName) -> Result<()> {
         let mut tx = self.begin_consumer_change().await?;
         if !tx.consumer_delete(name.as_str()).await? {
@@ -392,34 +353,29 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A page of dead letters in `seq` order after `after_seq`.
     async fn dead_letter_list(&self, consumer: &ConsumerName, after_seq: i64, limit: i64) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
-        self.dead_letter_page(consumer.as_str(), None, after_seq, limit, true).await
+        self.dead_letter_page(
+            consumer.as_str(),
+            &DeadLetterPageParams { last_error: None, after_seq, limit, with_payloads: true },
+        )
+        .await
     }
 
-    /// A page of the consumer's dead letters with this last error, in `seq` order after
-    /// `after_seq`, without payloads and headers (a list of what failed, not of its contents).
+    /// [`Store::dead_letter_page`] (the list of what failed, without payloads and headers,
+    /// unless `with_payloads`); [`StoreError::ConsumerNotFound`] for an unknown consumer.
     async fn dead_letter_list_with_error(
         &self,
         consumer: &ConsumerName,
-        last_error: Option<&str>,
-        after_seq: i64,
-        limit: i64,
+        p: &DeadLetterPageParams<'_>,
     ) -> Result<Vec<DeadLetter>> {
         self.consumer_get(consumer).await?;
-        self.dead_letter_page(consumer.as_str(), last_error, after_seq, limit, false).await
+        self.dead_letter_page(consumer.as_str(), p).await
     }
 
     /// [`Store::delivery_unacked_page`]; [`StoreError::ConsumerNotFound`] for an unknown
     /// consumer.
-    async fn delivery_list_unacked(
-        &self,
-        consumer: &ConsumerName,
-        kind: UnackedKind,
-        after_seq: i64,
-        limit: i64,
-        scan: i64,
-    ) -> Result<UnackedPage> {
+    async fn delivery_list_unacked(&self, consumer: &ConsumerName, p: &UnackedPageParams) -> Result<UnackedPage> {
         self.consumer_get(consumer).await?;
-        self.delivery_unacked_page(consumer.as_str(), kind, after_seq, limit, scan).await
+        self.delivery_unacked_page(consumer.as_str(), p).await
     }
 
     /// The consumer's dead letters grouped by last error, largest group first, at most `limit`
@@ -450,13 +406,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Lets a held key flow again and returns it as it was held (`None`: not held). Without
     /// `skip_dead` the dead message is made due again first, in the same transaction (as
     /// [`Store::replay_apply`] would), so that the key resumes with it, in order.
-    async fn held_key_release(
-        &self,
-        consumer: &ConsumerName,
-        ordering_key: &str,
-        skip_dead: bool,
-        now: DateTime<Utc>,
-    ) -> Result<Option<HeldKey>> {
+    async fn held_key_release(&self, p: &KeyReleaseParams<'_>) -> Result<Option<HeldKey>> {
+        let KeyReleaseParams { consumer, ordering_key, skip_dead, now } = *p;
         self.consumer_get(consumer).await?;
         let Some(held) = self.held_key_page(consumer.as_str(), Some(ordering_key), 1).await?.pop() else {
             return Ok(None);
@@ -477,7 +428,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// its own transaction, until one finds fewer than `batch` or another replica is pruning.
     async fn prune(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned> {
         let mut total = Pruned::default();
-        while let Some(done) = self.prune_batch(cutoff, batch).await? {
+        while let Some(done) = self.prune_before(cutoff, batch).await? {
             total.messages += done.messages;
             total.deliveries += done.deliveries;
             if done.messages < batch {
@@ -507,9 +458,9 @@ pub trait StoreTx: Send {
         created_by: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<ConsumerRecord>;
-    /// Deletes a consumer and its inbox rows; false when there was none.
+    /// Deletes a consumer and its deliveries; false when there was none.
     async fn consumer_delete(&mut self, name: &str) -> Result<bool>;
-    /// Creates pending inbox rows of `consumer` for `messages`; existing rows are left alone.
+    /// Creates pending delivery rows of `consumer` for `messages`; existing rows are left alone.
     /// Returns how many it created.
     async fn delivery_insert_pending(
         &mut self,

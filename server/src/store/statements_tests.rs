@@ -42,23 +42,55 @@ async fn every_sqlite_statement_prepares_on_a_migrated_file() {
 }
 
 /// The places in `source` where a statement is written in Rust: a string literal or a
-/// `format!` given to `sqlx::query*` or `sqlx::raw_sql`.
+/// `format!` given to `sqlx::query*` or `sqlx::raw_sql`, also when it starts on a later line or
+/// after a comment.
 fn inline_statements(source: &str) -> Vec<String> {
     let mut found = Vec::new();
-    for (n, line) in source.lines().enumerate() {
-        for call in ["sqlx::query", "sqlx::raw_sql"] {
-            let mut rest = line;
-            while let Some(at) = rest.find(call) {
-                let after = &rest[at + call.len()..];
-                let args = after.find('(').map_or("", |p| &after[p + 1..]).trim_start();
-                if args.starts_with('"') || args.starts_with("r#\"") || args.starts_with("sqlx::AssertSqlSafe") {
-                    found.push(format!("line {}: {}", n + 1, line.trim()));
-                }
-                rest = after;
+    for call in ["sqlx::query", "sqlx::raw_sql"] {
+        let mut from = 0;
+        while let Some(at) = source[from..].find(call).map(|at| from + at) {
+            from = at + call.len();
+            let after = &source[from..];
+            // The call's parenthesis: past its name and types (`sqlx::query_as::<_, (i64,)>(`).
+            let mut types = 0;
+            let Some(open) = after.find(|c: char| {
+                types += i32::from(c == '<') - i32::from(c == '>');
+                c == '(' && types == 0
+            }) else {
+                break;
+            };
+            if after[..open].contains([';', '{', '\n']) {
+                continue;
+            }
+            if first_argument(&after[open + 1..]).is_some_and(|a| {
+                a.starts_with('"')
+                    || a.starts_with("r#\"")
+                    || a.starts_with("r\"")
+                    || a.starts_with("sqlx::AssertSqlSafe")
+            }) {
+                let line = source[..at].matches('\n').count() + 1;
+                let start = source[..at].rfind('\n').map_or(0, |n| n + 1);
+                let text = source[start..].lines().next().unwrap_or_default();
+                found.push(format!("line {line}: {}", text.trim()));
             }
         }
     }
+    found.sort();
     found
+}
+
+/// The text of a call's first argument, past white space and comments (`None`: none left).
+fn first_argument(mut rest: &str) -> Option<&str> {
+    loop {
+        rest = rest.trim_start();
+        if let Some(comment) = rest.strip_prefix("//") {
+            rest = comment.split_once('\n')?.1;
+        } else if let Some(comment) = rest.strip_prefix("/*") {
+            rest = comment.split_once("*/")?.1;
+        } else {
+            return Some(rest);
+        }
+    }
 }
 
 #[test]
@@ -73,8 +105,12 @@ fn the_stores_write_no_statement_inline() {
             inline.join("\n")
         );
     }
-    // The check itself finds what it looks for.
+    // The check itself finds what it looks for, on one line or several, past comments.
     assert_eq!(inline_statements("let n = sqlx::query_scalar::<_, i64>(\"SELECT 1\")").len(), 1);
     assert_eq!(inline_statements("sqlx::query(\n").len(), 0);
     assert_eq!(inline_statements("sqlx::query(sqlx::AssertSqlSafe(format!(\"{x}\")))").len(), 1);
+    assert_eq!(inline_statements("sqlx::query(\n    // why\n    \"SELECT 1\",\n)").len(), 1);
+    assert_eq!(inline_statements("sqlx::query_as::<_, (i64,)>(\n  /* a */ r#\"SELECT 1\"#)").len(), 1);
+    assert_eq!(inline_statements("sqlx::query(q::CONSUMER_STATS)\n    .bind(\"x\")").len(), 0);
+    assert_eq!(inline_statements("sqlx::query(sql).bind(1); f(\"SELECT 1\")").len(), 0);
 }

@@ -146,7 +146,17 @@ async fn lease(
     n: i64,
     at: DateTime<Utc>,
 ) -> Vec<(MessageId, u32)> {
-    let leased = store.delivery_lease_batch(c, session, n, "", at + LEASE, at).await.unwrap();
+    let leased = store
+        .delivery_lease(&LeaseParams {
+            consumer: c,
+            session,
+            limit: n,
+            keys_after: "",
+            lease_until: at + LEASE,
+            now: at,
+        })
+        .await
+        .unwrap();
     // A lease is where a count grows: the invariant is checked after each, not only at the end.
     invariants_hold(store).await;
     leased.iter().map(|d| (d.message.message_id, d.delivery_count)).collect()
@@ -198,7 +208,15 @@ async fn invariants_hold(store: &SharedStore) {
         .into_iter()
         .map(|c| (c.spec.name.as_str().to_owned(), c.spec.max_deliveries))
         .collect();
-    let page = store.message_search(&MessageQuery::default(), None, 10_000, 10_000).await.unwrap();
+    let page = store
+        .message_search(&SearchParams {
+            query: &MessageQuery::default(),
+            before_seq: None,
+            limit: 10_000,
+            scan: 10_000,
+        })
+        .await
+        .unwrap();
     assert_eq!(page.next_before_seq, None, "every message read");
     for m in page.messages {
         let (_, rows) = store.message_get(m.message_id).await.unwrap();
@@ -360,12 +378,31 @@ async fn t07_an_extend_moves_only_the_named_deliveries_deadline(_db: &Guard, sto
     let ids = [enqueue(&store, msg("t"), at).await, enqueue(&store, msg("t"), at).await];
     assert_eq!(relay(&store, at, &[offer("c", "s1", 10, at)]).await.pushed.len(), 2);
     let later = at + secs(300);
-    assert_eq!(store.delivery_extend_many(&c, "other", &[ids[0]], later, at).await.unwrap(), 0, "not its lease");
-    assert_eq!(store.delivery_extend_many(&c, "s1", &[ids[0]], later, at).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .delivery_extend_many(&ExtendParams {
+                consumer: &c,
+                session: "other",
+                ids: &[ids[0]],
+                until: later,
+                now: at
+            })
+            .await
+            .unwrap(),
+        0,
+        "not its lease"
+    );
+    assert_eq!(
+        store
+            .delivery_extend_many(&ExtendParams { consumer: &c, session: "s1", ids: &[ids[0]], until: later, now: at })
+            .await
+            .unwrap(),
+        1
+    );
     let d = delivery(&store, ids[0], "c").await.unwrap();
     assert_eq!((d.state, d.delivery_count, d.lease_expires_at), (DeliveryState::Leased, 1, Some(later)));
     assert_eq!(delivery(&store, ids[1], "c").await.unwrap().lease_expires_at, Some(at + LEASE));
-    let expired = store.delivery_expired_batch(at + LEASE, 10).await.unwrap();
+    let expired = store.delivery_expired(at + LEASE, 10).await.unwrap();
     assert_eq!(expired.iter().map(|e| e.message_id).collect::<Vec<_>>(), [ids[1]], "only the other one expires");
 }
 
@@ -394,7 +431,7 @@ async fn t09_a_transactional_ack_acks_a_leased_delivery_once(db: &Guard, store: 
     let s = stats(&store, &c).await;
     assert_eq!((s.in_flight, s.acked), (0, 1), "counted once");
     // Nor does its lease expire into a redelivery.
-    let expired = store.delivery_expired_batch(at + LEASE, 10).await.unwrap();
+    let expired = store.delivery_expired(at + LEASE, 10).await.unwrap();
     let back: Vec<Release> =
         expired.iter().map(|e| release(&c, e.message_id, DeliveryState::Pending, at + LEASE, Some("x"))).collect();
     store.delivery_release_many(&back, ReleaseGuard::ExpiredAt(at + LEASE), at + LEASE).await.unwrap();
@@ -463,7 +500,7 @@ async fn t13_a_nack_at_max_deliveries_makes_a_dead_letter(_db: &Guard, store: Sh
 /// A sweep as `LeaseSweeper::run_once` makes it at `at`: every expired lease pending after its
 /// backoff, or dead at max_deliveries.
 async fn sweep(store: &SharedStore, at: DateTime<Utc>) -> usize {
-    let expired = store.delivery_expired_batch(at, 100).await.unwrap();
+    let expired = store.delivery_expired(at, 100).await.unwrap();
     let releases: Vec<Release> = expired
         .iter()
         .map(|e| {
@@ -708,18 +745,33 @@ async fn t26_releasing_a_key_with_skip_dead_lets_the_waiting_go_and_leaves_the_d
 ) {
     let at = now();
     let (c, ids) = held(&store, at).await;
-    let released = store.held_key_release(&c, "k", true, at).await.unwrap().unwrap();
+    let released = store
+        .held_key_release(&KeyReleaseParams { consumer: &c, ordering_key: "k", skip_dead: true, now: at })
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(released.message_id, ids[0]);
     assert!(store.held_key_list(&c, 10).await.unwrap().is_empty());
     assert_eq!(state(&store, ids[0], "c").await, (DeliveryState::Dead, 1), "still a dead letter");
     assert_eq!(lease(&store, &c, "s1", 10, at).await, [(ids[1], 1)], "the key goes on without it");
-    assert_eq!(store.held_key_release(&c, "k", true, at).await.unwrap(), None, "no longer held");
+    assert_eq!(
+        store
+            .held_key_release(&KeyReleaseParams { consumer: &c, ordering_key: "k", skip_dead: true, now: at })
+            .await
+            .unwrap(),
+        None,
+        "no longer held"
+    );
 }
 
 async fn t27_releasing_a_key_without_skip_dead_delivers_the_dead_message_first(_db: &Guard, store: SharedStore) {
     let at = now();
     let (c, ids) = held(&store, at).await;
-    store.held_key_release(&c, "k", false, at + secs(1)).await.unwrap().unwrap();
+    store
+        .held_key_release(&KeyReleaseParams { consumer: &c, ordering_key: "k", skip_dead: false, now: at + secs(1) })
+        .await
+        .unwrap()
+        .unwrap();
     let d = delivery(&store, ids[0], "c").await.unwrap();
     assert_eq!((d.state, d.delivery_count, d.available_at), (DeliveryState::Pending, 0, at + secs(1)));
     assert_eq!(lease(&store, &c, "s1", 10, at + secs(1)).await, [(ids[0], 1)], "the dead one first");

@@ -226,7 +226,7 @@ class AdminClient:
 
     @_either
     async def delete_consumer(self, name: str) -> None:
-        """Deletes a consumer and its inbox rows."""
+        """Deletes a consumer and its deliveries."""
         stub, md = self._rpc()
         await stub.DeleteConsumer(pb.DeleteConsumerRequest(consumer=_name(name)), metadata=md, timeout=self._timeout)
 

@@ -15,10 +15,11 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
 };
 use super::{
-    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
-    MessageQuery, MessageSummary, NewMessage, Pruned, RelayTx, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery,
-    UnackedKind, UnackedPage, VacuumHorizon,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeadLetterPageParams, Enqueued, ExpiredLease, ExtendParams,
+    HeldKey, HintSender, LeaseParams, LeasedDelivery, MessageSummary, NewMessage, Pruned, RelayTx, Release,
+    ReleaseGuard, ReplayCandidate, ReplayCandidatesParams, Result, SearchPage, SearchParams, Store, StoreError,
+    StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery, UnackedKind, UnackedPage, UnackedPageParams,
+    VacuumHorizon,
 };
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 use listener::WorkListener;
@@ -471,15 +472,8 @@ impl Store for PgStore {
 
     /// Leases up to `limit` due deliveries of one consumer to a delivery session (see
     /// `delivery_lease` in queries/lease.sql). Nothing is leased while the consumer is paused.
-    async fn delivery_lease_batch(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        limit: i64,
-        keys_after: &str,
-        lease_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<LeasedDelivery>> {
+    async fn delivery_lease(&self, p: &LeaseParams<'_>) -> Result<Vec<LeasedDelivery>> {
+        let LeaseParams { consumer, session, limit, keys_after, lease_until, now } = *p;
         let rows = sqlx::query(q::DELIVERY_LEASE)
             .bind(consumer.as_str())
             .bind(now)
@@ -516,7 +510,7 @@ impl Store for PgStore {
         Ok(u64::try_from(changed).unwrap_or(0))
     }
 
-    /// The seqs go as runs of consecutive values, so the call finds batch-held deliveries
+    /// The seqs go as runs of consecutive values, so the call finds range-held deliveries
     /// without a look-up per id (ADR 0045), and rows by a range scan per run (ADR 0048).
     async fn delivery_ack_held(
         &self,
@@ -558,9 +552,9 @@ impl Store for PgStore {
             ReleaseGuard::ExpiredAt(t) => (None, Some(t)),
         };
         let mut tx = self.pool.begin().await?;
-        // Batch-held first deliveries become leased rows first, so that one statement below
+        // Range-held first deliveries become leased rows first, so that one statement below
         // decides every release (ADR 0041).
-        sqlx::query(q::DELIVERY_UNBATCH)
+        sqlx::query(q::DELIVERY_RANGES_TO_ROWS)
             .bind(&consumers)
             .bind(&ids)
             .bind(session)
@@ -584,9 +578,9 @@ impl Store for PgStore {
     }
 
     /// Leases whose deadline has passed, oldest first.
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+    async fn delivery_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
         // Expired leased ranges become leased rows (count 1) that the query below finds.
-        sqlx::query(q::DELIVERY_UNBATCH_EXPIRED).bind(now).execute(&self.pool).await?;
+        sqlx::query(q::DELIVERY_RANGES_TO_ROWS_EXPIRED).bind(now).execute(&self.pool).await?;
         let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(now).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
@@ -607,20 +601,14 @@ impl Store for PgStore {
     }
 
     /// Pushes the deadline of the named leases this session holds, and of no other: a
-    /// batch-held one first becomes a `leased` row of its own (`outbox.unbatch`, as a release
+    /// range-held one first becomes a `leased` row of its own (`outbox.unbatch`, as a release
     /// does), so that the deliveries pushed beside it keep their deadline (T7, as on SQLite).
-    async fn delivery_extend_many(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        ids: &[MessageId],
-        until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
+    async fn delivery_extend_many(&self, p: &ExtendParams<'_>) -> Result<u64> {
+        let ExtendParams { consumer, session, ids, until, now } = *p;
         let id_list: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
         let consumers: Vec<&str> = ids.iter().map(|_| consumer.as_str()).collect();
         let mut tx = self.pool.begin().await?;
-        sqlx::query(q::DELIVERY_UNBATCH_TO_EXTEND)
+        sqlx::query(q::DELIVERY_RANGES_TO_ROWS_TO_EXTEND)
             .bind(&consumers)
             .bind(&id_list)
             .bind(session)
@@ -724,53 +712,7 @@ impl Store for PgStore {
     }
 
     async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>> {
-        let rows = sqlx::query(
-            // Each figure comes from the partial index for its state, so the cost follows the
-            // pending work, not the history. Only `acked` reads history, and only when asked.
-            "SELECT c.name, c.paused,
-                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending')
-                    + r.pending AS backlog,
-                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased')
-                    + r.leased AS in_flight,
-                    (SELECT count(*) FROM outbox.deliveries d
-                      WHERE d.consumer = c.name AND d.state = 'pending' AND d.delivery_count > 0) AS retrying,
-                    (SELECT count(*) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'dead') AS dead,
-                    (SELECT count(*) FROM outbox.held_keys h WHERE h.consumer = c.name) AS held_keys,
-                    CASE WHEN $2 THEN (SELECT count(*) FROM outbox.deliveries d
-                                        WHERE d.consumer = c.name AND d.state = 'acked') + r.acked
-                         ELSE 0 END AS acked,
-                    (SELECT m.enqueued_at FROM outbox.messages m WHERE m.seq = least(
-                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'pending'),
-                        (SELECT min(d.seq) FROM outbox.deliveries d WHERE d.consumer = c.name AND d.state = 'leased'),
-                        r.lowest)
-                    ) AS oldest
-               FROM outbox.consumers c,
-                    -- The consumer's ranges, each counted as what it holds once rows have
-                    -- decided: its seqs less those with a row of the consumer's own (a row
-                    -- decides over a range; one range scan of (consumer, seq) per range).
-                    LATERAL (SELECT coalesce(sum(x.n) FILTER (WHERE x.state = 'pending'), 0)::bigint AS pending,
-                                    coalesce(sum(x.n) FILTER (WHERE x.state = 'leased'), 0)::bigint AS leased,
-                                    coalesce(sum(x.n) FILTER (WHERE x.state = 'acked'), 0)::bigint AS acked,
-                                    min(x.lowest) FILTER (WHERE x.state <> 'acked') AS lowest
-                               FROM (SELECT g.state, lower(g.seqs) AS lowest,
-                                            (SELECT sum(upper(s) - lower(s)) FROM unnest(g.seqs) s)
-                                            - (SELECT count(*) FROM outbox.deliveries d
-                                                WHERE d.consumer = g.consumer AND d.seq > 0
-                                                  AND d.seq >= lower(g.seqs) AND d.seq < upper(g.seqs)
-                                                  AND d.seq <@ g.seqs) AS n
-                                       FROM (SELECT * FROM outbox.delivery_ranges g
-                                              WHERE g.consumer = c.name AND g.state IN ('pending', 'leased')
-                                             UNION ALL
-                                             -- Acked ranges are history: read only when asked.
-                                             SELECT * FROM outbox.delivery_ranges g
-                                              WHERE $2 AND g.consumer = c.name AND g.state = 'acked') g) x) r
-            WHERE $1::text IS NULL OR c.name = $1
-              ORDER BY c.name",
-        )
-        .bind(only)
-        .bind(include_acked)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(q::CONSUMER_STATS).bind(only).bind(include_acked).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(ConsumerStats {
@@ -789,14 +731,8 @@ impl Store for PgStore {
     }
 
     /// A page of a consumer's dead letters in `seq` order, after `after_seq`.
-    async fn dead_letter_page(
-        &self,
-        consumer: &str,
-        last_error: Option<&str>,
-        after_seq: i64,
-        limit: i64,
-        with_payloads: bool,
-    ) -> Result<Vec<DeadLetter>> {
+    async fn dead_letter_page(&self, consumer: &str, p: &DeadLetterPageParams<'_>) -> Result<Vec<DeadLetter>> {
+        let DeadLetterPageParams { last_error, after_seq, limit, with_payloads } = *p;
         let sql = if with_payloads { q::DEAD_LETTER_PAGE } else { q::DEAD_LETTER_PAGE_WITHOUT_BODIES };
         let rows =
             sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit).bind(last_error).fetch_all(&self.pool).await?;
@@ -840,13 +776,8 @@ impl Store for PgStore {
     /// A time range first becomes a range of seqs (one probe of `messages_enqueued_at` at each
     /// end); then the window of the `scan` newest messages below the cursor in it, by primary
     /// key; then the matches in the window.
-    async fn message_search(
-        &self,
-        query: &MessageQuery,
-        before_seq: Option<i64>,
-        limit: i64,
-        scan: i64,
-    ) -> Result<SearchPage> {
+    async fn message_search(&self, p: &SearchParams<'_>) -> Result<SearchPage> {
+        let SearchParams { query, before_seq, limit, scan } = *p;
         let (lower, upper): (Option<i64>, Option<i64>) =
             sqlx::query_as(q::MESSAGE_SEARCH_BOUNDS).bind(query.after).bind(query.before).fetch_one(&self.pool).await?;
         let (Some(lower), Some(upper)) = (lower, upper) else {
@@ -910,14 +841,8 @@ impl Store for PgStore {
         Ok(super::search_page(messages, scanned, lowest.filter(|l| *l > lower), limit, scan))
     }
 
-    async fn delivery_unacked_page(
-        &self,
-        consumer: &str,
-        kind: UnackedKind,
-        after_seq: i64,
-        limit: i64,
-        scan: i64,
-    ) -> Result<UnackedPage> {
+    async fn delivery_unacked_page(&self, consumer: &str, p: &UnackedPageParams) -> Result<UnackedPage> {
+        let UnackedPageParams { kind, after_seq, limit, scan } = *p;
         let sql = match kind {
             UnackedKind::Pending => q::DELIVERY_PENDING_PAGE,
             UnackedKind::Retrying => q::DELIVERY_RETRYING_PAGE,
@@ -1007,10 +932,9 @@ impl Store for PgStore {
     async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        filter: &ReplayFilter,
-        after_seq: i64,
-        limit: i64,
+        p: &ReplayCandidatesParams<'_>,
     ) -> Result<Vec<ReplayCandidate>> {
+        let ReplayCandidatesParams { filter, after_seq, limit } = *p;
         // Dead letters are paged by the delivery's seq (the message's), from the dead-letter
         // indexes; the rest by the message's. Unprepared: a plan cached for one set of filters
         // would not suit another, nor one cached on a small table a large one.
@@ -1062,7 +986,7 @@ impl Store for PgStore {
     }
 
     /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.
-    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
+    async fn prune_before(&self, cutoff: DateTime<Utc>, limit: i64) -> Result<Option<Pruned>> {
         let mut tx = self.pool.begin().await?;
         let mine: bool = sqlx::query_scalar(q::PRUNE_LOCK_TRY).bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
         if !mine {
@@ -1076,7 +1000,7 @@ impl Store for PgStore {
         if folded.rows_affected() > 0 {
             sqlx::query(q::PRUNE_EMPTY_RANGES).execute(&mut *tx).await?;
         }
-        let row = sqlx::query(q::PRUNE_MESSAGES).bind(cutoff).bind(batch).fetch_one(&mut *tx).await?;
+        let row = sqlx::query(q::PRUNE_MESSAGES).bind(cutoff).bind(limit).fetch_one(&mut *tx).await?;
         let messages: i64 = row.try_get("messages")?;
         if messages > 0 {
             // The relay log's rows that name only pruned messages.
@@ -1149,7 +1073,7 @@ impl StoreTx for PgTx {
         consumer_from_row(&row)
     }
 
-    /// Its inbox rows go by cascade; its ranges are deleted here.
+    /// Its delivery rows go by cascade; its ranges are deleted here.
     async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
         let conn: &mut PgConnection = &mut self.0;
         let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;

@@ -26,10 +26,11 @@ use super::records::{
     ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
 };
 use super::{
-    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, Enqueued, ExpiredLease, HeldKey, HintSender, LeasedDelivery,
-    MessageQuery, MessageSummary, NewMessage, Pruned, RelayTx, Release, ReleaseGuard, ReplayCandidate, ReplayFilter,
-    Result, SearchPage, Store, StoreError, StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery,
-    UnackedKind, UnackedPage, VacuumHorizon, WorkHint,
+    ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeadLetterPageParams, Enqueued, ExpiredLease, ExtendParams,
+    HeldKey, HintSender, LeaseParams, LeasedDelivery, MessageSummary, NewMessage, Pruned, RelayTx, Release,
+    ReleaseGuard, ReplayCandidate, ReplayCandidatesParams, Result, SearchPage, SearchParams, Store, StoreError,
+    StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery, UnackedKind, UnackedPage, UnackedPageParams,
+    VacuumHorizon, WorkHint,
 };
 use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
 
@@ -338,7 +339,7 @@ impl Store for SqliteStore {
     }
 
     /// A pass holds the file's one writer, which producers and acks wait for: passes of at most
-    /// 500, and after one that found less than a batch, one tick of the timer (about a
+    /// 500, and after one that found fewer than that, one tick of the timer (about a
     /// millisecond) so that a busy flow gathers into fewer, larger passes.
     fn relay_defaults(&self) -> super::RelayDefaults {
         super::RelayDefaults { batch_size: 500, gather: Duration::from_millis(1) }
@@ -514,15 +515,8 @@ impl Store for SqliteStore {
         Consumer::try_from(consumer_from_row(&row)?)
     }
 
-    async fn delivery_lease_batch(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        limit: i64,
-        keys_after: &str,
-        lease_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<LeasedDelivery>> {
+    async fn delivery_lease(&self, p: &LeaseParams<'_>) -> Result<Vec<LeasedDelivery>> {
+        let LeaseParams { consumer, session, limit, keys_after, lease_until, now } = *p;
         let mut tx = self.begin_write().await?;
         let heads = ready_key_heads(&mut tx, consumer, keys_after, limit, now).await?;
         // Unkeyed due deliveries in due order from their own index, stopped after `limit`, and
@@ -644,7 +638,7 @@ impl Store for SqliteStore {
         Ok(released.len() as u64)
     }
 
-    async fn delivery_expired_batch(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
+    async fn delivery_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<ExpiredLease>> {
         let rows = sqlx::query(q::DELIVERY_EXPIRED_ROWS).bind(us(now)).bind(limit).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
@@ -665,14 +659,8 @@ impl Store for SqliteStore {
         Ok(opt_time(t))
     }
 
-    async fn delivery_extend_many(
-        &self,
-        consumer: &ConsumerName,
-        session: &str,
-        ids: &[MessageId],
-        until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
+    async fn delivery_extend_many(&self, p: &ExtendParams<'_>) -> Result<u64> {
+        let ExtendParams { consumer, session, ids, until, now } = *p;
         let done = retry_busy(|| {
             sqlx::query(q::DELIVERY_EXTEND_ROWS)
                 .bind(consumer.as_str())
@@ -754,14 +742,8 @@ impl Store for SqliteStore {
         Ok(consumers)
     }
 
-    async fn dead_letter_page(
-        &self,
-        consumer: &str,
-        last_error: Option<&str>,
-        after_seq: i64,
-        limit: i64,
-        with_payloads: bool,
-    ) -> Result<Vec<DeadLetter>> {
+    async fn dead_letter_page(&self, consumer: &str, p: &DeadLetterPageParams<'_>) -> Result<Vec<DeadLetter>> {
+        let DeadLetterPageParams { last_error, after_seq, limit, with_payloads } = *p;
         let sql = if with_payloads { q::DEAD_LETTER_PAGE } else { q::DEAD_LETTER_PAGE_WITHOUT_BODIES };
         let rows =
             sqlx::query(sql).bind(consumer).bind(after_seq).bind(limit).bind(last_error).fetch_all(&self.pool).await?;
@@ -778,14 +760,8 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn delivery_unacked_page(
-        &self,
-        consumer: &str,
-        kind: UnackedKind,
-        after_seq: i64,
-        limit: i64,
-        scan: i64,
-    ) -> Result<UnackedPage> {
+    async fn delivery_unacked_page(&self, consumer: &str, p: &UnackedPageParams) -> Result<UnackedPage> {
+        let UnackedPageParams { kind, after_seq, limit, scan } = *p;
         let sql = match kind {
             UnackedKind::Pending => q::DELIVERY_PENDING_PAGE,
             UnackedKind::Retrying => q::DELIVERY_RETRYING_PAGE,
@@ -872,10 +848,9 @@ impl Store for SqliteStore {
     async fn replay_candidates(
         &self,
         consumer: &ConsumerName,
-        filter: &ReplayFilter,
-        after_seq: i64,
-        limit: i64,
+        p: &ReplayCandidatesParams<'_>,
     ) -> Result<Vec<ReplayCandidate>> {
+        let ReplayCandidatesParams { filter, after_seq, limit } = *p;
         let sql = if filter.dead_only { q::REPLAY_CANDIDATES_DEAD } else { q::REPLAY_CANDIDATES_ANY };
         let ids = (!filter.message_ids.is_empty()).then(|| ids_json(&filter.message_ids));
         let types = (!filter.types.is_empty()).then(|| json!(filter.types).to_string());
@@ -930,13 +905,8 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn message_search(
-        &self,
-        query: &MessageQuery,
-        before_seq: Option<i64>,
-        limit: i64,
-        scan: i64,
-    ) -> Result<SearchPage> {
+    async fn message_search(&self, p: &SearchParams<'_>) -> Result<SearchPage> {
+        let SearchParams { query, before_seq, limit, scan } = *p;
         // A time range first becomes a range of seqs, one probe of the enqueued_at index at
         // each end; the window is then a range of the primary key.
         let (lower, upper): (Option<i64>, Option<i64>) = sqlx::query_as(q::MESSAGE_SEARCH_BOUNDS)
@@ -1016,10 +986,10 @@ impl Store for SqliteStore {
     }
 
     /// One server per file: nobody else prunes, so this never answers `None`.
-    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Option<Pruned>> {
+    async fn prune_before(&self, cutoff: DateTime<Utc>, limit: i64) -> Result<Option<Pruned>> {
         let mut tx = self.begin_write().await?;
         let doomed: Vec<(String, i64)> =
-            sqlx::query_as(q::PRUNE_CANDIDATES).bind(us(cutoff)).bind(batch).fetch_all(&mut *tx).await?;
+            sqlx::query_as(q::PRUNE_CANDIDATES).bind(us(cutoff)).bind(limit).fetch_all(&mut *tx).await?;
         let ids = serde_json::Value::Array(doomed.iter().map(|(id, _)| json!(id)).collect()).to_string();
         let held =
             serde_json::Value::Array(doomed.iter().map(|(id, seq)| json!({"m": id, "s": seq})).collect()).to_string();
@@ -1102,7 +1072,7 @@ impl StoreTx for SqliteTx {
         consumer_from_row(&row)
     }
 
-    /// Its inbox rows go by cascade (foreign keys are on).
+    /// Its deliveries go by cascade (foreign keys are on).
     async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
         let conn: &mut SqliteConnection = &mut self.0;
         let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;

@@ -11,7 +11,7 @@ SELECT outbox.ack_batch($1, $2, $3);
 -- name: delivery_ack_seqs
 SELECT outbox.ack_seqs($1, $2, $3, $4);
 
--- name: delivery_unbatch
+-- name: delivery_ranges_to_rows
 SELECT outbox.unbatch($1, $2, $3, $4);
 
 -- name: delivery_release_rows
@@ -47,7 +47,7 @@ SELECT x.consumer, x.ordering_key, x.message_id, x.seq, $6::timestamptz
 ON CONFLICT (consumer, ordering_key) DO NOTHING)
 SELECT count(*) FROM released;
 
--- name: delivery_unbatch_expired
+-- name: delivery_ranges_to_rows_expired
 SELECT outbox.unbatch(NULL, NULL, NULL, $1);
 
 -- name: delivery_expired_rows
@@ -60,7 +60,7 @@ ORDER BY d.lease_expires_at LIMIT $2;
 SELECT least((SELECT min(lease_expires_at) FROM outbox.deliveries WHERE state = 'leased'),
 (SELECT min(lease_expires_at) FROM outbox.delivery_ranges WHERE state = 'leased'));
 
--- name: delivery_unbatch_to_extend
+-- name: delivery_ranges_to_rows_to_extend
 SELECT outbox.unbatch($1, $2, $3, NULL);
 
 -- name: delivery_extend_rows
@@ -100,7 +100,7 @@ WITH unheld AS (
    DELETE FROM outbox.held_keys h WHERE h.consumer = $1 AND h.message_id = ANY($2)),
 seen AS (
    -- A row for a message the relay has not read yet: the relay must find it there
-   -- instead of pushing the message in a lease batch (see migration 0013).
+   -- instead of pushing the message in a leased range (see migration 0013).
    UPDATE outbox.consumers c
       SET backfill_seq = greatest(c.backfill_seq, (SELECT max(m.seq) FROM outbox.messages m
                                                     WHERE m.message_id = ANY($2)))

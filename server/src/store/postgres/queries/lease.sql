@@ -42,7 +42,7 @@ before_heads(k, seq, message_id, state, available_at) AS (
 -- of their key in flight and no earlier message of their key still unrelayed (another
 -- replica's relay pass may commit it late), stopped after `$3`; of both, the `$3` lowest seqs,
 -- locked (skipping rows other sessions hold) and leased; then, for the room left, the lowest
--- seqs of the consumer's pending batches that the statement can see
+-- seqs of the consumer's pending ranges that the statement can see
 -- (`outbox.lease_pending_visible`, ADR 0042, 0048, 0056), in the same round trip.
 WITH RECURSIVE {{key_heads after=$6}},
 ready_heads AS (
@@ -112,9 +112,9 @@ SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_ke
 )
 SELECT * FROM leased
 UNION ALL
--- Batch-held deliveries: the function moves seqs from pending batches into a lease batch;
+-- Range-held deliveries: the function moves seqs from pending ranges into a leased range;
 -- their messages are read here, once, by primary key range (ADR 0048). Only from the
--- batches this statement can see: their messages are visible to it too (ADR 0056).
+-- ranges this statement can see: their messages are visible to it too (ADR 0056).
 SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_key,
        m.enqueued_at, m.available_at, m.relayed_at, 1
   FROM unnest(outbox.lease_pending_visible($1, $2, ($3 - (SELECT count(*) FROM leased))::integer, $4, $5,
@@ -123,7 +123,7 @@ SELECT m.message_id, m.seq, m.topic, m.type, m.payload, m.headers, m.ordering_ke
 
 -- name: delivery_next_due
 -- When the consumer's next pending delivery falls due: the first unkeyed one in due order, the
--- oldest pending batch (due since it was written), or the earliest pending key head (one probe
+-- oldest pending range (due since it was written), or the earliest pending key head (one probe
 -- per key). `present` is false once it is deleted.
 WITH RECURSIVE {{key_heads after=''}}
 SELECT EXISTS (SELECT 1 FROM outbox.consumers WHERE name = $1) AS present,

@@ -60,8 +60,8 @@ WITH doomed AS (
       AND outbox.seq_relayed(m.seq)
       AND NOT EXISTS (SELECT 1 FROM outbox.deliveries d
                        WHERE d.message_id = m.message_id AND d.state <> 'acked')
-      -- Below every seq a lease batch holds (they are short-lived), and in no
-      -- pending batch (a detached consumer's backlog holds back its own messages
+      -- Below every seq a leased range holds (they are short-lived), and in no
+      -- pending range (a detached consumer's backlog holds back its own messages
       -- only); each computed once.
       AND m.seq < coalesce((SELECT min(lower(b.seqs)) FROM outbox.delivery_ranges b WHERE b.state = 'leased'),
                            9223372036854775807)
@@ -73,7 +73,7 @@ del AS (DELETE FROM outbox.deliveries d USING doomed
          WHERE d.message_id = doomed.message_id RETURNING 1),
 msg AS (DELETE FROM outbox.messages m USING doomed
          WHERE m.message_id = doomed.message_id RETURNING 1),
--- Deliveries acked out of a batch have no row: the ack log says who acked them.
+-- Deliveries acked out of a range have no row: the acked ranges say who acked them.
 logged AS (SELECT count(DISTINCT (a.consumer, doomed.seq)) AS n
              FROM doomed JOIN outbox.delivery_ranges a
                ON a.state = 'acked' AND a.seqs @> doomed.seq),
