@@ -26,7 +26,7 @@ use crate::maintenance::sweeper::LeaseSweeper;
 use crate::relay::{Relay, RelayConfig};
 use crate::sinks::supervisor::SinkSupervisor;
 use crate::startup::{Listener, Place, Stage, StartupError};
-use crate::store::{self, SharedStore, WorkHint};
+use crate::store::{self, SharedStore};
 use crate::tls::TlsState;
 
 /// A running server. Dropping it does not stop it: call [`App::shutdown`].
@@ -383,20 +383,11 @@ impl App {
             );
         }
         if config.listen_notify {
-            // The store reports work from other processes; waking is wired here.
-            let (hints, mut hinted) = tokio::sync::mpsc::unbounded_channel();
+            // The store reports work from other processes; the waking layer wakes whom it names.
+            let (hints, hinted) = tokio::sync::mpsc::unbounded_channel();
             let (store, cancel) = (store.clone(), loops.clone());
             tasks.spawn(async move { store.watch(hints, cancel).await });
-            let hub = hub.clone();
-            tasks.spawn(async move {
-                while let Some(hint) = hinted.recv().await {
-                    match hint {
-                        WorkHint::Enqueued => hub.enqueued().notify(),
-                        WorkHint::Consumers(names) => names.iter().for_each(|c| hub.notify_consumer(c)),
-                        WorkHint::All => hub.notify_all(),
-                    }
-                }
-            });
+            tasks.spawn(crate::waking::follow(hub.clone(), hinted));
         }
         warn_if_few_descriptors(&config);
         let (store_kind, location) = Place::of(&config.database_url).describe();

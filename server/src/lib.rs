@@ -41,15 +41,22 @@
 //!   ([`store::RelayTx`], ADR 0087);
 //!   [`store::records`], rows decoded into the domain. The store returns data and
 //!   [`store::WorkHint`]s; it wakes nobody itself.
-//! - [`hub`]: in-process wake-ups between the relay, the sweeper and the sessions; the push
-//!   slots, the room each stream lends the relay and the one message a pass hands it over in.
+//! - [`hub`]: in-process coordination between the relay, the sweeper and the sessions, one
+//!   protocol a file: wake-ups, lease turns, the room each stream lends the relay and the one
+//!   message a pass hands it over in, the push slots a pass offers. It carries wake-ups; it
+//!   decides none.
+//! - [`waking`]: the store's writes that make work for someone (an enqueue, a relay pass, a
+//!   release, an ack that frees an ordering key, a replay, a key released, a consumer resumed,
+//!   created or deleted), each waking whom it made work for, as what it wrote and what the
+//!   store returned say (ADR 0085); and the store watcher's hints. The layers above write
+//!   these through it and never wake anyone themselves; its tests fail on a write that
+//!   bypasses it and on one that does not wake.
 //! - [`delivery`]: one `Subscribe` stream: the [`delivery::session`] loop, its in-flight
 //!   [`delivery::window`] (held leases, room and its lend, expiry, late acks), its
 //!   [`delivery::pace`], and the
 //!   [`delivery::Command`]s a client gives it.
 //! - [`relay`]: the loop that runs relay passes (the store's pass, written once: the store
-//!   claims and writes, [`domain::fanout`] decides), hands pushed deliveries to streams and wakes
-//!   the rest.
+//!   claims and writes, [`domain::fanout`] decides) and hands pushed deliveries to streams.
 //! - [`maintenance`]: the lease sweeper, the pruner (its retention is the dedup horizon),
 //!   managed replay, the vacuum of outboxd's own tables, and the gauges read from the store.
 //! - [`sinks`]: consumers that outboxd delivers itself: the [`sinks::Target`] seam, one file
@@ -72,7 +79,7 @@
 //!   check; no backtrace, no cause said twice, no password (ADR 0080).
 //! - [`once`]: `outboxd relay --once`, one relay pass and one round of sink deliveries for a
 //!   scheduler.
-//! - [`app`]: builds the server ([`app::App::build`]), wires wake-ups, shuts down gracefully.
+//! - [`app`]: builds the server ([`app::App::build`]), starts its loops, shuts down gracefully.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -96,6 +103,7 @@ pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod waking;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

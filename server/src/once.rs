@@ -73,7 +73,9 @@ pub async fn run(
     key: Option<&crate::sinks::sealed::SinkKey>,
 ) -> Result<OnceReport, StoreError> {
     let config = RelayConfig { batch_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
-    let relay = Relay::new(store.clone(), clock.clone(), Hub::default(), config);
+    // No stream runs in this process: the wake-ups of its writes reach no one.
+    let hub = Hub::default();
+    let relay = Relay::new(store.clone(), clock.clone(), hub.clone(), config);
     let mut report = OnceReport::default();
     loop {
         let pass = relay.run_once().await?;
@@ -103,7 +105,7 @@ pub async fn run(
                 }
             };
             let target = crate::sinks::connect(&sink.target, destinations.clone());
-            report.sinks.push(round::run(store, clock, &consumer, target.as_ref()).await?);
+            report.sinks.push(round::run(store, &hub, clock, &consumer, target.as_ref()).await?);
         }
     }
     Ok(report)

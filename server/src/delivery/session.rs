@@ -35,6 +35,7 @@ use crate::clock::{self, SharedClock};
 use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
 use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
 use crate::store::{ExtendParams, LeaseParams, SharedStore, StoreError, next_key_cursor};
+use crate::waking::Waking;
 use crate::{metrics, telemetry};
 
 /// Commands taken from a stream in one pass before they are applied.
@@ -53,6 +54,13 @@ pub struct SessionContext {
     pub drain_timeout: Duration,
     /// Fallback poll for work fanned out by other replicas.
     pub poll_interval: Duration,
+}
+
+impl SessionContext {
+    /// The store's writes that wake whom they make work for: the only way to write them.
+    pub fn waking(&self) -> Waking<'_> {
+        Waking::new(&self.store, &self.hub)
+    }
 }
 
 /// The validated `start` of a stream.
@@ -560,13 +568,12 @@ impl Session {
     async fn write_acks(&mut self, acks: Vec<(MessageId, Held)>) {
         let now = self.ctx.clock.now();
         let held: Vec<(MessageId, i64)> = acks.iter().map(|(id, h)| (*id, h.seq)).collect();
-        match self.ctx.store.delivery_ack_held(self.consumer(), &held, now).await {
+        // An ack that frees an ordering key wakes the consumer's streams: the key's next message
+        // may be due now, for any of them.
+        let keyed = acks.iter().any(|(_, h)| h.has_ordering_key);
+        match self.ctx.waking().ack(self.consumer(), &held, keyed, now).await {
             Ok(_) => {
                 metrics::acked(self.consumer().as_str(), now, acks.iter().map(|(_, h)| h.enqueued_at));
-                // The next message with the same ordering key may be due now, for any stream.
-                if acks.iter().any(|(_, h)| h.has_ordering_key) {
-                    self.ctx.hub.notify_consumer(self.consumer().as_str());
-                }
             }
             Err(e) => {
                 tracing::warn!(consumer = %self.consumer(), error = %e, acks = held.len(), "ack write failed; retrying");
@@ -584,12 +591,11 @@ impl Session {
         let spec = &self.start.consumer.spec;
         let release = super::failed(spec, id, held.delivery_count, error, retry_after, now);
         let (dead, due) = (release.state == DeliveryState::Dead, release.available_at);
-        match self.ctx.store.delivery_release_many(&[release], ReleaseGuard::Session(&self.id), now).await {
+        match self.ctx.waking().release(&[release], ReleaseGuard::Session(&self.id), now).await {
             Ok(0) => {}
             Ok(_) if dead => {
                 metrics::nacked(spec.name.as_str(), true);
                 tracing::warn!(consumer = %spec.name, message_id = %id, deliveries = held.delivery_count, "dead-lettered");
-                self.ctx.hub.notify_consumer(spec.name.as_str());
             }
             Ok(_) => {
                 metrics::nacked(spec.name.as_str(), false);
@@ -656,7 +662,7 @@ impl Session {
         let mut released = 0;
         let mut partial_tries = 0;
         loop {
-            let tried = self.ctx.store.delivery_release_many(&releases, ReleaseGuard::Session(&self.id), now).await;
+            let tried = self.ctx.waking().release(&releases, ReleaseGuard::Session(&self.id), now).await;
             match tried {
                 Ok(n) => {
                     released += n;
@@ -673,7 +679,6 @@ impl Session {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(SETTLE_BACKOFF_MAX);
         }
-        self.ctx.hub.notify_consumer(self.consumer().as_str());
         tracing::debug!(consumer = %self.consumer(), released, "released held deliveries");
         Ok(())
     }

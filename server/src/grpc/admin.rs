@@ -259,13 +259,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
             let max = self.streams.limits().max_consumers;
             let owner = audit.caller.principal_name();
             let now = self.ctx.clock.now();
-            let consumer = self
-                .ctx
-                .store
-                .consumer_create_by(&ConsumerCreateParams { spec: &spec, created_by: owner, max, now })
-                .await
-                .map_err(store_status)?;
-            self.ctx.hub.consumers_changed().notify();
+            let consumer = self.ctx.waking().create_consumer(&spec, owner, max, now).await.map_err(store_status)?;
             Ok(Response::new(pb::CreateConsumerResponse { consumer: Some(self.shown(&consumer)) }))
         }
         .await;
@@ -297,9 +291,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
             self.may_delete(&audit.caller, &n).await?;
-            self.ctx.store.consumer_delete(&n).await.map_err(delete_status)?;
-            self.ctx.hub.notify_consumer(n.as_str());
-            self.ctx.hub.consumers_changed().notify();
+            self.ctx.waking().delete_consumer(&n).await.map_err(delete_status)?;
             Ok(Response::new(pb::DeleteConsumerResponse {}))
         }
         .await;
@@ -313,7 +305,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let audit = Audit::of("pause_consumer", &request)?;
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
-            let c = self.ctx.store.consumer_set_paused(&n, true).await.map_err(store_status)?;
+            let c = self.ctx.waking().set_paused(&n, true).await.map_err(store_status)?;
             Ok(Response::new(pb::PauseConsumerResponse { consumer: Some(self.shown(&c)) }))
         }
         .await;
@@ -327,8 +319,7 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
         let audit = Audit::of("resume_consumer", &request)?;
         let result = async {
             let n = name("consumer", &request.into_inner().consumer)?;
-            let c = self.ctx.store.consumer_set_paused(&n, false).await.map_err(store_status)?;
-            self.ctx.hub.notify_consumer(n.as_str());
+            let c = self.ctx.waking().set_paused(&n, false).await.map_err(store_status)?;
             Ok(Response::new(pb::ResumeConsumerResponse { consumer: Some(self.shown(&c)) }))
         }
         .await;
@@ -502,21 +493,8 @@ impl pb::outbox_admin_server::OutboxAdmin for AdminService {
                 )));
             }
             let now = self.ctx.clock.now();
-            match self
-                .ctx
-                .store
-                .held_key_release(&KeyReleaseParams {
-                    consumer: &n,
-                    ordering_key: &req.ordering_key,
-                    skip_dead: req.skip_dead,
-                    now,
-                })
-                .await
-            {
-                Ok(Some(held)) => {
-                    self.ctx.hub.notify_consumer(n.as_str());
-                    Ok(Response::new(pb::ReleaseKeyResponse { key: Some(pb_held_key(held)) }))
-                }
+            match self.ctx.waking().release_key(&n, &req.ordering_key, req.skip_dead, now).await {
+                Ok(Some(held)) => Ok(Response::new(pb::ReleaseKeyResponse { key: Some(pb_held_key(held)) })),
                 Ok(None) => Err(Status::not_found(format!(
                     "consumer {n} holds no ordering key {:?} (ListHeldKeys lists the held ones)",
                     req.ordering_key

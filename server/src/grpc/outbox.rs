@@ -28,10 +28,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         let caller = auth::caller(&request)?;
         let msg = convert::new_message("", request.into_inner(), &self.limits).map_err(invalid)?;
         caller.check(Need::Produce(msg.topic.as_str()))?;
-        let out = self.ctx.store.message_insert(&msg, self.ctx.clock.now()).await.map_err(store_status)?;
-        if !out.duplicate {
-            self.ctx.hub.enqueued().notify();
-        }
+        let out = self.ctx.waking().enqueue(&msg, self.ctx.clock.now()).await.map_err(store_status)?;
         Ok(Response::new(pb::EnqueueResponse {
             message_id: out.message_id.to_string(),
             seq: out.seq,
@@ -68,8 +65,7 @@ impl pb::outbox_server::Outbox for OutboxService {
         for t in topics {
             caller.check(Need::Produce(t))?;
         }
-        let out = self.ctx.store.message_insert_many(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
-        self.ctx.hub.enqueued().notify();
+        let out = self.ctx.waking().enqueue_batch(&msgs, self.ctx.clock.now()).await.map_err(store_status)?;
         Ok(Response::new(pb::EnqueueBatchResponse {
             results: out
                 .into_iter()

@@ -16,6 +16,7 @@ use crate::clock::SharedClock;
 use crate::domain::{ConsumerName, ConsumerSpec, MessageId, TopicPattern};
 use crate::hub::Hub;
 use crate::store::{ReplayCandidate, ReplayCandidatesParams, ReplayFilter, SharedStore, StoreError};
+use crate::waking::Waking;
 
 /// Candidates read per query while counting.
 const COUNT_PAGE: i64 = 5_000;
@@ -351,8 +352,8 @@ impl Replayer {
             let page = self.page(plan, &spec, after, i64::from(batch)).await?;
             if !page.ids.is_empty() {
                 pace.tick().await;
-                state.replayed += self.store.replay_apply(&plan.consumer, &page.ids, self.clock.now()).await?;
-                self.hub.notify_consumer(plan.consumer.as_str());
+                let waking = Waking::new(&self.store, &self.hub);
+                state.replayed += waking.replay(&plan.consumer, &page.ids, self.clock.now()).await?;
             }
             let Some(next) = page.next else { break };
             after = next;

@@ -10,6 +10,7 @@ use crate::domain::{Attempt, Backoff, DeliveryState, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::metrics;
 use crate::store::{SharedStore, StoreError};
+use crate::waking::Waking;
 
 #[derive(Debug, Clone)]
 pub struct LeaseSweeper {
@@ -47,15 +48,10 @@ impl LeaseSweeper {
                 }
             })
             .collect();
-        let n = self.store.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(now), now).await?;
+        let n = Waking::new(&self.store, &self.hub).release(&releases, ReleaseGuard::ExpiredAt(now), now).await?;
         // Counted per lease found expired; one acked meanwhile was not released (n says how many were).
         for r in &releases {
             metrics::expired(r.consumer.as_str(), r.state == DeliveryState::Dead);
-        }
-        let mut consumers: Vec<&str> = releases.iter().map(|r| r.consumer.as_str()).collect();
-        consumers.dedup();
-        for c in consumers {
-            self.hub.notify_consumer(c);
         }
         if n > 0 {
             tracing::info!(released = n, "released expired leases");

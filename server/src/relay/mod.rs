@@ -8,6 +8,7 @@ use crate::clock::SharedClock;
 use crate::domain::{Attempt, ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::store::{SharedStore, StoreError};
+use crate::waking::Waking;
 
 #[cfg(test)]
 mod store_tests;
@@ -181,22 +182,18 @@ impl Relay {
         // The lends of this process's streams; the guard ends the pass's hold on them whatever
         // happens to the pass.
         let offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
-        let mut out = self.store.relay_batch(batch, now, notify, offered.offers()).await?;
+        let (mut out, owed) =
+            Waking::new(&self.store, &self.hub).relay_pass(batch, now, notify, offered.offers()).await?;
         let unsent = offered.hand_over(std::mem::take(&mut out.pushed));
         self.release_unsent(unsent).await;
+        // The pass wakes whom it made work for once it has handed its pushed deliveries over.
+        drop(owed);
         if out.messages > 0 {
             *self.asked_until() = None;
             if let Some(last) = out.last_seq {
                 self.arrivals().found(std::time::Instant::now(), out.messages, last);
             }
             crate::metrics::relayed(out.messages, started.elapsed());
-            self.hub.relayed().notify();
-        }
-        if out.messages as i64 >= self.config.batch_size {
-            self.hub.relay_backlog().notify();
-        }
-        for c in &out.consumers {
-            self.hub.notify_consumer(c);
         }
         // One span per traced message, continuing its producer's trace; it ends here, once the
         // message's deliveries are committed.
@@ -228,10 +225,10 @@ impl Relay {
                     attempt: Attempt::Withdrawn,
                 })
                 .collect();
-            if let Err(e) = self.store.delivery_release_many(&releases, ReleaseGuard::Session(&session), now).await {
+            let released = Waking::new(&self.store, &self.hub).release(&releases, ReleaseGuard::Session(&session), now);
+            if let Err(e) = released.await {
                 tracing::warn!(consumer, error = %e, "could not release deliveries of a stream that ended; the sweeper will");
             }
-            self.hub.notify_consumer(&consumer);
         }
     }
 

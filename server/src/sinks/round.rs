@@ -14,7 +14,9 @@ use serde::Serialize;
 use super::{Outcome, Publish, Target};
 use crate::clock::{self, SharedClock};
 use crate::domain::{Attempt, Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
+use crate::hub::Hub;
 use crate::store::{LeaseParams, SharedStore, StoreError};
+use crate::waking::Waking;
 
 /// How long a round waits for its target to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,9 +41,11 @@ pub struct RoundReport {
     pub error: Option<String>,
 }
 
-/// Runs one round for `consumer` (a sink) against `target`.
+/// Runs one round for `consumer` (a sink) against `target`; its acks and releases wake the
+/// streams of `hub`'s process.
 pub async fn run(
     store: &SharedStore,
+    hub: &Hub,
     clock: &SharedClock,
     consumer: &Consumer,
     target: &dyn Target,
@@ -117,11 +121,12 @@ pub async fn run(
         }
     }
     let now = clock.now();
+    let waking = Waking::new(store, hub);
     if !acks.is_empty() {
-        report.confirmed = store.delivery_ack_many(&spec.name, &acks, now).await?;
+        report.confirmed = waking.ack_ids(&spec.name, &acks, now).await?;
     }
     if !releases.is_empty() {
-        store.delivery_release_many(&releases, ReleaseGuard::Session(&session), now).await?;
+        waking.release(&releases, ReleaseGuard::Session(&session), now).await?;
     }
     target.close().await;
     Ok(report)
