@@ -16,7 +16,8 @@
 //! that reaches from a module to one listed after it.
 //!
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
-//! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states, and
+//! - [`domain`]: ids, names, topics and patterns, the retry policy and the one failure rule
+//!   ([`domain::Failure`]: retried when, or dead, and why), the delivery states, and
 //!   the vocabulary of deliveries that the layers above share: a message as stored, a leased
 //!   delivery, a release and which leases it may touch, a stream's push offer, a relay pass's
 //!   outcome; and the relay's policy, once for both stores ([`domain::fanout`]: who gets which

@@ -339,8 +339,8 @@ async fn expired_records_carry_the_consumers_retry_policy<S: Store>(store: S, _d
     assert_eq!(expired.len(), 1);
     let e = &expired[0];
     assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
-    assert_eq!((e.delivery_count, e.max_deliveries), (1, 4));
-    assert_eq!((e.backoff_base, e.backoff_max), (Duration::from_millis(250), Duration::from_secs(90)));
+    assert_eq!((e.delivery_count, e.retry.max_deliveries), (1, 4));
+    assert_eq!((e.retry.backoff.base, e.retry.backoff.max), (Duration::from_millis(250), Duration::from_secs(90)));
 }
 
 /// A stream acks with the seqs of what it holds (`delivery_ack_held`): batch-held and row-held
@@ -571,9 +571,7 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
     assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 2);
     let leased = d.delivery_lease_batch(&c, "s", 1, "", at + chrono::Duration::seconds(30), at).await.unwrap();
     assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), [sent[0].message_id]);
-    const ACK: &str = "UPDATE outbox_deliveries
-                          SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
-                        WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')";
+    const ACK: &str = include_str!("../../../contract/sql/sqlite-ack.sql");
     let ack = |id: MessageId| async move {
         let mut tx = d.pool().begin().await.unwrap();
         let n = sqlx::query(ACK)
@@ -676,17 +674,14 @@ async fn a_sqlite_streams_ack_of_first_deliveries_holds_them_in_acked_ranges() {
     assert_eq!(inbox, 7, "one delivery per message, wherever it is held");
 
     // The documented transactional ack: acked already.
-    let n = sqlx::query(
-        "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL,
-                leased_by = NULL WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')",
-    )
-    .bind("c")
-    .bind(ids[1].0.to_string())
-    .bind(at.timestamp_micros())
-    .execute(d.pool())
-    .await
-    .unwrap()
-    .rows_affected();
+    let n = sqlx::query(include_str!("../../../contract/sql/sqlite-ack.sql"))
+        .bind("c")
+        .bind(ids[1].0.to_string())
+        .bind(at.timestamp_micros())
+        .execute(d.pool())
+        .await
+        .unwrap()
+        .rows_affected();
     assert_eq!(n, 0, "acked already");
     assert_eq!(d.delivery_ack_many(&c, &[ids[1]], at).await.unwrap(), 0, "a second stream ack changes nothing");
     assert!(d.delivery_lease_batch(&c, "s1", 10, "", until, at).await.unwrap().is_empty(), "nothing is due");

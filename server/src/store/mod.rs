@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use crate::domain::{ConsumerName, DeliveryState, MessageId, Topic, TopicPattern};
 
 #[cfg(test)]
+mod contract_tests;
+#[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
 mod functions_tests;
@@ -223,9 +225,8 @@ pub struct ExpiredLease {
     pub consumer: ConsumerName,
     pub message_id: MessageId,
     pub delivery_count: u32,
-    pub max_deliveries: u32,
-    pub backoff_base: Duration,
-    pub backoff_max: Duration,
+    /// Its consumer's retry policy, for [`crate::domain::Failure::Expired`].
+    pub retry: crate::domain::RetryPolicy,
 }
 
 #[derive(Debug, Clone, Default)]
