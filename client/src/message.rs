@@ -156,6 +156,28 @@ mod tests {
         assert!(err.contains("type"), "{err}");
     }
 
+    /// The topic grammar of the client contract (contract/topics.json, ADR 0084), which the
+    /// server, the other clients and the SQL of both stores are tested against too.
+    #[test]
+    fn topics_follow_the_client_contract() {
+        let grammar: serde_json::Value =
+            serde_json::from_str(include_str!("../../contract/topics.json")).expect("contract/topics.json parses");
+        let max = grammar["max_length"].as_u64().expect("max_length");
+        assert_eq!(MAX_TOPIC_LEN as u64, max);
+        let vectors = |kind: &str| -> Vec<String> {
+            let list = grammar["topics"][kind].as_array().expect("topic vectors");
+            list.iter().map(|v| v.as_str().expect("a topic").to_owned()).collect()
+        };
+        let check = |topic: String| Message::new(topic, "T", Vec::new()).validate();
+        for topic in vectors("valid").into_iter().chain(["a".repeat(MAX_TOPIC_LEN)]) {
+            assert!(check(topic.clone()).is_ok(), "{topic:?} is a topic");
+        }
+        for topic in vectors("invalid").into_iter().chain(["a".repeat(MAX_TOPIC_LEN + 1)]) {
+            let err = check(topic.clone()).expect_err("not a topic").to_string();
+            assert!(err.contains("invalid topic"), "{topic:?}: {err}");
+        }
+    }
+
     #[test]
     fn the_message_limits_are_checked_before_the_database_sees_them() {
         let ok = Message::new("orders.created", "T".repeat(255), Vec::new()).ordering_key("k".repeat(255));

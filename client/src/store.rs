@@ -1,7 +1,8 @@
-//! Every SQL statement of the client. On PostgreSQL the transactional ack goes through the SQL
-//! function that outboxd's migrations install; enqueue is one plain INSERT (the SQL function
-//! `outbox.enqueue` does the same for other languages, a little slower). SQLite has no stored
-//! functions, so its two statements are here (and documented in docs/sql-api.md).
+//! Every SQL statement of the client, read from the client contract (`contract/sql`). On
+//! PostgreSQL the transactional ack goes through the SQL function that outboxd's migrations
+//! install; enqueue is one plain INSERT (the SQL function `outbox.enqueue` does the same for
+//! other languages, a little slower). SQLite has no stored functions, so there the ack and the
+//! enqueue are statements (documented in docs/sql-api.md).
 use futures::future::BoxFuture;
 use sqlx::types::Json;
 use sqlx::{Executor, Postgres, Row, Sqlite};
@@ -9,6 +10,14 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::{ClientError, Enqueued, Message};
+
+// The statements of the client contract (contract/sql, ADR 0084), which the Python and
+// TypeScript clients and docs/sql-api.md share: the parameters are bound in the order each
+// file's `-- parameters:` line names them.
+const PG_ACK: &str = include_str!("../../contract/sql/postgres-ack.sql");
+const PG_INSERT: &str = include_str!("../../contract/sql/postgres-insert.sql");
+const SQLITE_ACK: &str = include_str!("../../contract/sql/sqlite-ack.sql");
+const SQLITE_ENQUEUE_RETURNING: &str = include_str!("../../contract/sql/sqlite-enqueue-returning.sql");
 
 /// A database outboxd can run on: PostgreSQL, or the embedded SQLite file.
 pub trait OutboxDatabase: sqlx::Database {
@@ -35,9 +44,7 @@ impl OutboxDatabase for Postgres {
     where
         E: Executor<'e, Database = Self> + 'e,
     {
-        Box::pin(async move {
-            Ok(sqlx::query_scalar("SELECT outbox.ack($1, $2)").bind(consumer).bind(message_id).fetch_one(exec).await?)
-        })
+        Box::pin(async move { Ok(sqlx::query_scalar(PG_ACK).bind(consumer).bind(message_id).fetch_one(exec).await?) })
     }
 }
 
@@ -55,16 +62,8 @@ impl OutboxDatabase for Sqlite {
     {
         Box::pin(async move {
             let now = chrono::Utc::now().timestamp_micros();
-            let done = sqlx::query(
-                "UPDATE outbox_deliveries
-                    SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
-                  WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')",
-            )
-            .bind(consumer)
-            .bind(message_id.to_string())
-            .bind(now)
-            .execute(exec)
-            .await?;
+            let done =
+                sqlx::query(SQLITE_ACK).bind(consumer).bind(message_id.to_string()).bind(now).execute(exec).await?;
             Ok(done.rows_affected() == 1)
         })
     }
@@ -95,9 +94,8 @@ where
     DB::enqueue_on(exec, msg, headers).instrument(span).await
 }
 
-/// SQLite's enqueue, in one statement (a generic executor can run only one). On a duplicate
-/// `message_id` the no-op `DO UPDATE` makes `RETURNING` give the existing row, whose
-/// `enqueued_at` is not this call's: that is how a duplicate is told apart.
+/// SQLite's enqueue, in one statement (a generic executor can run only one): the contract's
+/// `sqlite-enqueue-returning.sql`, which tells a duplicate by its `enqueued_at`.
 async fn sqlite_enqueue<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> Result<Enqueued, ClientError>
 where
     E: Executor<'e, Database = Sqlite> + 'e,
@@ -107,32 +105,26 @@ where
     let now = chrono::Utc::now().timestamp_micros();
     let available = msg.delay.map(|d| now.saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)));
     let headers = serde_json::Value::Object(headers).to_string();
-    let row = sqlx::query(
-        "INSERT INTO outbox_messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-         ON CONFLICT (message_id) DO UPDATE SET message_id = excluded.message_id
-         RETURNING seq, enqueued_at",
-    )
-    .bind(id.to_string())
-    .bind(&msg.topic)
-    .bind(&msg.type_)
-    .bind(&msg.payload)
-    .bind(headers)
-    .bind(msg.ordering_key.as_deref())
-    .bind(now)
-    .bind(available)
-    .fetch_one(exec)
-    .await?;
+    let row = sqlx::query(SQLITE_ENQUEUE_RETURNING)
+        .bind(id.to_string())
+        .bind(&msg.topic)
+        .bind(&msg.type_)
+        .bind(&msg.payload)
+        .bind(headers)
+        .bind(msg.ordering_key.as_deref())
+        .bind(now)
+        .bind(available)
+        .fetch_one(exec)
+        .await?;
     let enqueued_at: i64 = row.try_get("enqueued_at")?;
     Ok(Enqueued { message_id: id, seq: row.try_get("seq")?, duplicate: enqueued_at != now })
 }
 
-/// PostgreSQL's enqueue: one plain INSERT, the cheapest statement a producer's commit can carry
-/// (a quarter faster than calling `outbox.enqueue_message`, which does the same checks in
-/// PL/pgSQL for other languages; the table's CHECK constraints hold either way). On a duplicate
-/// `message_id` the no-op `DO UPDATE` returns the existing row, even one that a concurrent
-/// transaction committed after this statement began; `xmax` tells the two cases apart. It sets
-/// a column no key covers, so the row lock it takes does not block foreign-key checks.
+/// PostgreSQL's enqueue: one plain INSERT (the contract's `postgres-insert.sql`), the cheapest
+/// statement a producer's commit can carry (a quarter faster than calling
+/// `outbox.enqueue_message`, which does the same checks in PL/pgSQL for other languages; the
+/// table's CHECK constraints hold either way). Its no-op `DO UPDATE` sets a column no key
+/// covers, so the row lock it takes does not block foreign-key checks.
 async fn pg_enqueue<'e, E>(exec: E, msg: &'e Message, headers: Headers) -> Result<Enqueued, ClientError>
 where
     E: Executor<'e, Database = Postgres> + 'e,
@@ -140,22 +132,16 @@ where
     msg.validate()?;
     let id = msg.message_id.unwrap_or_else(Uuid::now_v7);
     let delay_ms = msg.delay.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let row = sqlx::query(
-        "INSERT INTO outbox.messages (message_id, topic, type, payload, headers, ordering_key, enqueued_at, available_at)
-         VALUES ($1, $2, $3, $4, $5, nullif($6, ''), now(), now() + coalesce($7, 0) * interval '1 millisecond')
-         ON CONFLICT (message_id) DO UPDATE SET type = outbox.messages.type
-         RETURNING seq, xmax <> 0 AS is_duplicate,
-                   xmax <> 0 AND (topic <> $2 OR type <> $3 OR payload <> $4) AS differs",
-    )
-    .bind(id)
-    .bind(&msg.topic)
-    .bind(&msg.type_)
-    .bind(&msg.payload)
-    .bind(Json(serde_json::Value::Object(headers)))
-    .bind(msg.ordering_key.as_deref())
-    .bind(delay_ms)
-    .fetch_one(exec)
-    .await?;
+    let row = sqlx::query(PG_INSERT)
+        .bind(id)
+        .bind(&msg.topic)
+        .bind(&msg.type_)
+        .bind(&msg.payload)
+        .bind(Json(serde_json::Value::Object(headers)))
+        .bind(msg.ordering_key.as_deref())
+        .bind(delay_ms)
+        .fetch_one(exec)
+        .await?;
     // The same refusal as `outbox.same_message`: an id names one message, and the refusal
     // names no field, so that it cannot be used to guess the stored one's topic or type.
     if row.try_get::<bool, _>("differs")? {

@@ -19,6 +19,8 @@ pip=("$py" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --force-reinstall --no-deps "$here"
 
 "$py" "$here/generate.py" --check
+# The statements and topic grammar shared with the other clients (contract/, ADR 0084).
+"$py" "$repo/scripts/contract.py" --check
 (cd "$here" && "$py" -m mypy && "$py" -m mypy --strict tests bench)
 # The tests import the installed package (src/ is not on the path), as a user would.
 cd "$here"

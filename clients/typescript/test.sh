@@ -7,6 +7,8 @@
 # the repository, against a real outboxd.
 set -euo pipefail
 cd "$(dirname "$0")"
+# src/contract.ts and the statements the docs quote match the client contract (contract/, ADR 0084).
+python3 ../../scripts/contract.py --check
 npm ci --no-audit --no-fund
 npm test
 if [ -z "${OUTBOXD_BIN:-}" ]; then

@@ -16,13 +16,13 @@
 //! that reaches from a module to one listed after it.
 //!
 //! - [`clock`]: system and manual clocks, so tests drive loops without sleeping.
-//! - [`domain`]: ids, names, topics and patterns, the retry policy, the delivery states and
-//!   their transitions ([`domain::Transition`], T1 to T27, which `docs/delivery-states.md`'s
-//!   table is rendered from), and the vocabulary of deliveries that the layers above share: a
-//!   message as stored, a leased delivery, a release and which leases it may touch, a stream's
-//!   push offer, a relay pass's outcome; and the relay's policy, once for both stores
-//!   ([`domain::fanout`]: who gets which message, pushed to a stream or pending, as a range or a
-//!   row).
+//! - [`domain`]: ids, names, topics and patterns, the retry policy and the one failure rule
+//!   ([`domain::Failure`]: retried when, or dead, and why), the delivery states and their
+//!   transitions ([`domain::Transition`], T1 to T27, which `docs/delivery-states.md`'s table is
+//!   rendered from), and the vocabulary of deliveries that the layers above share: a message as
+//!   stored, a leased delivery, a release and which leases it may touch, a stream's push offer, a
+//!   relay pass's outcome; and the relay's policy, once for both stores ([`domain::fanout`]: who
+//!   gets which message, pushed to a stream or pending, as a range or a row).
 //! - `testing`: fresh PostgreSQL databases and SQLite files for tests (built for this crate's
 //!   tests and with the `testing` feature).
 //! - [`telemetry`]: logs and their format, OTLP trace export, the `traceparent` that messages

@@ -1,11 +1,14 @@
 // Enqueue and the transactional ack, in the caller's own PostgreSQL transaction (node-postgres).
 //
-// Both call the SQL functions that outboxd's migrations install in schema `outbox`:
+// Both call the SQL functions that outboxd's migrations install in schema `outbox`, with the
+// statements of the client contract (contract/sql, generated into contract.ts):
 //   outbox.enqueue(topic text, type text, payload bytea, headers jsonb, message_id uuid,
 //                  ordering_key text) RETURNS uuid
 //   outbox.ack(consumer text, message_id uuid) RETURNS boolean
 // They run with the owner's rights, so the caller's role needs only `outbox_producer` /
 // `outbox_consumer` (EXECUTE on these functions) and no privilege on outboxd's tables.
+
+import { PG_ACK, PG_ENQUEUE, TOPIC, TOPIC_MAX_LENGTH } from "./contract.js";
 
 /**
  * What `enqueue` and `ackIn` need of a connection: a node-postgres `Client` or `PoolClient` on
@@ -34,9 +37,7 @@ export interface EnqueueMessage {
 
 // Validated here so that a bad argument throws before it reaches the database: a failing
 // statement would abort the caller's whole transaction.
-const TOPIC = /^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/;
 const UUID = /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/;
-const MAX_TOPIC_BYTES = 255;
 const MAX_TYPE_BYTES = 255;
 const MAX_ORDERING_KEY_BYTES = 255;
 /**
@@ -126,7 +127,7 @@ export async function enqueue(client: Queryable, message: EnqueueMessage): Promi
   if (message === null || typeof message !== "object") {
     throw new TypeError("enqueue: a message {topic, type, payload, headers?, messageId?, orderingKey?} is required");
   }
-  const topic = text("topic", message.topic, MAX_TOPIC_BYTES);
+  const topic = text("topic", message.topic, TOPIC_MAX_LENGTH);
   if (!TOPIC.test(topic)) {
     throw new TypeError(`topic: ${JSON.stringify(topic)} must be dot-separated segments of [A-Za-z0-9_-], without wildcards`);
   }
@@ -139,11 +140,8 @@ export async function enqueue(client: Queryable, message: EnqueueMessage): Promi
     message.messageId === undefined ? null : checkUuid("messageId", message.messageId),
     message.orderingKey === undefined ? null : text("orderingKey", message.orderingKey, MAX_ORDERING_KEY_BYTES),
   ];
-  const result = await client.query(
-    "SELECT outbox.enqueue($1::text, $2::text, $3::bytea, $4::jsonb, $5::uuid, $6::text)::text AS id",
-    values,
-  );
-  const id = result.rows[0]?.id;
+  const result = await client.query(PG_ENQUEUE, values);
+  const id = result.rows[0]?.message_id;
   if (typeof id !== "string") {
     throw new Error("outbox.enqueue returned no message id");
   }
@@ -165,6 +163,6 @@ export async function ackIn(client: Queryable, consumer: string, messageId: stri
     throw new TypeError("consumer: a consumer name is required");
   }
   const id = checkUuid("messageId", messageId);
-  const result = await client.query("SELECT outbox.ack($1::text, $2::uuid) AS acked", [consumer, id]);
+  const result = await client.query(PG_ACK, [consumer, id]);
   return result.rows[0]?.acked === true;
 }

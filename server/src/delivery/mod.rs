@@ -2,14 +2,11 @@
 //! one sink), its in-flight [`window`] (held leases, room and what of it is lent to the
 //! relay, expiry), its [`pace`] (when it leases: pending work, turns, timers, batching,
 //! backoff) and its [`order`] (what it leased waits for the pass that held its lend), plain
-//! structs that tests drive with explicit times, the [`Command`]s a client gives its stream, and the [`failed`]
-//! rule every failed attempt follows.
+//! structs that tests drive with explicit times, and the [`Command`]s a client gives its stream.
+//! What a failed attempt makes of a delivery is [`crate::domain::Failure`]'s to decide.
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
-use crate::clock;
-use crate::domain::{Attempt, ConsumerSpec, DeliveryState, MessageId, Release};
+use crate::domain::MessageId;
 
 pub mod order;
 pub mod pace;
@@ -28,26 +25,4 @@ pub enum Command {
     Extend { ids: Vec<MessageId>, deadline: Duration },
     /// Nothing to do (a request whose ids were all malformed, for example).
     Nothing,
-}
-
-/// What a failed attempt (a nack, a refused publish) makes of a delivery: due again after
-/// `retry_after` or the consumer's backoff, or dead once it has had `max_deliveries`.
-pub fn failed(
-    spec: &ConsumerSpec,
-    id: MessageId,
-    delivery_count: u32,
-    error: String,
-    retry_after: Option<Duration>,
-    now: DateTime<Utc>,
-) -> Release {
-    let dead = delivery_count >= spec.max_deliveries;
-    let due = clock::add(now, retry_after.unwrap_or_else(|| spec.backoff.delay(delivery_count)));
-    Release {
-        consumer: spec.name.clone(),
-        message_id: id,
-        state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
-        available_at: if dead { now } else { due },
-        error: Some(error),
-        attempt: Attempt::Failed,
-    }
 }

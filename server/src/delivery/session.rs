@@ -32,7 +32,9 @@ use super::order::Order;
 use super::pace::{Next, Pace, until};
 use super::window::{Held, Window};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, LeasedDelivery, MessageId, Release, ReleaseGuard};
+use crate::domain::{
+    Consumer, ConsumerName, DeliveryState, Failure, LeasedDelivery, MessageId, Release, ReleaseGuard, Withdrawal,
+};
 use crate::hub::{Handed, Hub, InFlightBytes, LeaseTurn, Lend, PushGuard, PushSlot, TurnGuard};
 use crate::store::{ExtendParams, LeaseParams, SharedStore, StoreError, next_key_cursor};
 use crate::waking::Waking;
@@ -589,7 +591,8 @@ impl Session {
         };
         let now = self.ctx.clock.now();
         let spec = &self.start.consumer.spec;
-        let release = super::failed(spec, id, held.delivery_count, error, retry_after, now);
+        let failure = Failure::Nacked { error, retry_after };
+        let release = failure.release(spec.name.clone(), id, held.delivery_count, &spec.retry(), now);
         let (dead, due) = (release.state == DeliveryState::Dead, release.available_at);
         match self.ctx.waking().release(&[release], ReleaseGuard::Session(&self.id), now).await {
             Ok(0) => {}
@@ -633,7 +636,8 @@ impl Session {
             return Ok(());
         }
         let now = self.ctx.clock.now();
-        let max = self.start.consumer.spec.max_deliveries;
+        let spec = &self.start.consumer.spec;
+        let retry = spec.retry();
         let releases: Vec<Release> = held
             .into_iter()
             .map(|(id, h)| {
@@ -641,16 +645,9 @@ impl Session {
                 // crashing on it: that counts. A clean close or a server shutdown does not,
                 // nor does anything the stream was never sent: the release takes back the
                 // attempt its lease counted (ADR 0074).
-                let failed = counts_as_failure && h.sent;
-                let dead = failed && h.delivery_count >= max;
-                Release {
-                    consumer: self.start.consumer.spec.name.clone(),
-                    message_id: id,
-                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
-                    available_at: now,
-                    error: Some(if failed { "stream broke before ack" } else { "stream closed before ack" }.to_owned()),
-                    attempt: if failed { Attempt::Failed } else { Attempt::Withdrawn },
-                }
+                let failure =
+                    if counts_as_failure && h.sent { Failure::Broke } else { Failure::Withdrawn(Withdrawal::Closed) };
+                failure.release(spec.name.clone(), id, h.delivery_count, &retry, now)
             })
             .collect();
         // A release that fails, or skips rows another transaction holds locked (PostgreSQL's

@@ -1,15 +1,18 @@
 //! Domain types that are parsed once at the edge ("parse, don't validate"): message ids,
-//! consumer names, topics and topic patterns, the retry policy and the delivery state machine.
+//! consumer names, topics and topic patterns, the retry policy and the failure rule ([`Failure`]),
+//! and the delivery state machine.
 use std::fmt;
 use std::time::Duration;
 
 use uuid::Uuid;
 
 mod delivery;
+mod failure;
 pub mod fanout;
 pub mod sink;
 mod transition;
 pub use delivery::{Attempt, LeasedDelivery, PushOffer, RelayOutcome, Release, ReleaseGuard, StoredMessage};
+pub use failure::{Backoff, Failure, RetryPolicy, Withdrawal};
 pub use sink::{REDACTED, Sink, SinkKind, SinkTarget, Template, WebhookSecret, redact_url};
 pub use transition::{Stage, Transition};
 
@@ -259,23 +262,6 @@ impl TryFrom<&str> for DeadKeyPolicy {
     }
 }
 
-/// The retry policy: retry n (n ≥ 1) waits `base · 2^(n−1)`, capped at `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub base: Duration,
-    pub max: Duration,
-}
-
-impl Backoff {
-    /// The wait before the next delivery after the `failed_deliveries`-th failed one.
-    pub fn delay(&self, failed_deliveries: u32) -> Duration {
-        let exp = failed_deliveries.saturating_sub(1).min(62);
-        let factor = 1u64 << exp;
-        let ms = (self.base.as_millis() as u64).saturating_mul(factor);
-        Duration::from_millis(ms).min(self.max)
-    }
-}
-
 /// A durable consumer's definition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerSpec {
@@ -332,6 +318,11 @@ impl ConsumerSpec {
 
     pub fn matches(&self, topic: &str) -> bool {
         self.topics.iter().any(|p| p.matches(topic))
+    }
+
+    /// The policy [`Failure::release`] applies to this consumer's deliveries.
+    pub fn retry(&self) -> RetryPolicy {
+        RetryPolicy { max_deliveries: self.max_deliveries, backoff: self.backoff }
     }
 }
 
@@ -434,19 +425,35 @@ mod tests {
         assert_eq!(alice.first_difference(&holding), Some("dead_key_policy"));
     }
 
+    /// The topic grammar of the client contract (contract/topics.json, ADR 0084): the vectors
+    /// that outbox-client, the Python and TypeScript clients and the stores' SQL run too.
     #[test]
-    fn patterns_match_like_nats_subjects() {
-        assert!(pat("orders.created").matches("orders.created"));
-        assert!(!pat("orders.created").matches("orders.created.v2"));
-        assert!(pat("orders.*").matches("orders.created"));
-        assert!(!pat("orders.*").matches("orders"));
-        assert!(!pat("orders.*").matches("orders.created.v2"));
-        assert!(pat("orders.>").matches("orders.created"));
-        assert!(pat("orders.>").matches("orders.created.v2"));
-        assert!(!pat("orders.>").matches("orders"));
-        assert!(pat("*.created").matches("users.created"));
-        assert!(pat(">").matches("anything.at.all"));
-        assert!(!pat("orders.*").matches("users.created"));
+    fn topics_and_patterns_follow_the_client_contract() {
+        let grammar: serde_json::Value =
+            serde_json::from_str(include_str!("../../../contract/topics.json")).expect("contract/topics.json parses");
+        assert_eq!(Some(Topic::MAX_LEN as u64), grammar["max_length"].as_u64());
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array().expect("a list").iter().map(|s| s.as_str().expect("a string").to_owned()).collect()
+        };
+        let (longest, too_long) = ("a".repeat(Topic::MAX_LEN), "a".repeat(Topic::MAX_LEN + 1));
+        for t in strings(&grammar["topics"]["valid"]).into_iter().chain([longest.clone()]) {
+            assert!(Topic::parse("topic", &t).is_ok(), "{t:?} is a topic");
+            assert!(TopicPattern::parse("topics", &t).is_ok(), "a topic {t:?} is a pattern too");
+        }
+        for t in strings(&grammar["topics"]["invalid"]).into_iter().chain([too_long.clone()]) {
+            assert_eq!(Topic::parse("topic", &t).map_err(|e| e.field), Err("topic".to_owned()), "{t:?}");
+        }
+        for p in strings(&grammar["patterns"]["valid"]).into_iter().chain([longest]) {
+            assert!(TopicPattern::parse("topics", &p).is_ok(), "{p:?} is a pattern");
+        }
+        for p in strings(&grammar["patterns"]["invalid"]).into_iter().chain([too_long]) {
+            assert!(TopicPattern::parse("topics", &p).is_err(), "{p:?} is no pattern");
+        }
+        for case in grammar["matches"].as_array().expect("matches") {
+            let (p, t, want) =
+                (case[0].as_str().expect("a pattern"), case[1].as_str().expect("a topic"), case[2].as_bool());
+            assert_eq!(Some(pat(p).matches(t)), want, "{p:?} against {t:?}");
+        }
     }
 
     #[test]
@@ -459,16 +466,5 @@ mod tests {
         assert!(Topic::parse("topic", "orders.created-v2").is_ok());
         assert!(ConsumerName::parse("consumer", "billing service").is_err());
         assert!(MessageId::parse("message_id", "nope").is_err());
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let b = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(1) };
-        assert_eq!(b.delay(1), Duration::from_millis(100));
-        assert_eq!(b.delay(2), Duration::from_millis(200));
-        assert_eq!(b.delay(4), Duration::from_millis(800));
-        assert_eq!(b.delay(5), Duration::from_secs(1));
-        assert_eq!(b.delay(1000), Duration::from_secs(1));
-        assert_eq!(b.delay(0), Duration::from_millis(100));
     }
 }

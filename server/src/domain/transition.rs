@@ -323,7 +323,7 @@ const ROWS: [Row; 27] = [
         from: &[LEASED],
         to: PENDING,
         detail: " (count kept, due at now + `retry_after` or backoff)",
-        cause: "`Nack` below `max_deliveries` (`delivery::failed`); a sink's failed publish",
+        cause: "`Nack` below `max_deliveries` (`Failure::Nacked`); a sink's failed publish",
         postgres: "`delivery_release_many` with `ReleaseGuard::Session`, one transaction: `outbox.unbatch(consumers, \
                   ids, session, NULL)` turns the named range-held seqs into `leased` rows (count 1), then `UPDATE \
                   outbox.deliveries SET state = r.state …` on rows still `leased` by the session, skipping rows \
@@ -345,7 +345,7 @@ const ROWS: [Row; 27] = [
         from: &[LEASED],
         to: PENDING,
         detail: " (due after the backoff, `last_error` \"ack deadline expired\")",
-        cause: "lease expiry: the sweeper (`LeaseSweeper::run_once`) finds `lease_expires_at <= now`, below \
+        cause: "lease expiry: the sweeper (`LeaseSweeper::run_once`, `Failure::Expired`) finds `lease_expires_at <= now`, below \
                `max_deliveries`",
         postgres: "`delivery_expired`: `outbox.unbatch(NULL, NULL, NULL, now)` (its own statement: every \
                   expired leased range becomes `leased` rows), then `SELECT` of expired `leased` rows; \

@@ -10,7 +10,7 @@ use crate::domain::{ConsumerName, InvalidField, MessageId, TopicPattern};
 use crate::limits::QuotaKey;
 use crate::maintenance::pruner::Pruner;
 use crate::maintenance::replay::{Origin, ReplayPlan, ReplayProgress, Replayer};
-use crate::store::{ConsumerCreateParams, KeyReleaseParams, ReplayFilter, StoreError, TailParams};
+use crate::store::{ReplayFilter, StoreError, TailParams};
 
 #[derive(Debug, Clone)]
 pub struct AdminService {

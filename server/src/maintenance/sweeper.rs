@@ -1,12 +1,12 @@
 //! The lease sweeper: deliveries whose ack deadline passed go back to pending after their
-//! backoff, or to dead once `max_deliveries` is reached. It covers streams that vanished
+//! backoff, or to dead once `max_deliveries` is reached ([`Failure::Expired`]). It covers streams that vanished
 //! without a goodbye, including every stream of a killed `outboxd`.
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{self, SharedClock};
-use crate::domain::{Attempt, Backoff, DeliveryState, Release, ReleaseGuard};
+use crate::clock::SharedClock;
+use crate::domain::{DeliveryState, Failure, Release, ReleaseGuard};
 use crate::hub::Hub;
 use crate::metrics;
 use crate::store::{SharedStore, StoreError};
@@ -35,18 +35,7 @@ impl LeaseSweeper {
         }
         let releases: Vec<Release> = expired
             .iter()
-            .map(|e| {
-                let dead = e.delivery_count >= e.max_deliveries;
-                let backoff = Backoff { base: e.backoff_base, max: e.backoff_max };
-                Release {
-                    consumer: e.consumer.clone(),
-                    message_id: e.message_id,
-                    state: if dead { DeliveryState::Dead } else { DeliveryState::Pending },
-                    available_at: if dead { now } else { clock::add(now, backoff.delay(e.delivery_count)) },
-                    error: Some("ack deadline expired".to_owned()),
-                    attempt: Attempt::Failed,
-                }
-            })
+            .map(|e| Failure::Expired.release(e.consumer.clone(), e.message_id, e.delivery_count, &e.retry, now))
             .collect();
         let n = Waking::new(&self.store, &self.hub).release(&releases, ReleaseGuard::ExpiredAt(now), now).await?;
         // Counted per lease found expired; one acked meanwhile was not released (n says how many were).

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
-use crate::domain::{Attempt, ConsumerName, DeliveryState, LeasedDelivery, RelayOutcome, Release, ReleaseGuard};
+use crate::domain::{ConsumerName, LeasedDelivery, RelayOutcome, Release, ReleaseGuard, Withdrawal};
 use crate::hub::Hub;
 use crate::store::{SharedStore, StoreError};
 use crate::waking::Waking;
@@ -216,14 +216,7 @@ impl Relay {
             let now = self.clock.now();
             let releases: Vec<Release> = deliveries
                 .iter()
-                .map(|d| Release {
-                    consumer: name.clone(),
-                    message_id: d.message.message_id,
-                    state: DeliveryState::Pending,
-                    available_at: now,
-                    error: None,
-                    attempt: Attempt::Withdrawn,
-                })
+                .map(|d| Withdrawal::Unsent.release(name.clone(), d.message.message_id, now))
                 .collect();
             let released = Waking::new(&self.store, &self.hub).release(&releases, ReleaseGuard::Session(&session), now);
             if let Err(e) = released.await {

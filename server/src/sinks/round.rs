@@ -1,8 +1,8 @@
 //! One round of a sink's due deliveries, without a session: for `outboxd relay --once`.
 //!
 //! Leases what is due (up to the sink's `max_in_flight`), publishes it all concurrently, then
-//! acks what the target confirmed, applies the failure rule to what it refused, and releases
-//! (uncounted) what it could not reach. Leases are held under a session id of their own, so
+//! acks what the target confirmed, applies the failure rule ([`Failure`]) to what it refused,
+//! and releases (uncounted) what it could not reach. Leases are held under a session id of their own, so
 //! serving replicas that run the same sink skip them, and a crash mid-round leaves leases that
 //! expire like any other.
 use std::time::Duration;
@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::{Outcome, Publish, Target};
 use crate::clock::{self, SharedClock};
-use crate::domain::{Attempt, Consumer, DeliveryState, MessageId, Release, ReleaseGuard};
+use crate::domain::{Consumer, DeliveryState, Failure, MessageId, Release, ReleaseGuard, Withdrawal};
 use crate::hub::Hub;
 use crate::store::{LeaseParams, SharedStore, StoreError};
 use crate::waking::Waking;
@@ -76,6 +76,7 @@ pub async fn run(
     let now = clock.now();
     let lease_until = clock::add(now, consumer.spec.ack_deadline);
     let spec = &consumer.spec;
+    let retry = spec.retry();
     let leased = store
         .delivery_lease(&LeaseParams {
             consumer: &spec.name,
@@ -101,7 +102,7 @@ pub async fn run(
         match outcome {
             Outcome::Confirmed => acks.push(id),
             Outcome::Failed { error, retry_after, .. } => {
-                let release = crate::delivery::failed(spec, id, count, error, retry_after, now);
+                let release = Failure::Nacked { error, retry_after }.release(spec.name.clone(), id, count, &retry, now);
                 report.failed += 1;
                 report.dead += u64::from(release.state == DeliveryState::Dead);
                 releases.push(release);
@@ -109,14 +110,7 @@ pub async fn run(
             Outcome::Unavailable { error } => {
                 report.unavailable += 1;
                 report.error.get_or_insert(error);
-                releases.push(Release {
-                    consumer: spec.name.clone(),
-                    message_id: id,
-                    state: DeliveryState::Pending,
-                    available_at: now,
-                    error: Some("sink target unreachable before its confirmation".to_owned()),
-                    attempt: Attempt::Withdrawn,
-                });
+                releases.push(Withdrawal::Unreachable.release(spec.name.clone(), id, now));
             }
         }
     }

@@ -14,6 +14,8 @@ use crate::domain::{ConsumerName, ConsumerSpec, DeliveryState, MessageId, Topic,
 #[cfg(test)]
 mod acked_count_tests;
 #[cfg(test)]
+mod contract_tests;
+#[cfg(test)]
 mod functions_tests;
 #[cfg(test)]
 mod limits_tests;
@@ -227,9 +229,8 @@ pub struct ExpiredLease {
     pub consumer: ConsumerName,
     pub message_id: MessageId,
     pub delivery_count: u32,
-    pub max_deliveries: u32,
-    pub backoff_base: Duration,
-    pub backoff_max: Duration,
+    /// Its consumer's retry policy, for [`crate::domain::Failure::Expired`].
+    pub retry: crate::domain::RetryPolicy,
 }
 
 #[derive(Debug, Clone, Default)]

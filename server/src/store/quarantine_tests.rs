@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, SubsecRound, Utc};
 
 use super::*;
-use crate::domain::{Attempt, Backoff, ConsumerSpec, DeadKeyPolicy, DeliveryState, StartFrom, Topic, TopicPattern};
+use crate::domain::{Backoff, ConsumerSpec, DeadKeyPolicy, DeliveryState, Failure, StartFrom, Topic, TopicPattern};
 use crate::testing::{TestDb, TestSqlite};
 
 #[allow(dead_code)]
@@ -109,15 +109,9 @@ async fn lease(store: &SharedStore, c: &ConsumerSpec, now: DateTime<Utc>) -> Vec
 
 /// A nack of a delivery that has had its `max_deliveries` (1): it dies, as a stream's nack does.
 async fn nack(store: &SharedStore, c: &ConsumerSpec, id: MessageId, now: DateTime<Utc>) {
-    // What `delivery::failed` makes of a failed last attempt.
-    let release = Release {
-        consumer: c.name.clone(),
-        message_id: id,
-        state: DeliveryState::Dead,
-        available_at: now,
-        error: Some("cannot apply".into()),
-        attempt: Attempt::Failed,
-    };
+    let failure = Failure::Nacked { error: "cannot apply".into(), retry_after: None };
+    let release = failure.release(c.name.clone(), id, 1, &c.retry(), now);
+    assert_eq!(release.state, DeliveryState::Dead, "the last attempt");
     assert_eq!(store.delivery_release_many(&[release], ReleaseGuard::Session("s"), now).await.unwrap(), 1);
 }
 

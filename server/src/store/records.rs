@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 
 use super::{DeliveryRow, ExpiredLease, StoreError};
 use crate::domain::{
-    Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, DeliveryState, Sink, StartFrom, TopicPattern,
+    Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, DeliveryState, RetryPolicy, Sink, StartFrom,
+    TopicPattern,
 };
 
 /// A row of the consumers table.
@@ -122,11 +123,12 @@ impl TryFrom<ExpiredRecord> for ExpiredLease {
                 .map_err(|e| StoreError::InvalidValue(format!("stored delivery: {e}")))?,
             message_id: r.message_id,
             delivery_count: delivery_count(r.delivery_count)?,
-            max_deliveries: u32::try_from(r.max_deliveries).map_err(|e| {
-                StoreError::InvalidValue(format!("stored consumer {:?}: max_deliveries: {e}", r.consumer))
-            })?,
-            backoff_base: duration_ms(r.backoff_base_ms),
-            backoff_max: duration_ms(r.backoff_max_ms),
+            retry: RetryPolicy {
+                max_deliveries: u32::try_from(r.max_deliveries).map_err(|e| {
+                    StoreError::InvalidValue(format!("stored consumer {:?}: max_deliveries: {e}", r.consumer))
+                })?,
+                backoff: Backoff { base: duration_ms(r.backoff_base_ms), max: duration_ms(r.backoff_max_ms) },
+            },
         })
     }
 }

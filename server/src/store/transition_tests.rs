@@ -7,10 +7,10 @@
 //! whatever represents a delivery underneath: they are the contract a change of the model keeps.
 //!
 //! What a cause decides before the store moves a delivery (dead or pending, the retry time, the
-//! error) is its own and tested with it, above the store: `delivery::failed` for nacks and sink
-//! failures, the sweeper's `run_once` in `maintenance::store_tests`, a stream's end in the
-//! end-to-end `delivery` tests. Here each case passes the decision its cause makes and checks that
-//! the store makes exactly that transition, and no other.
+//! error) is the failure rule's, `domain::Failure`, tested with it: its unit tests, the
+//! sweeper's `run_once` in `maintenance::store_tests`, a stream's end in the end-to-end
+//! `delivery` tests. Here each case passes the decision its cause makes and checks that the store
+//! makes exactly that transition, and no other.
 #![allow(clippy::unwrap_used)]
 
 use std::str::FromStr as _;
@@ -21,7 +21,7 @@ use sqlx::Connection as _;
 
 use super::tests::{Guard, msg, spec};
 use super::*;
-use crate::domain::{Attempt, ConsumerSpec, DeadKeyPolicy, DeliveryState, PushOffer, StartFrom, Transition};
+use crate::domain::{Attempt, ConsumerSpec, DeadKeyPolicy, DeliveryState, Failure, PushOffer, StartFrom, Transition};
 
 /// Runs each case once per store, as `on_every_store!` does, and then checks what holds after
 /// every transition whatever it was (see [`invariants_hold`]).
@@ -234,14 +234,14 @@ async fn invariants_hold(store: &SharedStore) {
     }
 }
 
-/// The consumer's transactional ack in a transaction of its own, as the SQL API documents it
-/// (PostgreSQL `outbox.ack`, SQLite the documented `UPDATE`): whether this call acked it.
+/// The consumer's transactional ack in a transaction of its own, with the client contract's
+/// statements (PostgreSQL `outbox.ack`, SQLite the documented `UPDATE`): whether this call acked it.
 async fn ack_in_transaction(db: &Guard, consumer: &str, id: MessageId, at: DateTime<Utc>) -> bool {
     match db {
         Guard::Pg(db) => {
             let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            let acked: bool = sqlx::query_scalar("SELECT outbox.ack($1, $2)")
+            let acked: bool = sqlx::query_scalar(include_str!("../../../contract/sql/postgres-ack.sql"))
                 .bind(consumer)
                 .bind(id.0)
                 .fetch_one(&mut *tx)
@@ -255,18 +255,14 @@ async fn ack_in_transaction(db: &Guard, consumer: &str, id: MessageId, at: DateT
                 sqlx::sqlite::SqliteConnectOptions::from_str(&db.url).unwrap().busy_timeout(Duration::from_secs(10));
             let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
             let mut tx = conn.begin().await.unwrap();
-            let n = sqlx::query(
-                "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?1, updated_at = ?1,
-                        lease_expires_at = NULL, leased_by = NULL
-                  WHERE consumer = ?2 AND message_id = ?3 AND state IN ('leased', 'pending')",
-            )
-            .bind(at.timestamp_micros())
-            .bind(consumer)
-            .bind(id.0.to_string())
-            .execute(&mut *tx)
-            .await
-            .unwrap()
-            .rows_affected();
+            let n = sqlx::query(include_str!("../../../contract/sql/sqlite-ack.sql"))
+                .bind(consumer)
+                .bind(id.0.to_string())
+                .bind(at.timestamp_micros())
+                .execute(&mut *tx)
+                .await
+                .unwrap()
+                .rows_affected();
             tx.commit().await.unwrap();
             n == 1
         }
@@ -497,19 +493,13 @@ async fn t13_a_nack_at_max_deliveries_makes_a_dead_letter(_db: &Guard, store: Sh
     assert!(lease(&store, &c, "s1", 10, at + secs(3600)).await.is_empty(), "never again without a replay");
 }
 
-/// A sweep as `LeaseSweeper::run_once` makes it at `at`: every expired lease pending after its
-/// backoff, or dead at max_deliveries.
+/// A sweep as `LeaseSweeper::run_once` makes it at `at`: every expired lease released by the
+/// failure rule ([`Failure::Expired`]).
 async fn sweep(store: &SharedStore, at: DateTime<Utc>) -> usize {
     let expired = store.delivery_expired(at, 100).await.unwrap();
     let releases: Vec<Release> = expired
         .iter()
-        .map(|e| {
-            let dead = e.delivery_count >= e.max_deliveries;
-            let backoff = crate::domain::Backoff { base: e.backoff_base, max: e.backoff_max };
-            let due = crate::clock::add(at, backoff.delay(e.delivery_count));
-            let state = if dead { DeliveryState::Dead } else { DeliveryState::Pending };
-            release(&e.consumer, e.message_id, state, if dead { at } else { due }, Some("ack deadline expired"))
-        })
+        .map(|e| Failure::Expired.release(e.consumer.clone(), e.message_id, e.delivery_count, &e.retry, at))
         .collect();
     store.delivery_release_many(&releases, ReleaseGuard::ExpiredAt(at), at).await.unwrap();
     expired.len()

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Union, overload
 
-from outboxd import _trace
+from outboxd import _contract, _trace
 from outboxd._errors import InvalidMessage
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     AsyncConn = Union[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]
 
 # The limits outboxd holds every enqueue path to (docs/configuration.md, "Message limits").
-MAX_TOPIC_LEN = 255
+MAX_TOPIC_LEN = _contract.TOPIC_MAX_LEN
 MAX_TYPE_BYTES = 255
 MAX_ORDERING_KEY_BYTES = 255
 MAX_HEADERS = 64
@@ -40,7 +40,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 T = TypeVar("T")
 
-_TOPIC = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_TOPIC = re.compile(_contract.TOPIC_REGEX)
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -48,20 +48,14 @@ Payload = Union[bytes, bytearray, memoryview, str, Mapping[str, Any], Sequence[A
 """bytes as they are; str as UTF-8; a dict or list as JSON (UTF-8), with a `content-type:
 application/json` header unless the headers name a content type."""
 
-_PG_ENQUEUE = "SELECT outbox.enqueue(%s, %s, %s, %s::jsonb, %s::uuid, %s)"
-_PG_ACK = "SELECT outbox.ack(%s, %s::uuid)"
-# docs/sql-api.md, "SQLite: the enqueue statement" (no RETURNING: that needs SQLite 3.35, and the id is
-# always the one given here, a duplicate's included).
-_SQLITE_ENQUEUE = (
-    "INSERT INTO outbox_messages (topic, type, payload, headers, message_id, ordering_key) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
-)
-# The same transition as PostgreSQL's outbox.ack (docs/sql-api.md, `outbox.ack`).
-_SQLITE_ACK = (
-    "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?3, updated_at = ?3, "
-    "lease_expires_at = NULL, leased_by = NULL "
-    "WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')"
-)
+# The statements and the topic grammar every outboxd client shares (contract/, generated into
+# _contract.py): PostgreSQL's functions, and on SQLite the documented statements of
+# docs/sql-api.md (the enqueue without RETURNING, which needs SQLite 3.35: the id is always the
+# one given here, a duplicate's included; the ack, the same transition as outbox.ack).
+_PG_ENQUEUE = _contract.PG_ENQUEUE
+_PG_ACK = _contract.PG_ACK
+_SQLITE_ENQUEUE = _contract.SQLITE_ENQUEUE
+_SQLITE_ACK = _contract.SQLITE_ACK
 
 
 def uuid7() -> uuid.UUID:

@@ -130,9 +130,7 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
         .await
         .unwrap();
     assert_eq!(leased.iter().map(|l| l.message.message_id).collect::<Vec<_>>(), [sent[0].message_id]);
-    const ACK: &str = "UPDATE outbox_deliveries
-                          SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL, leased_by = NULL
-                        WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')";
+    const ACK: &str = include_str!("../../../../contract/sql/sqlite-ack.sql");
     let ack = |id: MessageId| async move {
         let mut tx = d.pool().begin().await.unwrap();
         let n = sqlx::query(ACK)
@@ -257,17 +255,14 @@ async fn a_sqlite_streams_ack_of_first_deliveries_holds_them_in_acked_ranges() {
     assert_eq!(inbox, 7, "one delivery per message, wherever it is held");
 
     // The documented transactional ack: acked already.
-    let n = sqlx::query(
-        "UPDATE outbox_deliveries SET state = 'acked', acked_at = ?3, updated_at = ?3, lease_expires_at = NULL,
-                leased_by = NULL WHERE consumer = ?1 AND message_id = ?2 AND state IN ('leased', 'pending')",
-    )
-    .bind("c")
-    .bind(ids[1].0.to_string())
-    .bind(at.timestamp_micros())
-    .execute(d.pool())
-    .await
-    .unwrap()
-    .rows_affected();
+    let n = sqlx::query(include_str!("../../../../contract/sql/sqlite-ack.sql"))
+        .bind("c")
+        .bind(ids[1].0.to_string())
+        .bind(at.timestamp_micros())
+        .execute(d.pool())
+        .await
+        .unwrap()
+        .rows_affected();
     assert_eq!(n, 0, "acked already");
     assert_eq!(d.delivery_ack_many(&c, &[ids[1]], at).await.unwrap(), 0, "a second stream ack changes nothing");
     assert!(

@@ -247,8 +247,8 @@ async fn expired_records_carry_the_consumers_retry_policy(store: SharedStore) {
     assert_eq!(expired.len(), 1);
     let e = &expired[0];
     assert_eq!((e.consumer.as_str(), e.message_id), ("c", sent[0].message_id));
-    assert_eq!((e.delivery_count, e.max_deliveries), (1, 4));
-    assert_eq!((e.backoff_base, e.backoff_max), (Duration::from_millis(250), Duration::from_secs(90)));
+    assert_eq!((e.delivery_count, e.retry.max_deliveries), (1, 4));
+    assert_eq!((e.retry.backoff.base, e.retry.backoff.max), (Duration::from_millis(250), Duration::from_secs(90)));
 }
 
 /// A delivery pushed at fan-out is leased with count 1 (on PostgreSQL held in a leased range, with
