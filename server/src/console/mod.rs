@@ -5,7 +5,8 @@
 //!
 //! It holds no data of its own: every page reads and acts through the admin API's service
 //! ([`crate::grpc::admin::AdminService`]), called in-process as the signed-in principal, so the
-//! permissions, payload redaction, limits and audit lines are the RPCs' own ([`session`]).
+//! permissions, payload redaction, limits and audit lines are the RPCs' own ([`session`],
+//! [`viewer`]).
 //! Figures come from the stats outboxd keeps, cached for a moment and shared by every tab
 //! ([`history`]); every list is bounded (limits, cursors).
 //!
@@ -15,9 +16,11 @@
 //! separate counts, and failed sign-ins are limited per client address ([`places`]).
 mod assets;
 mod history;
+mod nav;
 mod pages;
 mod places;
 mod session;
+mod viewer;
 mod views;
 
 use std::convert::Infallible;
@@ -213,7 +216,7 @@ impl Handler {
         // cost a database read only inside the anonymous places.
         let signed_in = match session::session_id(&parts.headers, &self.state) {
             Some(id) => self.state.recent.holds(&id),
-            None => <session::Viewer as axum::extract::FromRequestParts<Arc<State>>>::from_request_parts(
+            None => <viewer::Viewer as axum::extract::FromRequestParts<Arc<State>>>::from_request_parts(
                 &mut parts,
                 &self.state,
             )

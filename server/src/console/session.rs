@@ -1,8 +1,7 @@
 //! Who is looking: sign-in with a token, which starts a session kept in the database and named
 //! by a random id in an `HttpOnly`, `SameSite=Strict` cookie (`Secure` over TLS), or a client
-//! certificate over mutual TLS; the CSRF token every state-changing request must carry; and
-//! calls into the admin service as that principal, with the permission the RPC's route needs
-//! checked first, as the gRPC edge checks it.
+//! certificate over mutual TLS; the CSRF token every state-changing request must carry; and the
+//! [`Viewer`] of each request, and what a [`Refusal`] answers.
 //!
 //! The cookie is never a credential (ADR 0073): browsers send a host's cookies to every port of
 //! it, so whatever the cookie holds, any other service on the host may read. A session id is
@@ -20,11 +19,11 @@ use base64::Engine as _;
 use cookie::{Cookie, SameSite};
 use hmac::{Hmac, Mac};
 use sha2::{Digest as _, Sha256};
-use subtle::ConstantTimeEq as _;
 use tonic::Status;
 
+use super::viewer::{Refusal, Viewer};
 use super::{Peer, PeerCert, State};
-use crate::grpc::auth::{self, Caller, Need, Route};
+use crate::grpc::auth::Caller;
 use crate::grpc::store_status;
 use crate::store::ConsoleSession;
 
@@ -52,43 +51,10 @@ pub struct SessionTimes {
     pub max: Duration,
 }
 
-/// The signed-in principal of a request, and its session's CSRF token.
-#[derive(Debug, Clone)]
-pub struct Viewer {
-    pub caller: Caller,
-    pub csrf: String,
-    pub peer: Option<std::net::SocketAddr>,
-    /// Signed in with a token (it can sign out); not over mutual TLS or without an auth file.
-    pub signed_in: bool,
-    /// The SHA-256 of the stored session's id, when signed in with a token.
-    pub session: Option<[u8; 32]>,
-}
-
-/// Why a page cannot be shown to this request.
-#[derive(Debug)]
-pub enum Refusal {
-    /// Not signed in (or the token no longer works): to the sign-in page, which leads back to
-    /// the page asked for, when there is one ([`super::pages::return_path`]).
-    SignIn(Option<String>),
-    /// Without an auth file, a browser without a session cookie yet: it gets one first, and
-    /// comes back to the page asked for (or the overview).
-    NewSession(String, bool, Option<String>),
-    /// A request that changes something without this session's CSRF token, or from another
-    /// site; with the page of this console it was sent from, when the browser says.
-    Forged(Option<String>),
-    Status(Status),
-}
-
-impl From<Status> for Refusal {
-    fn from(s: Status) -> Self {
-        Refusal::Status(s)
-    }
-}
-
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
-            Refusal::SignIn(next) => Redirect::to(&super::pages::sign_in_location(next.as_deref())).into_response(),
+            Refusal::SignIn(next) => Redirect::to(&super::nav::sign_in_location(next.as_deref())).into_response(),
             Refusal::NewSession(id, secure, next) => {
                 let mut r = Redirect::to(next.as_deref().unwrap_or("/")).into_response();
                 let age = Some(cookie::time::Duration::hours(12));
@@ -319,7 +285,7 @@ impl State {
         let cert = parts.extensions.get::<PeerCert>().map(|c| c.0.clone());
         let cookie = cookie_value(&parts.headers, self.secure);
         // Where a browser sent to sign in (or to get its first cookie) comes back to.
-        let back = || super::pages::return_path(parts);
+        let back = || super::nav::return_path(parts);
         if !self.auth.enabled() {
             let caller = self.auth.authenticate_credential(None, cert.as_deref())?;
             let Some(id) = cookie else { return Err(Refusal::NewSession(new_session_id()?, self.secure, back())) };
@@ -349,59 +315,6 @@ impl FromRequestParts<Arc<State>> for Viewer {
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Refusal> {
         state.viewer(parts).await
-    }
-}
-
-impl Viewer {
-    /// Refuses a state-changing request that does not carry this session's CSRF token, or
-    /// that a browser says comes from another site.
-    pub fn check_csrf(&self, headers: &HeaderMap, given: &str) -> Result<(), Refusal> {
-        let cross_site = headers
-            .get("sec-fetch-site")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| !matches!(v, "same-origin" | "none"));
-        // Constant time, whatever the given token is.
-        let matches: bool = given.as_bytes().ct_eq(self.csrf.as_bytes()).into();
-        if cross_site || !matches {
-            tracing::warn!(
-                target: "outboxd::audit", principal = &*self.caller.name, peer = ?self.peer, action = "console",
-                outcome = "forged", "console request without its CSRF token refused"
-            );
-            return Err(Refusal::Forged(super::pages::referring_page(headers)));
-        }
-        Ok(())
-    }
-
-    /// An audit line for a refused request, as the gRPC edge writes one.
-    pub fn refused(&self, action: &str, s: &Status) {
-        tracing::warn!(
-            target: "outboxd::audit", principal = &*self.caller.name, peer = ?self.peer, action,
-            outcome = ?s.code(), error = s.message(), "console request refused"
-        );
-    }
-
-    /// Whether the principal may do what `need` names (to show or hide an action).
-    pub fn may(&self, need: Need<'_>) -> bool {
-        self.caller.allows(need)
-    }
-
-    /// A request to the admin service as this viewer, after the check the gRPC edge makes for
-    /// `method` (`/outbox.v1.OutboxAdmin/…`).
-    pub fn request<T>(&self, method: &str, message: T) -> Result<tonic::Request<T>, Status> {
-        let checked = match auth::route(method) {
-            Route::Checked(need) => self.caller.check(need),
-            Route::ByService(kind) => self.caller.check_kind(kind),
-            Route::Open | Route::AnyCredential => Ok(()),
-        };
-        if let Err(s) = checked {
-            self.refused(method, &s);
-            return Err(s);
-        }
-        let mut r = tonic::Request::new(message);
-        r.extensions_mut().insert(self.caller.clone());
-        r.extensions_mut()
-            .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: self.peer });
-        Ok(r)
     }
 }
 

@@ -6,7 +6,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_proto::v1 as pb;
 
-use super::stream::MAX_ACK_DEADLINE;
 use crate::domain::StoredMessage;
 use crate::domain::{
     Backoff, Consumer, ConsumerName, ConsumerSpec, DeadKeyPolicy, InvalidField, MessageId, Sink, SinkTarget, StartFrom,
@@ -167,6 +166,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
 /// The shortest ack deadline a stream or consumer may ask for.
 pub const MIN_ACK_DEADLINE: Duration = Duration::from_millis(100);
+/// The longest ack deadline or extension a stream or consumer may ask for.
+pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 pub fn start_request(start: &pb::Start) -> Result<StartRequest, InvalidField> {
     let consumer = ConsumerName::parse("start.consumer", &start.consumer)?;

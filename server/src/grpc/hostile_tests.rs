@@ -13,9 +13,8 @@ use proptest::prelude::*;
 use tonic_types::StatusExt as _;
 
 use super::admin::replay_plan;
-use super::convert::{self, Limits, MAX_MAX_IN_FLIGHT, MIN_ACK_DEADLINE};
+use super::convert::{self, Limits, MAX_ACK_DEADLINE, MAX_MAX_IN_FLIGHT, MIN_ACK_DEADLINE};
 use crate::domain::{ConsumerName, MessageId, Topic, TopicPattern};
-use crate::grpc::stream::MAX_ACK_DEADLINE;
 use crate::limits::*;
 
 const CASES: u32 = 192;

@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt as _};
 use outbox_proto::v1 as pb;
 use tonic::Status;
 
-use super::convert::{duration, timestamp};
+use super::convert::{MAX_ACK_DEADLINE, duration, timestamp};
 use super::invalid;
 use crate::delivery::Command;
 use crate::delivery::session::{Broken, Incoming, StreamError};
@@ -22,8 +22,6 @@ use crate::domain::{InvalidField, LeasedDelivery, MessageId};
 pub const MAX_IDS_PER_REQUEST: usize = 10_000;
 /// The longest `retry_after` a nack may ask for.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
-/// The longest ack deadline or extension a stream may ask for.
-pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 /// Stored `last_error` texts are cut to this many bytes.
 pub const MAX_ERROR_BYTES: usize = 4096;
 

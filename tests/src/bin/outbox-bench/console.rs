@@ -11,7 +11,10 @@ use anyhow::{Context as _, Result, ensure};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{Args, create_consumer, find_outboxd, pool, recreate_database, round};
+use crate::database::{pool, recreate_database};
+use crate::outboxd::find_outboxd;
+use crate::report::round;
+use crate::{Args, create_consumer};
 use outbox_tests::{Outboxd, consumer};
 
 const CONSUMER: &str = "console-bench";

@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Progress;
+use crate::consumers::Progress;
 
 /// PubAcks outstanding while a backlog is published: below async-nats's own bound of 5,000
 /// pending acks per context, so that bound never makes a publish wait.
@@ -56,7 +56,7 @@ pub struct Round {
 
 impl Round {
     pub fn deliveries_per_s(&self) -> f64 {
-        super::per_second(self.deliveries, self.elapsed)
+        crate::per_second(self.deliveries, self.elapsed)
     }
 }
 
@@ -189,7 +189,7 @@ impl Reference {
         self.publish(subject, messages, payload).await?;
 
         let deliveries = messages * u64::from(consumers);
-        let within = super::budget(deliveries);
+        let within = crate::budget(deliveries);
         let progress = Arc::new(Progress::new());
         let stop = CancellationToken::new();
         let mut tasks = JoinSet::new();

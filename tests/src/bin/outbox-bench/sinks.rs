@@ -49,10 +49,10 @@ pub async fn run(
     tracing::info!(per_s = rabbitmq, "sink phase: JetStream publish with PubAck, directly");
     let nats = nats_direct(nats_url, messages, window, payload).await?;
     tracing::info!(per_s = nats, "sink phase: through outboxd to RabbitMQ");
-    super::recreate_database(through.database_url).await?;
-    let db = super::pool(through.database_url, 2).await?;
+    crate::database::recreate_database(through.database_url).await?;
+    let db = crate::database::pool(through.database_url, 2).await?;
     let outboxd =
-        outbox_tests::Outboxd::start_binary(through.outboxd, through.database_url, super::OUTBOXD_FLAGS).await?;
+        outbox_tests::Outboxd::start_binary(through.outboxd, through.database_url, crate::OUTBOXD_FLAGS).await?;
     let mut admin = outboxd.admin().await?;
     let rabbitmq_through = rabbitmq_through(&db, &mut admin, amqp_url, messages, payload).await?;
     tracing::info!(per_s = rabbitmq_through, "sink phase: through outboxd to JetStream");
@@ -62,12 +62,12 @@ pub async fn run(
         sink_messages: messages,
         sink_window: window,
         sink_payload_bytes: payload.len(),
-        sink_rabbitmq_direct_per_s: super::round(rabbitmq, 1),
-        sink_nats_direct_per_s: super::round(nats, 1),
-        sink_rabbitmq_per_s: super::round(rabbitmq_through, 1),
-        sink_rabbitmq_ratio_to_direct: super::round(rabbitmq_through / rabbitmq.max(1e-9), 3),
-        sink_nats_per_s: super::round(nats_through, 1),
-        sink_nats_ratio_to_direct: super::round(nats_through / nats.max(1e-9), 3),
+        sink_rabbitmq_direct_per_s: crate::report::round(rabbitmq, 1),
+        sink_nats_direct_per_s: crate::report::round(nats, 1),
+        sink_rabbitmq_per_s: crate::report::round(rabbitmq_through, 1),
+        sink_rabbitmq_ratio_to_direct: crate::report::round(rabbitmq_through / rabbitmq.max(1e-9), 3),
+        sink_nats_per_s: crate::report::round(nats_through, 1),
+        sink_nats_ratio_to_direct: crate::report::round(nats_through / nats.max(1e-9), 3),
     })
 }
 
@@ -82,9 +82,9 @@ async fn time_through(
     messages: u64,
     payload: &[u8],
 ) -> Result<f64> {
-    super::insert_committed(db, topic, messages, 0, payload).await?;
+    crate::database::insert_committed(db, topic, messages, 0, payload).await?;
     let started = Instant::now();
-    let within = super::budget(messages);
+    let within = crate::budget(messages);
     loop {
         let stats =
             admin.get_stats(outbox_proto::v1::GetStatsRequest { consumer: consumer.to_owned() }).await?.into_inner();

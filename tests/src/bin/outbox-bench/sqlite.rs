@@ -27,9 +27,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{
-    Args, EVENT_TYPE, FLOW_MAX_IN_FLIGHT, Quantiles, STREAMS, Streams, budget, find_outboxd, per_second, round, rss_kib,
-};
+use crate::consumers::Streams;
+use crate::latency::Quantiles;
+use crate::outboxd::{find_outboxd, rss_kib};
+use crate::report::round;
+use crate::{Args, EVENT_TYPE, FLOW_MAX_IN_FLIGHT, STREAMS, budget, per_second};
 
 /// Producers when `--producers` is not given: SQLite has one writer at a time.
 pub const DEFAULT_PRODUCERS: u32 = 4;
@@ -196,7 +198,7 @@ async fn producers(path: &Path, n: u32, work: Work, len: Duration, rate: Option<
     let mut tasks = JoinSet::new();
     for (i, conn) in (0..n).zip(conns) {
         let first = start + period.map_or(Duration::ZERO, |p| p * i / n);
-        tasks.spawn(produce(conn, work, first, end, period, record, super::payload()));
+        tasks.spawn(produce(conn, work, first, end, period, record, crate::payload()));
     }
     Ok(Run { end, tasks })
 }
@@ -225,7 +227,7 @@ impl Run {
 struct Flow {
     acked_in_window: u64,
     produced: Produced,
-    receipts: Vec<super::Receipt>,
+    receipts: Vec<crate::consumers::Receipt>,
     redelivered: u64,
 }
 
@@ -270,7 +272,7 @@ pub async fn run(args: &Args) -> Result<Report> {
         drain_messages: if quick { 20_000 } else { 200_000 },
         streams: STREAMS,
         max_in_flight: FLOW_MAX_IN_FLIGHT,
-        payload_bytes: super::PAYLOAD_BYTES,
+        payload_bytes: crate::PAYLOAD_BYTES,
         producer_settings: "WAL, synchronous=FULL, busy_timeout 5 s, autocommit",
         secure: args.secure,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -290,8 +292,8 @@ pub async fn run(args: &Args) -> Result<Report> {
     setup.close().await?;
 
     let url = format!("sqlite://{}", path.display());
-    let secure = args.secure.then(super::Secure::new).transpose()?;
-    let outboxd = super::start_outboxd(&bin, &url, secure.as_ref()).await?;
+    let secure = args.secure.then(crate::outboxd::Secure::new).transpose()?;
+    let outboxd = crate::outboxd::start_outboxd(&bin, &url, secure.as_ref()).await?;
     let rss_start = rss_kib(outboxd.pid())?;
     let mut admin = outboxd.admin().await?;
     let endpoint = outboxd.endpoint.clone();
@@ -324,7 +326,7 @@ pub async fn run(args: &Args) -> Result<Report> {
     create_consumer(&mut admin, consumer("bench-drain", &[DRAIN_TOPIC])).await?;
     let mut load = connect(&path).await?;
     let mut tx = load.begin().await?;
-    let payload = super::payload();
+    let payload = crate::payload();
     for _ in 0..p.drain_messages {
         sqlx::query("INSERT INTO outbox_messages (message_id, topic, type, payload) VALUES (?1, ?2, ?3, ?4)")
             .bind(Uuid::now_v7().to_string())
@@ -338,7 +340,7 @@ pub async fn run(args: &Args) -> Result<Report> {
     load.close().await?;
     let start = Instant::now();
     let mut streams =
-        Streams::attach(&endpoint, &["bench-drain".to_owned()], STREAMS, super::DRAIN_MAX_IN_FLIGHT, false).await?;
+        Streams::attach(&endpoint, &["bench-drain".to_owned()], STREAMS, crate::DRAIN_MAX_IN_FLIGHT, false).await?;
     streams.wait_acked(p.drain_messages, budget(p.drain_messages), "the drain").await?;
     let drained = streams.progress.last_ack().saturating_duration_since(start);
     let drain_redelivered = streams.progress.redelivered();
