@@ -345,10 +345,7 @@ VOCABULARY_SUFFIXES = (".rs", ".sql", ".py", ".ts", ".md")
 VOCABULARY_EXEMPT = ("docs/adr/", "docs/glossary.md", "clients/python/src/outboxd/_proto/", "CHANGELOG")
 # Names that still carry a retired word until the code that owns them is rewritten; each line
 # says by what. Remove a line once its name is gone.
-TEMPORARY = (
-    "relay_batch",  # Store::relay_batch: renamed by the relay pass rewrite
-    "batch_size",  # the relay config's batch_size: renamed by the relay pass rewrite
-)
+TEMPORARY: tuple[str, ...] = ()
 
 
 def glossary_words() -> tuple[list[str], list[str]]:

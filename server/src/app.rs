@@ -197,7 +197,7 @@ impl Background {
             clock.clone(),
             hub.clone(),
             RelayConfig {
-                batch_size: config.relay_batch.unwrap_or(relay_defaults.batch_size),
+                pass_size: config.relay_pass_size.unwrap_or(relay_defaults.pass_size),
                 poll_min: config.relay_poll_min,
                 poll_max: config.relay_poll_max,
                 hot_for: RelayConfig::default().hot_for,

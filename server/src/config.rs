@@ -236,7 +236,7 @@ pub struct ServeConfig {
     pub relay_poll_min: Duration,
     pub relay_poll_max: Duration,
     /// The most messages a relay pass claims; `None`: the backend's default.
-    pub relay_batch: Option<i64>,
+    pub relay_pass_size: Option<i64>,
     pub sweep_interval: Duration,
     pub stream_poll: Duration,
     pub listen_notify: bool,
@@ -302,7 +302,7 @@ impl ServeConfig {
             replay_rate: 1000,
             relay_poll_min: Duration::from_millis(1),
             relay_poll_max: Duration::from_millis(500),
-            relay_batch: None,
+            relay_pass_size: None,
             sweep_interval: Duration::from_secs(1),
             stream_poll: Duration::from_secs(2),
             listen_notify: true,

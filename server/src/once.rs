@@ -72,7 +72,7 @@ pub async fn run(
     owners: Option<&dyn crate::sinks::supervisor::SinkOwners>,
     key: Option<&crate::sinks::sealed::SinkKey>,
 ) -> Result<OnceReport, StoreError> {
-    let config = RelayConfig { batch_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
+    let config = RelayConfig { pass_size: batch, notify: true, gather: Duration::ZERO, ..RelayConfig::default() };
     // No stream runs in this process: the wake-ups of its writes reach no one.
     let hub = Hub::default();
     let relay = Relay::new(store.clone(), clock.clone(), hub.clone(), config);

@@ -760,7 +760,7 @@ mod tests {
             .iter()
             .map(|e| e.message_id)
             .collect();
-        store.relay_batch(100, now, false, &[]).await.unwrap();
+        store.relay_pass(100, now, false, &[]).await.unwrap();
         let ctx = SessionContext {
             store: store.clone(),
             clock: Arc::new(SystemClock),

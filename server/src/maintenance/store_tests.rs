@@ -95,7 +95,7 @@ async fn the_pruner_keeps_unfinished_messages_and_removes_acked_ones_past_retent
     store.consumer_create(&c, clock.now()).await.unwrap();
     let done = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
     let open = store.message_insert(&msg("t"), clock.now()).await.unwrap().message_id;
-    store.relay_batch(10, clock.now(), false, &[]).await.unwrap();
+    store.relay_pass(10, clock.now(), false, &[]).await.unwrap();
     store.delivery_ack_many(&c.name, &[done], clock.now()).await.unwrap();
     let pruner = Pruner::new(store.clone(), shared, Duration::from_secs(7 * 86400), Duration::from_secs(600));
     assert_eq!(pruner.run_once().await.unwrap(), Pruned::default(), "within retention");
@@ -114,7 +114,7 @@ async fn table_health_shows_the_size_and_dead_rows_of_outboxds_tables(store: Sha
     // Keyed, so that every delivery is a row on PostgreSQL too (unkeyed ones wait in ranges).
     let keyed = |i: usize| NewMessage { ordering_key: Some(format!("k{i}")), ..msg("t") };
     store.message_insert_many(&(0..20).map(keyed).collect::<Vec<_>>(), now).await.unwrap();
-    store.relay_batch(100, now, false, &[]).await.unwrap();
+    store.relay_pass(100, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store
         .delivery_lease(&LeaseParams {
@@ -184,7 +184,7 @@ async fn an_expired_lease_that_dies_holds_its_key_too(store: SharedStore) {
         ids.push(store.message_insert(&m, clock.now()).await.unwrap().message_id);
     }
     let (a1, b1, u, b2) = (ids[0], ids[1], ids[2], ids[4]);
-    store.relay_batch(100, clock.now(), false, &[]).await.unwrap();
+    store.relay_pass(100, clock.now(), false, &[]).await.unwrap();
     let lease = |now| {
         let (store, c) = (store.clone(), c.clone());
         async move {

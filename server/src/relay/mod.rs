@@ -24,7 +24,7 @@ mod store_tests;
 /// producers' commits; ADR 0051, 0063); on SQLite the store's watcher.
 #[derive(Debug, Clone, Copy)]
 pub struct RelayConfig {
-    pub batch_size: i64,
+    pub pass_size: i64,
     pub poll_min: Duration,
     pub poll_max: Duration,
     pub hot_for: Duration,
@@ -43,7 +43,7 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
-            batch_size: 500,
+            pass_size: 500,
             poll_min: Duration::from_millis(1),
             poll_max: Duration::from_millis(500),
             hot_for: Duration::from_secs(1),
@@ -64,7 +64,7 @@ fn next_wait(config: &RelayConfig, idle: Duration, previous: Duration) -> Durati
 /// one): `gather` when the pass did not fill a batch, so that a busy flow gathers into fewer,
 /// larger passes; none after a full batch, so that a backlog goes on at once.
 fn gather_after(config: &RelayConfig, found: u64) -> Option<Duration> {
-    let short = i64::try_from(found).unwrap_or(i64::MAX) < config.batch_size;
+    let short = i64::try_from(found).unwrap_or(i64::MAX) < config.pass_size;
     (short && !config.gather.is_zero()).then_some(config.gather)
 }
 
@@ -178,7 +178,7 @@ impl Relay {
     pub async fn run_once(&self) -> Result<RelayOutcome, StoreError> {
         let started = std::time::Instant::now();
         let slots = self.hub.push_slots();
-        let (batch, now, notify) = (self.config.batch_size, self.clock.now(), self.config.notify);
+        let (batch, now, notify) = (self.config.pass_size, self.clock.now(), self.config.notify);
         // The lends of this process's streams; the guard ends the pass's hold on them whatever
         // happens to the pass.
         let offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
@@ -237,7 +237,7 @@ impl Relay {
             }
             loop {
                 match self.run_once().await {
-                    Ok(out) if out.messages as i64 >= self.config.batch_size && !cancel.is_cancelled() => {}
+                    Ok(out) if out.messages as i64 >= self.config.pass_size && !cancel.is_cancelled() => {}
                     Ok(_) => break,
                     Err(e) => {
                         tracing::warn!(error = %e, "relay pass failed");
@@ -337,7 +337,7 @@ mod tests {
     #[test]
     fn a_pass_short_of_a_batch_waits_to_gather_and_a_full_one_goes_on() {
         let ms = Duration::from_millis;
-        let c = RelayConfig { batch_size: 100, gather: ms(1), ..RelayConfig::default() };
+        let c = RelayConfig { pass_size: 100, gather: ms(1), ..RelayConfig::default() };
         assert_eq!(gather_after(&c, 1), Some(ms(1)), "a flow gathers into the next pass");
         assert_eq!(gather_after(&c, 99), Some(ms(1)));
         assert_eq!(gather_after(&c, 100), None, "a full batch: a backlog, on at once");

@@ -28,7 +28,7 @@ async fn a_second_relay_pass_and_concurrent_relays_add_no_delivery(store: Shared
     store.message_insert_many(&batch, clock.now()).await.unwrap();
 
     let relay = |size| {
-        Relay::new(store.clone(), clock.clone(), Hub::default(), RelayConfig { batch_size: size, ..Default::default() })
+        Relay::new(store.clone(), clock.clone(), Hub::default(), RelayConfig { pass_size: size, ..Default::default() })
     };
     let (r1, r2) = (relay(100), relay(100));
     let mut relayed = 0;
@@ -151,7 +151,7 @@ async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified(
     insert("quiet").await;
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert while no relay asked sent a notification");
-    store.relay_batch(100, Utc::now(), false, &[]).await.unwrap();
+    store.relay_pass(100, Utc::now(), false, &[]).await.unwrap();
 
     // A request, then a pass that finds work withdraws it: while passes find work, inserts
     // notify nobody.
@@ -159,12 +159,12 @@ async fn a_sleeping_relay_is_woken_by_a_producers_insert_and_only_then_notified(
     assert!(wanted().await);
     insert("asked").await;
     assert_eq!(next_heard(&mut heard).await, "", "the insert notified the relay that asked");
-    assert_eq!(store.relay_batch(100, Utc::now(), false, &[]).await.unwrap().messages, 1);
+    assert_eq!(store.relay_pass(100, Utc::now(), false, &[]).await.unwrap().messages, 1);
     assert!(!wanted().await, "the relay pass that found work withdrew the request");
     insert("busy").await;
     marker().await;
     assert_eq!(next_heard(&mut heard).await, "marker", "an insert while the relay was busy sent a notification");
-    store.relay_batch(100, Utc::now(), false, &[]).await.unwrap();
+    store.relay_pass(100, Utc::now(), false, &[]).await.unwrap();
 
     // A relay that polls every 60 s, woken as outboxd wires it: watch → hint → the relay.
     let hub = Hub::default();

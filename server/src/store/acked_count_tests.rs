@@ -59,7 +59,7 @@ async fn five_acked_by_a_stream(store: &SharedStore, at: DateTime<Utc>) -> (Cons
         store.message_insert(&msg("t"), at - enqueued).await.unwrap();
     }
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 10, lease_until: at + mins(1) };
-    let out = store.relay_batch(100, at, false, &[offer]).await.unwrap();
+    let out = store.relay_pass(100, at, false, &[offer]).await.unwrap();
     let held: Vec<(MessageId, i64)> =
         out.pushed.iter().map(|(_, _, d)| (d.message.message_id, d.message.seq)).collect();
     assert_eq!(held.len(), 5, "all five pushed to s1");

@@ -236,7 +236,7 @@ async fn a_consumer_role_acks_in_its_own_transaction_and_can_do_nothing_else() {
         .fetch_one(&owner)
         .await
         .unwrap();
-    store.relay_batch(500, Utc::now(), false, &[]).await.unwrap();
+    store.relay_pass(500, Utc::now(), false, &[]).await.unwrap();
     let app = AppRole::create(&owner, "outbox_test_billing_app", "outbox_consumer").await;
     let pool = app.pool(&db).await;
 

@@ -51,8 +51,8 @@ pub use sqlite::SqliteStore;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelayDefaults {
     /// The most messages a pass claims.
-    pub batch_size: i64,
-    /// After a pass that found fewer than `batch_size`, how long to wait before the next (see
+    pub pass_size: i64,
+    /// After a pass that found fewer than `pass_size`, how long to wait before the next (see
     /// `relay::RelayConfig::gather`).
     pub gather: Duration,
 }

@@ -86,7 +86,7 @@ async fn backlog(store: &SharedStore, now: DateTime<Utc>) -> std::collections::H
     {
         ids.insert(name, store.message_insert(&keyed(key), now).await.unwrap().message_id);
     }
-    store.relay_batch(100, now, false, &[]).await.unwrap();
+    store.relay_pass(100, now, false, &[]).await.unwrap();
     ids
 }
 
@@ -266,7 +266,7 @@ async fn a_held_keys_waiting_messages_are_counted_only_up_to_the_cap(store: Shar
     let (c, _) = a_held(&store, now).await;
     let more: Vec<NewMessage> = (0..1_010).map(|_| keyed(Some("a"))).collect();
     store.message_insert_many(&more, now).await.unwrap();
-    while store.relay_batch(1000, now, false, &[]).await.unwrap().messages > 0 {}
+    while store.relay_pass(1000, now, false, &[]).await.unwrap().messages > 0 {}
     let held = store.held_key_list(&c.name, 10).await.unwrap();
     assert_eq!(held.len(), 1, "{held:?}");
     // 1,012 wait (a2, a3 and these); the cap docs/grpc-api.md and admin.proto state is 1,000.

@@ -94,7 +94,7 @@ async fn enqueue(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
 async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 1, lease_until: until };
-    let out = store.relay_batch(10, at, false, &[offer]).await.unwrap();
+    let out = store.relay_pass(10, at, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 1, "pushed");
     assert!(held_in(store.pool(), "leased", sent.seq).await, "in a leased range");
     sent
@@ -103,7 +103,7 @@ async fn pushed(store: &PgStore, at: DateTime<Utc>, until: DateTime<Utc>) -> Enq
 /// One message, relayed with no stream to push to: waiting in a pending range.
 async fn waiting(store: &PgStore, at: DateTime<Utc>) -> Enqueued {
     let sent = enqueue(store, at).await;
-    let out = store.relay_batch(10, at, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, at, false, &[]).await.unwrap();
     assert_eq!((out.pushed.len(), out.deliveries), (0, 1));
     assert!(held_in(store.pool(), "pending", sent.seq).await, "in a pending range");
     sent
@@ -458,7 +458,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
 
     let unrelayed = enqueue(&store, at).await;
     assert!(!ack(unrelayed.message_id.0, "c").await, "not relayed yet: no delivery to ack");
-    let out = d.relay_batch(10, at, false, &[]).await.unwrap();
+    let out = d.relay_pass(10, at, false, &[]).await.unwrap();
     assert_eq!(out.messages, 1);
     let leased = d
         .delivery_lease(&LeaseParams {
@@ -498,7 +498,7 @@ async fn the_transactional_ack_answers_exactly_from_every_place() {
     };
     let elsewhere = d.message_insert(&msg, at).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "a topic the consumer does not take, before the relay");
-    d.relay_batch(10, at, false, &[]).await.unwrap();
+    d.relay_pass(10, at, false, &[]).await.unwrap();
     assert!(!ack(elsewhere.message_id.0, "c").await, "and after");
     assert!(!ack(uuid::Uuid::new_v4(), "c").await, "an unknown message");
     assert!(!ack(in_leased_range.message_id.0, "nobody").await, "an unknown consumer");

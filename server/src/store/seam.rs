@@ -98,7 +98,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // ---- The relay (required).
 
     /// A transaction for one relay pass, with its statements ([`super::relay_pass`]). The pass
-    /// itself is [`Store::relay_batch`], written once for every backend.
+    /// itself is [`Store::relay_pass`], written once for every backend.
     async fn begin_relay(&self) -> Result<Box<dyn RelayTx>>;
 
     // ---- Consumers (required).
@@ -222,7 +222,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// stores read after a cursor (PostgreSQL's with gaps for late commits, ADR 0027; SQLite's
     /// needs none, ADR 0066); [`crate::domain::fanout::plan`] decides who gets what (ADR 0067),
     /// and the pass is written once over the backend's statements (ADR 0087).
-    async fn relay_batch(
+    async fn relay_pass(
         &self,
         limit: i64,
         now: DateTime<Utc>,

@@ -132,7 +132,7 @@ fn keyed(key: &str) -> NewMessage {
 
 /// One relay pass of up to 100 messages at `at`.
 async fn relay(store: &SharedStore, at: DateTime<Utc>, offers: &[PushOffer]) -> RelayOutcome {
-    let out = store.relay_batch(100, at, false, offers).await.unwrap();
+    let out = store.relay_pass(100, at, false, offers).await.unwrap();
     // A push is a lease too.
     invariants_hold(store).await;
     out

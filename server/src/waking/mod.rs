@@ -108,7 +108,7 @@ impl<'a> Waking<'a> {
         Ok(out)
     }
 
-    /// One relay pass ([`Store::relay_batch`]), and the wake-ups it owes: the streams of the
+    /// One relay pass ([`Store::relay_pass`]), and the wake-ups it owes: the streams of the
     /// consumers that got pending deliveries, the vacuum rounds when it read messages, the
     /// relay's helper when it claimed a full batch of `limit`.
     pub async fn relay_pass(
@@ -118,7 +118,7 @@ impl<'a> Waking<'a> {
         notify: bool,
         offers: &[PushOffer],
     ) -> Result<(RelayOutcome, Owed<'a>)> {
-        let out = self.store.relay_batch(limit, now, notify, offers).await?;
+        let out = self.store.relay_pass(limit, now, notify, offers).await?;
         let whom = relay_wakes(&out, limit);
         Ok((out, Owed { hub: self.hub, whom }))
     }

@@ -27,7 +27,7 @@ use crate::store::tests::{msg, on_every_store, spec};
 const THROUGH_THE_LAYER: &[(&str, &str)] = &[
     ("message_insert", "enqueue"),
     ("message_insert_many", "enqueue_batch"),
-    ("relay_batch", "relay_pass"),
+    ("relay_pass", "relay_pass"),
     ("delivery_ack_held", "ack"),
     ("delivery_ack_many", "ack_ids"),
     ("delivery_release_many", "release"),

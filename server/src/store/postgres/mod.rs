@@ -146,7 +146,7 @@ fn seq_runs(seqs: impl Iterator<Item = i64>) -> (Vec<i64>, Vec<i64>) {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// For relay passes only: commits without waiting for the WAL flush (see `relay_batch`).
+    /// For relay passes only: commits without waiting for the WAL flush (see `relay_pass`).
     relay_pool: PgPool,
     /// For leases and next-due reads only: `plan_cache_mode = force_generic_plan`, so that each
     /// connection plans these statements once instead of at every call (their plans do not
@@ -336,7 +336,7 @@ impl Store for PgStore {
     /// A pass costs per consumer and topic, not per message (ADR 0042): larger passes drain a
     /// backlog faster, and a pass that found little goes again at once.
     fn relay_defaults(&self) -> super::RelayDefaults {
-        super::RelayDefaults { batch_size: 2000, gather: Duration::ZERO }
+        super::RelayDefaults { pass_size: 2000, gather: Duration::ZERO }
     }
 
     async fn close(&self) {

@@ -342,7 +342,7 @@ impl Store for SqliteStore {
     /// 500, and after one that found fewer than that, one tick of the timer (about a
     /// millisecond) so that a busy flow gathers into fewer, larger passes.
     fn relay_defaults(&self) -> super::RelayDefaults {
-        super::RelayDefaults { batch_size: 500, gather: Duration::from_millis(1) }
+        super::RelayDefaults { pass_size: 500, gather: Duration::from_millis(1) }
     }
 
     async fn migrate(&self) -> Result<()> {

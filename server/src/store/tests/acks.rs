@@ -20,7 +20,7 @@ async fn acks_with_the_seqs_a_stream_holds_apply_as_acks_by_id(store: SharedStor
     let held = |i: usize| (sent[i].message_id, sent[i].seq);
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 5, lease_until: until };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 5, "the sixth waits");
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 5, "the sixth waits");
     // The second one nacked and leased again: a row of its own with count 2.
     let nack = Release {
         consumer: c.clone(),
@@ -77,7 +77,7 @@ async fn a_postgres_transactional_ack_of_a_pushed_delivery_is_applied_once() {
         room: 2,
         lease_until: at + chrono::Duration::seconds(30),
     };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     let ack = |id: MessageId| {
         let pool = store.pool().clone();
         async move { sqlx::query_scalar::<_, bool>("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(&pool).await.unwrap() }
@@ -117,7 +117,7 @@ async fn a_sqlite_transactional_ack_applies_once_to_pending_and_leased_deliverie
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&store, &spec_from("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t"], at).await;
-    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 2);
+    assert_eq!(d.relay_pass(10, at, false, &[]).await.unwrap().deliveries, 2);
     let leased = d
         .delivery_lease(&LeaseParams {
             consumer: &c,
@@ -201,7 +201,7 @@ async fn a_sqlite_streams_ack_of_first_deliveries_holds_them_in_acked_ranges() {
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let seqs: Vec<i64> = sent.iter().map(|e| e.seq).collect();
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 10, lease_until: until };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 6, "a keyed one waits as a row");
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 6, "a keyed one waits as a row");
     // The sixth is nacked and leased again (a retry, so a row for good), with the keyed one.
     let nack = Release {
         consumer: c.clone(),
@@ -349,7 +349,7 @@ async fn a_sqlite_stream_ack_before_the_relay_read_the_message_is_never_delivere
     assert_eq!(d.delivery_ack_many(&c, &[ids[0], ids[1], ids[1], ids[2]], at).await.unwrap(), 3);
     let ranges: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_acked_ranges").fetch_one(d.pool()).await.unwrap();
     assert_eq!(ranges, 0, "above the relay cursor: rows");
-    let out = d.relay_batch(10, at, false, &[]).await.unwrap();
+    let out = d.relay_pass(10, at, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.deliveries), (3, 0), "the relay meets the rows: no second delivery");
     for id in &ids {
         assert_eq!(state_of(&store, *id, "c").await, Some(("acked".to_owned(), 1)));
@@ -358,13 +358,13 @@ async fn a_sqlite_stream_ack_before_the_relay_read_the_message_is_never_delivere
     // Relayed now: pushed, acked with a duplicate id, one range, each counted once.
     let more = insert(&store, &["t", "t"], at).await;
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 10, lease_until: until };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     let (a, b) = (more[0].message_id, more[1].message_id);
     assert_eq!(d.delivery_ack_many(&c, &[a, b, b], at).await.unwrap(), 2);
     let ranges: Vec<(i64, i64)> =
         sqlx::query_as("SELECT lo, hi FROM outbox_acked_ranges").fetch_all(d.pool()).await.unwrap();
     assert_eq!(ranges, [(more[0].seq, more[1].seq + 1)]);
-    assert!(d.relay_batch(10, at, false, &[]).await.unwrap().messages == 0);
+    assert!(d.relay_pass(10, at, false, &[]).await.unwrap().messages == 0);
     assert_eq!(d.consumer_stats(Some("c"), true).await.unwrap()[0].acked, 5);
     let pruned = d.prune(at + chrono::Duration::seconds(1), 100).await.unwrap();
     assert_eq!((pruned.messages, pruned.deliveries), (5, 5));

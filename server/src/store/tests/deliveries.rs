@@ -25,7 +25,7 @@ async fn a_release_never_undoes_an_ack_or_another_sessions_lease(store: SharedSt
     store.consumer_create(&c, now).await.unwrap();
     let a = store.message_insert(&msg("t"), now).await.unwrap().message_id;
     let b = store.message_insert(&msg("t"), now).await.unwrap().message_id;
-    store.relay_batch(10, now, false, &[]).await.unwrap();
+    store.relay_pass(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(
         store
@@ -97,7 +97,7 @@ async fn leases_take_every_ordering_key_in_turn_and_one_message_of_a_key_at_a_ti
             seqs_of.entry(key).or_default().push(e.seq);
         }
     }
-    store.relay_batch(100, now, false, &[]).await.unwrap();
+    store.relay_pass(100, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
 
     let mut cursor = String::new();
@@ -224,7 +224,7 @@ async fn expired_records_carry_the_consumers_retry_policy(store: SharedStore) {
     let c = ConsumerName::parse("name", "c").unwrap();
     create(&*store, &spec_from("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&*store, &["t", "t"], at).await;
-    d.relay_batch(10, at, false, &[]).await.unwrap();
+    d.relay_pass(10, at, false, &[]).await.unwrap();
     let soon = at + chrono::Duration::seconds(1);
     assert_eq!(
         d.delivery_lease(&LeaseParams {
@@ -262,7 +262,7 @@ async fn pushed_deliveries_ack_release_extend_and_expire_like_leased_ones(store:
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 4, lease_until: until };
-    let out = d.relay_batch(10, at, false, &[offer]).await.unwrap();
+    let out = d.relay_pass(10, at, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 4);
     assert!(
         out.pushed.iter().all(|(c, s, l)| c == "c" && s == "s1" && l.delivery_count == 1 && l.message.payload == b"{}")
@@ -371,7 +371,7 @@ async fn pending_deliveries_wait_in_seq_order_and_count_like_rows(store: SharedS
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    let out = d.relay_batch(10, at, false, &[offer]).await.unwrap();
+    let out = d.relay_pass(10, at, false, &[offer]).await.unwrap();
     assert_eq!((out.pushed.len(), out.deliveries), (2, 5));
     assert_eq!(out.consumers, ["c"], "the consumer with pending work is woken");
     for id in &ids[2..] {

@@ -33,7 +33,7 @@ async fn dead_letters_group_by_last_error_and_a_group_replays_alone(store: Share
         let m = NewMessage { type_: type_.into(), ..msg(topic) };
         ids.push(store.message_insert(&m, now).await.unwrap().message_id);
     }
-    store.relay_batch(10, now, false, &[]).await.unwrap();
+    store.relay_pass(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     assert_eq!(
         store
@@ -272,7 +272,7 @@ async fn a_consumers_pending_retrying_and_in_flight_deliveries_page_in_seq_order
         a.push(store.message_insert(&msg("t"), now).await.unwrap().message_id);
     }
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 3, lease_until: later };
-    assert_eq!(store.relay_batch(100, now, false, &[offer]).await.unwrap().pushed.len(), 3, "a0..a2 pushed");
+    assert_eq!(store.relay_pass(100, now, false, &[offer]).await.unwrap().pushed.len(), 3, "a0..a2 pushed");
     let leased = store
         .delivery_lease(&LeaseParams {
             consumer: &c.name,
@@ -303,7 +303,7 @@ async fn a_consumers_pending_retrying_and_in_flight_deliveries_page_in_seq_order
     for _ in 0..3 {
         b.push(store.message_insert(&msg("t"), now).await.unwrap().message_id);
     }
-    store.relay_batch(100, now, false, &[]).await.unwrap();
+    store.relay_pass(100, now, false, &[]).await.unwrap();
 
     let walk = |kind: UnackedKind, limit: i64, scan: i64| {
         let store = store.clone();

@@ -55,7 +55,7 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     let store: SharedStore = Arc::new(pg.clone());
     let now = Utc::now();
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 2, "the two unrelayed, one below the position");
-    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(100, now, false, &[]).await.unwrap();
     let mut relayed: Vec<i64> = out.pushed.iter().map(|(_, _, d)| d.message.seq).collect();
     relayed.extend(
         sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox.inbox WHERE created_at >= $1 ORDER BY seq")
@@ -66,7 +66,7 @@ async fn an_old_postgres_schema_migrates_in_place_to_the_relay_cursor() {
     );
     assert_eq!((out.messages, out.deliveries), (2, 2));
     assert_eq!(relayed, [3, 7], "each unrelayed message once, nothing relayed before");
-    assert_eq!(store.relay_batch(100, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(store.relay_pass(100, now, false, &[]).await.unwrap().messages, 0);
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
 
     let rows = inbox_of(pg.pool(), "c").await;
@@ -364,9 +364,9 @@ async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
     store.migrate().await.unwrap();
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 3, "3, 4, and 5 above them");
     let now = Utc::now().trunc_subsecs(6);
-    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(100, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.deliveries), (3, 2), "5 had its delivery: none twice");
-    assert_eq!(store.relay_batch(100, now, false, &[]).await.unwrap().messages, 0, "each once");
+    assert_eq!(store.relay_pass(100, now, false, &[]).await.unwrap().messages, 0, "each once");
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0);
     let messages = store.message_list_after(0, 10).await.unwrap();
     let relayed: Vec<Option<i64>> = messages.iter().map(|m| m.relayed_at.map(|t| t.timestamp_micros())).collect();
@@ -400,7 +400,7 @@ async fn an_old_sqlite_file_migrates_to_the_relay_cursor() {
         .execute(&pool)
         .await
         .unwrap();
-    let out = store.relay_batch(100, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(100, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(6)));
 }
 
@@ -546,7 +546,7 @@ with conn:
 
     // And they are delivered.
     let c = ConsumerName::parse("c", "c").unwrap();
-    store.relay_batch(500, now, false, &[]).await.unwrap();
+    store.relay_pass(500, now, false, &[]).await.unwrap();
     let leased = store
         .delivery_lease(&LeaseParams {
             consumer: &c,

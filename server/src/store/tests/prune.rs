@@ -15,7 +15,7 @@ async fn prune_before_removes_finished_messages_before_the_cutoff_only(store: Sh
     // acked, pending, nobody's.
     let sent = insert(&*store, &["t", "t", "other"], at).await;
     let unrelayed = insert(&*store, &["other"], at + chrono::Duration::seconds(1)).await;
-    assert_eq!(d.relay_batch(3, at, false, &[]).await.unwrap().messages, 3);
+    assert_eq!(d.relay_pass(3, at, false, &[]).await.unwrap().messages, 3);
     assert_eq!(d.delivery_ack_many(&c, &[sent[0].message_id], at).await.unwrap(), 1);
 
     let later = at + chrono::Duration::hours(1);

@@ -20,7 +20,7 @@ async fn a_postgres_pending_range_yields_to_rows_of_its_own() {
     create(&store, &spec_from("c", &["t"], StartFrom::New), at).await;
     let sent = insert(&store, &["t", "t", "t", "t", "nobodys"], at).await;
     let ids: Vec<MessageId> = sent[..4].iter().map(|e| e.message_id).collect();
-    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 4);
+    assert_eq!(d.relay_pass(10, at, false, &[]).await.unwrap().deliveries, 4);
     let pruned = d.prune_before(at + chrono::Duration::hours(1), 10).await.unwrap().unwrap();
     assert_eq!(pruned.messages, 1, "a waiting backlog holds back its own messages only");
     assert!(d.message_find(sent[4].message_id).await.unwrap().is_none());
@@ -57,7 +57,7 @@ async fn a_postgres_pending_range_yields_to_rows_of_its_own() {
 
     // A replay of an acked one and of a newer one that waits in a range: each once.
     let more = insert(&store, &["t"], at).await;
-    assert_eq!(d.relay_batch(10, at, false, &[]).await.unwrap().deliveries, 1);
+    assert_eq!(d.relay_pass(10, at, false, &[]).await.unwrap().deliveries, 1);
     let mut tx = d.begin().await.unwrap();
     assert_eq!(
         tx.delivery_replay("c", &[ids[2], more[0].message_id], at).await.unwrap(),
@@ -86,7 +86,7 @@ async fn a_postgres_pending_range_yields_to_rows_of_its_own() {
     // Acked in the consumer's transaction while it waits, and never leased: the prune folds the
     // acked row into the range and takes the message.
     let waiting = insert(&store, &["t"], at).await;
-    d.relay_batch(10, at, false, &[]).await.unwrap();
+    d.relay_pass(10, at, false, &[]).await.unwrap();
     let acked: bool = sqlx::query_scalar("SELECT outbox.ack('c', $1)")
         .bind(waiting[0].message_id.0)
         .fetch_one(store.pool())
@@ -103,7 +103,7 @@ async fn a_postgres_pending_range_yields_to_rows_of_its_own() {
     assert_eq!(left, 0, "the folded range is gone");
 
     let another = insert(&store, &["t"], at).await;
-    d.relay_batch(10, at, false, &[]).await.unwrap();
+    d.relay_pass(10, at, false, &[]).await.unwrap();
     assert_eq!(state_of(&store, another[0].message_id, "c").await, Some(("pending".to_owned(), 0)));
     let mut tx = d.begin_consumer_change().await.unwrap();
     assert!(tx.consumer_delete("c").await.unwrap());
@@ -127,9 +127,9 @@ async fn a_postgres_pending_list_skips_range_seqs_that_rows_decide_and_misses_no
     let at = now();
     create(&store, &spec_from("c", &["t"], StartFrom::New), at).await;
     let first: Vec<MessageId> = insert(&store, &["t", "t", "t", "t"], at).await.iter().map(|e| e.message_id).collect();
-    store.relay_batch(10, at, false, &[]).await.unwrap();
+    store.relay_pass(10, at, false, &[]).await.unwrap();
     let second: Vec<MessageId> = insert(&store, &["t", "t"], at).await.iter().map(|e| e.message_id).collect();
-    store.relay_batch(10, at, false, &[]).await.unwrap();
+    store.relay_pass(10, at, false, &[]).await.unwrap();
     let ranges: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.delivery_ranges WHERE state = 'pending'")
         .fetch_one(store.pool())
         .await

@@ -39,7 +39,7 @@ async fn a_relay_pass_fans_each_message_out_to_the_consumers_whose_patterns_matc
     for t in topics {
         ids.push(store.message_insert(&msg(t), now).await.unwrap().message_id);
     }
-    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!(out.messages, 5);
     let want: [&[&str]; 5] = [
         &["any-created", "exact", "one-segment", "the-rest"],
@@ -78,7 +78,7 @@ async fn a_relay_pass_pushes_into_the_room_streams_offer_and_leaves_the_rest_pen
         lease_until: now + chrono::Duration::seconds(30),
     };
     let offers = [offer("c", "s1", 2), offer("paused", "s2", 10)];
-    let out = store.relay_batch(10, now, false, &offers).await.unwrap();
+    let out = store.relay_pass(10, now, false, &offers).await.unwrap();
 
     assert_eq!((out.messages, out.deliveries), (5, 10));
     let pushed: Vec<_> = out.pushed.iter().map(|(c, s, d)| (c.as_str(), s.as_str(), d.message.message_id)).collect();
@@ -116,7 +116,7 @@ async fn a_pushed_message_past_the_offered_room_in_the_pass_still_carries_its_pa
         room: 1,
         lease_until: now + chrono::Duration::seconds(30),
     };
-    let out = store.relay_batch(10, now, false, &[offer]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[offer]).await.unwrap();
     assert_eq!(out.pushed.len(), 1, "{out:?}");
     let (consumer, _, d) = &out.pushed[0];
     assert_eq!((consumer.as_str(), d.message.message_id, &d.message.payload), ("late", id, &payload));
@@ -140,7 +140,7 @@ async fn a_message_committed_after_the_passes_clock_is_due_and_a_delayed_one_is_
         room: 10,
         lease_until: now + chrono::Duration::seconds(30),
     };
-    let out = store.relay_batch(10, now, false, &[offer]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[offer]).await.unwrap();
     let pushed: Vec<_> = out.pushed.iter().map(|(_, _, d)| d.message.message_id).collect();
     assert_eq!(pushed, [due], "due at commit, though its enqueue time is after the pass's clock");
     let s = store.stats(None, true).await.unwrap();
@@ -198,14 +198,14 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     let third = store.message_insert(&msg("t"), now).await.unwrap();
     assert!(first.seq < second.seq && second.seq < third.seq);
 
-    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 2, "what is visible goes");
+    assert_eq!(store.relay_pass(10, now, false, &[]).await.unwrap().messages, 2, "what is visible goes");
     assert_eq!(gaps().await, 1, "the first message's seq is remembered");
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 0, "nothing visible waits");
 
     late.commit().await.unwrap();
     assert_eq!(store.stats(None, false).await.unwrap().unrelayed, 1, "the late commit waits in the gap");
     assert_eq!(lease(&c).await, [third.message_id], "the second waits for the first of its key, unrelayed in the gap");
-    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(first.seq)), "the late commit is relayed");
     assert_eq!(gaps().await, 0);
     assert_eq!(lease(&c).await, [first.message_id]);
@@ -218,19 +218,19 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
     let mut doomed = pg.pool().begin().await.unwrap();
     let gone = postgres::message_insert(&mut *doomed, &msg("t"), None).await.unwrap();
     let after = store.message_insert(&msg("t"), now).await.unwrap();
-    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 1);
+    assert_eq!(store.relay_pass(10, now, false, &[]).await.unwrap().messages, 1);
     doomed.rollback().await.unwrap();
-    assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 0);
+    assert_eq!(store.relay_pass(10, now, false, &[]).await.unwrap().messages, 0);
     assert_eq!(gaps().await, 1, "the transaction elsewhere may still be one that writes it");
     let newer = store.message_insert(&msg("t"), now).await.unwrap();
-    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(newer.seq)), "an open gap holds back no delivery");
     elsewhere.commit().await.unwrap();
     // Transaction ids are the cluster's: other databases' transactions (other tests) that were
     // running when the gap was read keep it open too, until they end.
     let closed = async {
         loop {
-            store.relay_batch(10, now, false, &[]).await.unwrap();
+            store.relay_pass(10, now, false, &[]).await.unwrap();
             if gaps().await == 0 {
                 break;
             }
@@ -248,7 +248,7 @@ async fn the_relay_cursor_delivers_what_is_visible_and_waits_for_what_commits_la
 
     // A sequence set back would hand out seq values the cursor has passed: the relay refuses.
     sqlx::query("SELECT setval('outbox.messages_seq', 1)").execute(pg.pool()).await.unwrap();
-    let err = store.relay_batch(10, now, false, &[]).await.unwrap_err();
+    let err = store.relay_pass(10, now, false, &[]).await.unwrap_err();
     assert!(err.to_string().contains("behind the relay cursor"), "{err}");
 }
 
@@ -282,11 +282,11 @@ async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_complet
     assert!(late.seq < early.seq);
     b.commit().await.unwrap();
 
-    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(early.seq)));
     // More passes while `a` runs: none may give its seq up.
     for _ in 0..3 {
-        assert_eq!(store.relay_batch(10, now, false, &[]).await.unwrap().messages, 0);
+        assert_eq!(store.relay_pass(10, now, false, &[]).await.unwrap().messages, 0);
     }
     let open: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.relay_gaps WHERE seqs @> $1")
         .bind(late.seq)
@@ -295,7 +295,7 @@ async fn a_gap_stays_open_while_a_holder_that_took_its_id_after_the_last_complet
         .unwrap();
     assert_eq!(open, 1, "the gap stays open while its holder runs");
     a.commit().await.unwrap();
-    let out = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let out = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!((out.messages, out.last_seq), (1, Some(late.seq)), "the late commit is relayed");
 }
 

@@ -61,7 +61,7 @@ async fn a_postgres_replay_of_a_delivery_acked_in_a_leased_range_moves_it_out_of
     let sent = insert(&store, &["t", "t"], at).await;
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     let id = sent[0].message_id;
     let acked: bool =
         sqlx::query_scalar("SELECT outbox.ack('c', $1)").bind(id.0).fetch_one(store.pool()).await.unwrap();
@@ -114,7 +114,7 @@ async fn a_replayed_delivery_is_selected_written_and_counted_once_wherever_it_wa
     let ids: Vec<MessageId> = sent.iter().map(|e| e.message_id).collect();
     let until = at + chrono::Duration::seconds(30);
     let offer = PushOffer { consumer: "c".into(), session: "s1".into(), room: 2, lease_until: until };
-    assert_eq!(d.relay_batch(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
+    assert_eq!(d.relay_pass(10, at, false, &[offer]).await.unwrap().pushed.len(), 2);
     // ids[0] acked by its stream, ids[1] still leased, ids[2] made a retry by a lease and a
     // nack, ids[3..] pending and never delivered.
     assert_eq!(d.delivery_ack_many(&c, &ids[..1], at).await.unwrap(), 1);

@@ -32,7 +32,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     let c = spec("c", &["t"], 5);
     store.consumer_create(&c, now).await.unwrap();
     store.message_insert(&msg("t"), now).await.unwrap();
-    store.relay_batch(10, now, false, &[]).await.unwrap();
+    store.relay_pass(10, now, false, &[]).await.unwrap();
     let later = crate::clock::add(now, Duration::from_secs(30));
     let leased = store
         .delivery_lease(&LeaseParams {
@@ -61,7 +61,7 @@ async fn sqlite_writes_wait_for_a_write_lock_another_connection_holds() {
     assert_eq!(acked, 1, "the ack waited for the lock and applied");
     // The lock was free only once the producer had committed: its row is there.
     assert_eq!(store.message_list_after(0, 10).await.unwrap().len(), 2, "the ack went after the producer's commit");
-    let relayed = store.relay_batch(10, now, false, &[]).await.unwrap();
+    let relayed = store.relay_pass(10, now, false, &[]).await.unwrap();
     assert_eq!(relayed.messages, 1, "the producer's row");
     holder.await.unwrap();
 }
