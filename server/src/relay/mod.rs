@@ -183,7 +183,7 @@ impl Relay {
         // happens to the pass.
         let offered = slots.offer(usize::try_from(batch).unwrap_or(0), now);
         let (mut out, owed) =
-            Waking::new(&self.store, &self.hub).relay_pass(batch, now, notify, offered.offers()).await?;
+            Waking::new(&self.store, &self.hub).run_pass(batch, now, notify, offered.offers()).await?;
         let unsent = offered.hand_over(std::mem::take(&mut out.pushed));
         self.release_unsent(unsent).await;
         // The pass wakes whom it made work for once it has handed its pushed deliveries over.

@@ -111,7 +111,7 @@ impl<'a> Waking<'a> {
     /// One relay pass ([`Store::relay_pass`]), and the wake-ups it owes: the streams of the
     /// consumers that got pending deliveries, the vacuum rounds when it read messages, the
     /// relay's helper when it claimed a full batch of `limit`.
-    pub async fn relay_pass(
+    pub async fn run_pass(
         self,
         limit: i64,
         now: DateTime<Utc>,
@@ -223,7 +223,7 @@ impl<'a> Waking<'a> {
     }
 }
 
-/// Whom a relay pass made work for (see [`Waking::relay_pass`]).
+/// Whom a relay pass made work for (see [`Waking::run_pass`]).
 fn relay_wakes(out: &RelayOutcome, limit: i64) -> Vec<Whom> {
     let mut whom = Vec::new();
     if out.messages > 0 {

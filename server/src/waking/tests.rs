@@ -27,7 +27,7 @@ use crate::store::tests::{msg, on_every_store, spec};
 const THROUGH_THE_LAYER: &[(&str, &str)] = &[
     ("message_insert", "enqueue"),
     ("message_insert_many", "enqueue_batch"),
-    ("relay_pass", "relay_pass"),
+    ("relay_pass", "run_pass"),
     ("delivery_ack_held", "ack"),
     ("delivery_ack_many", "ack_ids"),
     ("delivery_release_many", "release"),
@@ -316,21 +316,21 @@ async fn every_write_wakes_whom_it_made_work_for_and_no_one_else(store: SharedSt
 
     // A relay pass wakes the consumers it gave pending deliveries, once the relay lets it, and
     // the vacuum rounds; a full batch wakes the relay's helper too.
-    let (out, owed) = waking.relay_pass(100, now, false, &[]).await.unwrap();
+    let (out, owed) = waking.run_pass(100, now, false, &[]).await.unwrap();
     assert_eq!(out.messages, 4);
     assert_eq!(ears.heard(), Vec::<String>::new(), "a pass's wake-ups wait for the relay to give them");
     drop(owed);
-    d.woke("relay_pass", &mut ears, &["a", "b", "k", "relayed"]);
+    d.woke("run_pass", &mut ears, &["a", "b", "k", "relayed"]);
     let e5 = waking.enqueue(&with_id("t", None), now).await.unwrap();
     d.woke("enqueue", &mut ears, &["relay"]);
-    let (out, owed) = waking.relay_pass(1, now, false, &[]).await.unwrap();
+    let (out, owed) = waking.run_pass(1, now, false, &[]).await.unwrap();
     drop(owed);
     assert_eq!(out.messages, 1);
-    d.woke("relay_pass", &mut ears, &["a", "b", "backlog", "relayed"]);
-    let (out, owed) = waking.relay_pass(100, now, false, &[]).await.unwrap();
+    d.woke("run_pass", &mut ears, &["a", "b", "backlog", "relayed"]);
+    let (out, owed) = waking.run_pass(100, now, false, &[]).await.unwrap();
     drop(owed);
     assert_eq!(out.messages, 0);
-    d.woke("relay_pass", &mut ears, &[]);
+    d.woke("run_pass", &mut ears, &[]);
 
     // Acks: only one that frees an ordering key makes work.
     let leased = store
