@@ -349,7 +349,7 @@ const ROWS: [Row; 27] = [
                `max_deliveries`",
         postgres: "`delivery_expired`: `outbox.unbatch(NULL, NULL, NULL, now)` (its own statement: every \
                   expired leased range becomes `leased` rows), then `SELECT` of expired `leased` rows; \
-                  `delivery_release_many` with `ReleaseGuard::ExpiredAt(now)`: `unbatch` again, then the `UPDATE` \
+                  `delivery_release_many` with `ReleaseGuard::ExpiredAt(now)`: `outbox.unbatch` again, then the `UPDATE` \
                   of T12",
         sqlite: "`delivery_expired` (`SELECT`), `delivery_release_many` with the deadline guard",
     },

@@ -99,7 +99,7 @@ impl<'a> Waking<'a> {
         Ok(out)
     }
 
-    /// [`Store::message_insert_batch`]; wakes the relay unless every message was a duplicate.
+    /// [`Store::message_insert_many`]; wakes the relay unless every message was a duplicate.
     pub async fn enqueue_batch(self, msgs: &[NewMessage], now: DateTime<Utc>) -> Result<Vec<Enqueued>> {
         let out = self.store.message_insert_many(msgs, now).await?;
         if out.iter().any(|e| !e.duplicate) {
