@@ -7,9 +7,10 @@
 //! [`WorkHint::Enqueued`] after a reconnect, and by the streams' and the relay's fallback polls.
 use std::time::Duration;
 
+use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{Channels, PgStore};
+use super::{Channels, ENQUEUED_CHANNEL, PgStore, WORK_CHANNEL, q};
 use crate::store::{HintSender, WorkHint};
 
 #[derive(Debug, Clone)]
@@ -79,6 +80,23 @@ impl WorkListener {
                 }
             }
         }
+    }
+}
+
+impl PgStore {
+    /// This database's notification channels: [`WORK_CHANNEL`] with its channel key and
+    /// [`ENQUEUED_CHANNEL`] with its wake key.
+    pub async fn channels(&self) -> crate::store::Result<Channels> {
+        let (work, wake): (String, String) = sqlx::query_as(q::SETTINGS_CHANNEL_KEYS).fetch_one(&self.pool).await?;
+        Ok(Channels { work: format!("{WORK_CHANNEL}{work}"), enqueued: format!("{ENQUEUED_CHANNEL}{wake}") })
+    }
+
+    /// A listener on this database's channels, on its own connection, and their names.
+    pub async fn work_listener(&self) -> crate::store::Result<(PgListener, Channels)> {
+        let channels = self.channels().await?;
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([channels.work.as_str(), channels.enqueued.as_str()]).await?;
+        Ok((listener, channels))
     }
 }
 

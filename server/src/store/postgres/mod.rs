@@ -1,19 +1,15 @@
 //! The PostgreSQL store: schema `outbox`, migrations in `server/migrations`.
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::migrate::MigrateDatabase;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::PgPool;
 use sqlx::types::Json;
-use sqlx::{Executor, PgConnection, Postgres, Row, Transaction};
+use sqlx::{Executor, Postgres, Row};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::records::{
-    ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, headers_to_json, ms,
-};
+use super::records::{ConsumerRecord, DeliveryRecord, ExpiredRecord, headers_to_json, ms};
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeadLetterPageParams, Enqueued, ExpiredLease, ExtendParams,
     HeldKey, HintSender, LeaseParams, LeasedDelivery, MessageSummary, NewMessage, Pruned, RelayTx, Release,
@@ -21,12 +17,26 @@ use super::{
     StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery, UnackedKind, UnackedPage, UnackedPageParams,
     VacuumHorizon,
 };
-use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, MessageId};
+pub(crate) use connect::MIGRATOR;
+use connect::apply_functions;
+#[cfg(test)]
+pub(crate) use connect::{FUNCTIONS, FUNCTIONS_REVISION, LAST_MIGRATION_WITH_FUNCTIONS, LEASE_SETTINGS};
 use listener::WorkListener;
+use rows::{consumer_from_row, count, delivery_from_row, message_from_row};
+#[cfg(test)]
+pub(crate) use seqs::multirange;
+use seqs::seq_runs;
+pub use tx::PgTx;
 
+mod connect;
 mod conninfo;
 mod listener;
+mod maintenance;
 mod relay;
+mod rows;
+mod seqs;
+mod tx;
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
 /// time by `build.rs`.
@@ -56,92 +66,6 @@ pub struct Channels {
     pub enqueued: String,
 }
 
-/// How long opening the database at start-up waits for an answer, as the pools' acquire timeout.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `f`, a connection of its own with no timeout, given [`CONNECT_TIMEOUT`]: a host that takes
-/// the connection and never answers (or drops the packets) would hold start-up for ever.
-async fn answered<T>(f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(CONNECT_TIMEOUT, f).await.map_err(|_| StoreError::ConnectTimeout(CONNECT_TIMEOUT))
-}
-
-/// How long a relay pass's transaction may sit idle between its statements before PostgreSQL
-/// ends it (and with it the relays' turn it holds). A pass's statements follow each other
-/// within milliseconds.
-const RELAY_IDLE_IN_TRANSACTION: &str = "10s";
-
-/// Connections of the relay's own pool (a relay loop and its helper).
-const RELAY_CONNECTIONS: u32 = 2;
-/// The session advisory lock of the vacuum round (one replica at a time).
-const VACUUM_LOCK: i64 = 0x6f75_7462_6f78_0003;
-/// Connections of the lease pool (see `PgStore::lease_pool`).
-const LEASE_CONNECTIONS: u32 = 4;
-/// Settings of the lease pool's connections (see `PgStore::lease_pool`).
-pub(crate) const LEASE_SETTINGS: &[(&str, &str)] =
-    &[("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")];
-
-pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
-/// Every SQL function of schema `outbox`, as it is now (ADR 0043): applied after the migrations
-/// when the database holds an older revision, or this revision with another digest.
-pub(crate) const FUNCTIONS: &str = include_str!("../../../sql/functions.sql");
-
-/// The revision of [`FUNCTIONS`], which its first line states too: one more with every release
-/// that changes the file, so that an older release never replaces a newer one's functions.
-pub(crate) const FUNCTIONS_REVISION: i32 = 12;
-
-/// The last migration that defined SQL functions; later ones leave that to [`FUNCTIONS`].
-#[cfg(test)]
-pub(crate) const LAST_MIGRATION_WITH_FUNCTIONS: i64 = 14;
-
-/// Applies [`FUNCTIONS`] unless the database holds this version of it or a later revision.
-/// Returns whether it applied. Replicas starting together take turns on the table's lock; the
-/// one that comes second finds the version current and writes nothing.
-async fn apply_functions(pool: &PgPool) -> Result<bool> {
-    let mut tx = pool.begin().await?;
-    sqlx::query(q::FUNCTION_SOURCE_LOCK).execute(&mut *tx).await?;
-    let held: Option<(i32, bool)> =
-        sqlx::query_as(q::FUNCTION_SOURCE_HELD).bind(FUNCTIONS).fetch_optional(&mut *tx).await?;
-    match held {
-        Some((revision, _)) if revision > FUNCTIONS_REVISION => {
-            tracing::warn!(
-                held = revision,
-                ours = FUNCTIONS_REVISION,
-                "the database holds the SQL functions of a newer release; leaving them"
-            );
-            tx.commit().await?;
-            return Ok(false);
-        }
-        Some((revision, true)) if revision == FUNCTIONS_REVISION => {
-            tx.commit().await?;
-            return Ok(false);
-        }
-        _ => {}
-    }
-    sqlx::raw_sql(FUNCTIONS).execute(&mut *tx).await?;
-    sqlx::query(q::FUNCTION_SOURCE_RECORD).bind(FUNCTIONS).bind(FUNCTIONS_REVISION).execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(true)
-}
-
-/// Seqs as runs of consecutive values, `[lo[i], hi[i])`, in order, each seq once.
-fn seq_runs(seqs: impl Iterator<Item = i64>) -> (Vec<i64>, Vec<i64>) {
-    let mut seqs: Vec<i64> = seqs.collect();
-    seqs.sort_unstable();
-    seqs.dedup();
-    let (mut lo, mut hi) = (Vec::new(), Vec::<i64>::new());
-    for seq in seqs {
-        match hi.last_mut() {
-            Some(end) if *end == seq => *end = seq + 1,
-            _ => {
-                lo.push(seq);
-                hi.push(seq + 1);
-            }
-        }
-    }
-    (lo, hi)
-}
-
 /// The PostgreSQL driver. Cheap to clone (pool handles).
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -160,72 +84,13 @@ pub struct PgStore {
     relay_consumers: Arc<std::sync::Mutex<relay::RelayConsumers>>,
 }
 
-fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
-    Ok(StoredMessage {
-        message_id: MessageId(row.try_get("message_id")?),
-        seq: row.try_get("seq")?,
-        topic: row.try_get("topic")?,
-        type_: row.try_get("type")?,
-        payload: row.try_get("payload")?,
-        headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
-        ordering_key: row.try_get("ordering_key")?,
-        enqueued_at: row.try_get("enqueued_at")?,
-        available_at: row.try_get("available_at")?,
-        relayed_at: row.try_get("relayed_at")?,
-    })
-}
-
-/// Seqs as an `int8multirange` literal: `{[1,4),[7,8)}`.
-pub(crate) fn multirange(seqs: &[i64]) -> String {
-    let (lo, hi) = seq_runs(seqs.iter().copied());
-    let parts: Vec<String> = lo.iter().zip(&hi).map(|(lo, hi)| format!("[{lo},{hi})")).collect();
-    format!("{{{}}}", parts.join(","))
-}
-
-fn consumer_from_row(row: &PgRow) -> Result<ConsumerRecord> {
-    Ok(ConsumerRecord {
-        name: row.try_get("name")?,
-        topics: row.try_get("topics")?,
-        max_deliveries: i64::from(row.try_get::<i32, _>("max_deliveries")?),
-        backoff_base_ms: row.try_get("backoff_base_ms")?,
-        backoff_max_ms: row.try_get("backoff_max_ms")?,
-        ack_deadline_ms: row.try_get("ack_deadline_ms")?,
-        start_from: row.try_get("start_from")?,
-        sink: row.try_get::<Option<Json<serde_json::Value>>, _>("sink")?.map(|s| s.0),
-        dead_key_policy: row.try_get("dead_key_policy")?,
-        paused: row.try_get("paused")?,
-        start_seq: row.try_get("start_seq")?,
-        created_at: row.try_get("created_at")?,
-        created_by: row.try_get("created_by")?,
-    })
-}
-
 /// One consumer's row, on the caller's executor (a pool or a transaction).
-async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
+pub(super) async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
 where
     E: Executor<'e, Database = Postgres>,
 {
     let row = sqlx::query(q::CONSUMER_FIND).bind(name).fetch_optional(exec).await?;
     row.as_ref().map(consumer_from_row).transpose()
-}
-
-fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord> {
-    Ok(DeliveryRecord {
-        consumer: row.try_get("consumer")?,
-        state: row.try_get("state")?,
-        delivery_count: i64::from(row.try_get::<i32, _>("delivery_count")?),
-        available_at: row.try_get("available_at")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        last_error: row.try_get("last_error")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        acked_at: row.try_get("acked_at")?,
-        dead_at: row.try_get("dead_at")?,
-    })
-}
-
-fn count(row: &PgRow, column: &str) -> Result<u32> {
-    delivery_count(i64::from(row.try_get::<i32, _>(column)?))
 }
 
 /// Inserts one message through `outbox.enqueue_message`, on the caller's executor (a pool, a
@@ -251,80 +116,6 @@ where
         seq: row.try_get("message_seq")?,
         duplicate: row.try_get("is_duplicate")?,
     })
-}
-
-impl PgStore {
-    /// Connects, creating the database first if it does not exist. Every connection, the
-    /// maintenance one that checks for the database included, takes the URL's TLS parameters
-    /// as [`conninfo::prepare`] left them.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let url = &*conninfo::prepare(url)?;
-        if !answered(Postgres::database_exists(url)).await?? {
-            // Another replica may create it at the same moment; only a still-missing database is an error.
-            if let Err(e) = answered(Postgres::create_database(url)).await?
-                && !answered(Postgres::database_exists(url)).await??
-            {
-                return Err(e.into());
-            }
-            tracing::info!("created database");
-        }
-        // JIT compiles a plan on every execution once its estimated cost passes a threshold; for
-        // outboxd's short statements that costs 100 ms or more per call and never pays back (a
-        // relay pass went from 13 to 130 ms with it).
-        let options = PgConnectOptions::from_str(url)?.application_name("outboxd").options([("jit", "off")]);
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
-            .await?;
-        let relay_pool = PgPoolOptions::new()
-            .max_connections(RELAY_CONNECTIONS)
-            .acquire_timeout(Duration::from_secs(10))
-            // A pass holds the relays' turn and the consumers lock across its round trips
-            // (ADR 0067): a relay whose process froze or whose network went mid-pass must not
-            // hold every replica's relaying, and consumer changes, for the kernel's keepalive.
-            .connect_lazy_with(options.clone().options([
-                ("synchronous_commit", "off"),
-                ("idle_in_transaction_session_timeout", RELAY_IDLE_IN_TRANSACTION),
-            ]));
-        // Connected now, not at the first lease: a stream's first lease must not wait for a
-        // connection to open while the relay pushes later messages to it.
-        let lease_pool = PgPoolOptions::new()
-            .max_connections(LEASE_CONNECTIONS.min(max_connections.max(1)))
-            .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.options(LEASE_SETTINGS.iter().copied()))
-            .await?;
-        // Whether the connections are encrypted, which `sslmode=prefer` (the default) leaves
-        // to the server: said once, so that an operator need not guess. Behind a connection
-        // pooler this is the pooler's session with PostgreSQL.
-        match sqlx::query_scalar::<_, Option<String>>(q::CONNECTION_TLS).fetch_optional(&pool).await {
-            Ok(tls) => {
-                tracing::info!(database_tls = tls.flatten().as_deref().unwrap_or("off"), "connected to PostgreSQL")
-            }
-            Err(e) => tracing::warn!(error = %e, "connected to PostgreSQL; cannot read whether the session uses TLS"),
-        }
-        Ok(Self { pool, relay_pool, lease_pool, relay_consumers: Arc::default() })
-    }
-
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// This database's notification channels: [`WORK_CHANNEL`] with its channel key and
-    /// [`ENQUEUED_CHANNEL`] with its wake key.
-    pub async fn channels(&self) -> Result<Channels> {
-        let (work, wake): (String, String) = sqlx::query_as(q::SETTINGS_CHANNEL_KEYS).fetch_one(&self.pool).await?;
-        Ok(Channels { work: format!("{WORK_CHANNEL}{work}"), enqueued: format!("{ENQUEUED_CHANNEL}{wake}") })
-    }
-
-    /// A listener on this database's channels, on its own connection, and their names.
-    pub async fn work_listener(&self) -> Result<(PgListener, Channels)> {
-        let channels = self.channels().await?;
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([channels.work.as_str(), channels.enqueued.as_str()]).await?;
-        Ok((listener, channels))
-    }
 }
 
 #[async_trait::async_trait]
@@ -636,79 +427,16 @@ impl Store for PgStore {
         Ok(row.try_get("due")?)
     }
 
-    /// From `pg_stat_user_tables` (the statistics collector's counts, no scan) and the
-    /// relations' sizes with their indexes and TOAST.
-    /// The oldest snapshot that keeps vacuum from removing dead rows of outboxd's tables: a
-    /// session of this database (or a walsender) with a `backend_xmin` or a transaction id, a replication slot's
-    /// `xmin` (a standby's feedback; a logical slot's `catalog_xmin` holds back only the
-    /// catalogs), a prepared transaction. Sessions of other roles show their `backend_xmin`
-    /// but not their details unless outboxd's login has `pg_read_all_stats`.
     async fn vacuum_horizon(&self) -> Result<Option<VacuumHorizon>> {
-        let row = sqlx::query(q::VACUUM_HORIZON).fetch_optional(&self.pool).await?;
-        row.map(|r| {
-            Ok(VacuumHorizon {
-                kind: r.try_get("kind")?,
-                since: r.try_get("since")?,
-                xmin_age: r.try_get("xmin_age")?,
-                pid: r.try_get("pid")?,
-                application_name: r.try_get("application_name")?,
-                state: r.try_get("state")?,
-                name: r.try_get("name")?,
-                longest: r.try_get("longest")?,
-            })
-        })
-        .transpose()
+        maintenance::vacuum_horizon(&self.pool).await
     }
 
     async fn table_health(&self) -> Result<Vec<TableHealth>> {
-        let rows = sqlx::query(q::TABLE_HEALTH).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(TableHealth {
-                    table: r.try_get("table_name")?,
-                    live_rows: r.try_get("live")?,
-                    dead_rows: r.try_get("dead")?,
-                    bytes: r.try_get("bytes")?,
-                    last_vacuum: r.try_get("last_vacuum")?,
-                })
-            })
-            .collect()
+        maintenance::table_health(&self.pool).await
     }
 
-    /// `VACUUM (ANALYZE)` (not FULL: it takes no lock that blocks reads or writes; ANALYZE,
-    /// so that cached plans are made again for the table's new size) of each table, on one
-    /// connection holding a session advisory lock, so that of several replicas one vacuums at a
-    /// time and the others skip the round.
     async fn vacuum_tables(&self, tables: &[String]) -> Result<Vec<String>> {
-        if tables.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.pool.acquire().await?;
-        let locked: bool = sqlx::query_scalar(q::VACUUM_LOCK_TRY).bind(VACUUM_LOCK).fetch_one(&mut *conn).await?;
-        if !locked {
-            return Ok(Vec::new());
-        }
-        let mut done = Vec::new();
-        let mut failed = None;
-        for table in tables {
-            // Names from the catalog of our own schema, quoted.
-            let sql = format!("VACUUM (ANALYZE) outbox.\"{}\"", table.replace('"', "\"\""));
-            match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut *conn).await {
-                Ok(_) => done.push(table.clone()),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        let unlocked = sqlx::query(q::VACUUM_UNLOCK).bind(VACUUM_LOCK).execute(&mut *conn).await;
-        if unlocked.is_err() {
-            conn.close_on_drop();
-        }
-        match failed {
-            Some(e) => Err(e.into()),
-            None => Ok(done),
-        }
+        maintenance::vacuum_tables(&self.pool, tables).await
     }
 
     async fn consumer_stats(&self, only: Option<&str>, include_acked: bool) -> Result<Vec<ConsumerStats>> {
@@ -985,186 +713,7 @@ impl Store for PgStore {
             .collect()
     }
 
-    /// Under [`PRUNE_LOCK`] (per transaction): messages locked by another pruner are skipped.
     async fn prune_before(&self, cutoff: DateTime<Utc>, limit: i64) -> Result<Option<Pruned>> {
-        let mut tx = self.pool.begin().await?;
-        let mine: bool = sqlx::query_scalar(q::PRUNE_LOCK_TRY).bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
-        if !mine {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        // Folds the acked rows that transactional acks wrote for messages still waiting in a
-        // pending range into the ranges (ADR 0042): those seqs leave their range, so that
-        // nothing holds their messages back from the prune below.
-        let folded = sqlx::query(q::PRUNE_FOLD_ACKED_ROWS).execute(&mut *tx).await?;
-        if folded.rows_affected() > 0 {
-            sqlx::query(q::PRUNE_EMPTY_RANGES).execute(&mut *tx).await?;
-        }
-        let row = sqlx::query(q::PRUNE_MESSAGES).bind(cutoff).bind(limit).fetch_one(&mut *tx).await?;
-        let messages: i64 = row.try_get("messages")?;
-        if messages > 0 {
-            // The relay log's rows that name only pruned messages.
-            sqlx::query(q::PRUNE_RELAY_LOG).execute(&mut *tx).await?;
-            // Ack times older than the retention that name no message any more.
-            sqlx::query(q::PRUNE_ACKED_RANGES).bind(cutoff).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(Some(Pruned { messages, deliveries: row.try_get("deliveries")? }))
-    }
-}
-
-/// A write transaction of this backend (see [`StoreTx`]).
-pub struct PgTx(Transaction<'static, Postgres>);
-
-#[async_trait::async_trait]
-impl StoreTx for PgTx {
-    async fn message_insert(&mut self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
-        let conn: &mut PgConnection = &mut self.0;
-        message_insert(conn, msg, Some(now)).await
-    }
-
-    async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let conn: &mut PgConnection = &mut self.0;
-        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MessageRef {
-                    message_id: MessageId(r.try_get("message_id")?),
-                    seq: r.try_get("seq")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    available_at: r.try_get("available_at")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
-        consumer_find(&mut *self.0, name).await
-    }
-
-    async fn consumer_count(&mut self) -> Result<i64> {
-        let conn: &mut PgConnection = &mut self.0;
-        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
-    }
-
-    async fn consumer_insert(
-        &mut self,
-        spec: &ConsumerSpec,
-        created_by: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<ConsumerRecord> {
-        let conn: &mut PgConnection = &mut self.0;
-        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
-        let row = sqlx::query(q::CONSUMER_INSERT)
-            .bind(spec.name.as_str())
-            .bind(&topics)
-            .bind(i32::try_from(spec.max_deliveries).unwrap_or(i32::MAX))
-            .bind(ms(spec.backoff.base))
-            .bind(ms(spec.backoff.max))
-            .bind(ms(spec.ack_deadline))
-            .bind(spec.start_from.as_str())
-            .bind(now)
-            .bind(spec.sink.as_ref().map(Json))
-            .bind(spec.dead_key_policy.as_str())
-            .bind(created_by)
-            .fetch_one(conn)
-            .await?;
-        consumer_from_row(&row)
-    }
-
-    /// Its delivery rows go by cascade; its ranges are deleted here.
-    async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
-        let conn: &mut PgConnection = &mut self.0;
-        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    /// Inserts pending rows from arrays (`unnest`), one statement for the page.
-    async fn delivery_insert_pending(
-        &mut self,
-        consumer: &str,
-        messages: &[MessageRef],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        let conn: &mut PgConnection = &mut self.0;
-        if messages.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<Uuid> = messages.iter().map(|m| m.message_id.0).collect();
-        let seqs: Vec<i64> = messages.iter().map(|m| m.seq).collect();
-        let keys: Vec<Option<&str>> = messages.iter().map(|m| m.ordering_key.as_deref()).collect();
-        let available: Vec<DateTime<Utc>> = messages.iter().map(|m| m.available_at).collect();
-        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
-            .bind(consumer)
-            .bind(&ids)
-            .bind(&seqs)
-            .bind(&keys)
-            .bind(&available)
-            .bind(now)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Upserts: bypasses the inbox on purpose and restarts the delivery count. The replayed
-    /// delivery's row becomes its one place: its seq leaves the consumer's ranges (a leased one
-    /// only where a row already decided it) in the same transaction, so that no
-    /// reader counts it twice (docs/delivery-states.md, T5, T20–T22).
-    async fn delivery_replay(&mut self, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let conn: &mut PgConnection = &mut self.0;
-        let ids: Vec<Uuid> = ids.iter().map(|m| m.0).collect();
-        // A relay pass that has claimed some of these messages and not yet written their
-        // deliveries read this consumer's `backfill_seq` and rows before this replay wrote them:
-        // it would put a seq in a range that this replay gives a row too. Relay passes and
-        // replays take turns.
-        sqlx::query(q::RELAY_TURN_TAKE).execute(&mut *conn).await?;
-        let seqs: Vec<i64> = sqlx::query_scalar(q::MESSAGE_SEQS_OF_IDS).bind(&ids).fetch_all(&mut *conn).await?;
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let (lo, hi) = seq_runs(seqs.into_iter());
-        // The ranges that hold any of them, locked in the order `outbox.ack_seqs` locks them
-        // (pending, then leased ranges): a lease cannot move one of these seqs out of a pending
-        // range, nor an ack out of a leased one, between the statement below reading the ranges
-        // and this transaction's end. The statement below takes its snapshot after these locks
-        // are held.
-        for state in ["pending", "leased"] {
-            sqlx::query(q::DELIVERY_RANGES_LOCK_HOLDING)
-                .bind(consumer)
-                .bind(&lo)
-                .bind(&hi)
-                .bind(state)
-                .execute(&mut *conn)
-                .await?;
-        }
-        let done: i64 =
-            sqlx::query_scalar(q::DELIVERY_REPLAY).bind(consumer).bind(&ids).bind(now).fetch_one(&mut *conn).await?;
-        Ok(u64::try_from(done).unwrap_or(0))
-    }
-
-    async fn held_key_delete(&mut self, consumer: &str, ordering_key: &str) -> Result<Option<MessageId>> {
-        let conn: &mut PgConnection = &mut self.0;
-        let id: Option<Uuid> =
-            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
-        Ok(id.map(MessageId))
-    }
-
-    async fn commit(self: Box<Self>) -> Result<()> {
-        Ok(self.0.commit().await?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{multirange, seq_runs};
-
-    #[test]
-    fn seqs_become_sorted_runs_of_consecutive_values() {
-        assert_eq!(multirange(&[1, 2, 3, 5, 7, 8]), "{[1,4),[5,6),[7,9)}");
-        assert_eq!(multirange(&[]), "{}");
-        assert_eq!(seq_runs([7, 3, 4, 9, 8, 3, 1].into_iter()), (vec![1, 3, 7], vec![2, 5, 10]));
-        assert_eq!(seq_runs(std::iter::empty()), (vec![], vec![]));
-        assert_eq!(seq_runs([5].into_iter()), (vec![5], vec![6]));
+        maintenance::prune_before(&self.pool, cutoff, limit).await
     }
 }

@@ -10,7 +10,9 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::{CONSUMERS_LOCK, PgStore, message_from_row, multirange, q};
+use super::rows::message_from_row;
+use super::seqs::multirange;
+use super::{CONSUMERS_LOCK, PgStore, q};
 use crate::domain::fanout::{Plan, Subscriber};
 use crate::domain::{PushOffer, StoredMessage};
 use crate::store::{RelayClaim, RelayTx, RelayWritten, Result, StoreError};

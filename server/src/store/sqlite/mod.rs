@@ -7,55 +7,44 @@
 //! write transaction starts with `BEGIN IMMEDIATE`, so writers queue on the busy timeout
 //! instead of failing on a lock upgrade. Batches are passed as JSON arrays (`json_each`),
 //! SQLite's counterpart of PostgreSQL's `unnest`.
-use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::fs::File;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{Connection, Row, Sqlite, SqliteExecutor, Transaction};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool};
+use sqlx::{Row, SqliteExecutor};
 use tokio_util::sync::CancellationToken;
 
-use super::records::{
-    ConsumerRecord, DeliveryRecord, ExpiredRecord, MessageRef, delivery_count, headers_from_json, ms,
-};
+use super::records::{ConsumerRecord, DeliveryRecord, ExpiredRecord};
 use super::{
     ConsoleSession, ConsumerStats, DeadGroup, DeadLetter, DeadLetterPageParams, Enqueued, ExpiredLease, ExtendParams,
     HeldKey, HintSender, LeaseParams, LeasedDelivery, MessageSummary, NewMessage, Pruned, RelayTx, Release,
     ReleaseGuard, ReplayCandidate, ReplayCandidatesParams, Result, SearchPage, SearchParams, Store, StoreError,
     StoreTx, StoredMessage, TableHealth, TailEntry, UnackedDelivery, UnackedKind, UnackedPage, UnackedPageParams,
-    VacuumHorizon, WorkHint,
+    VacuumHorizon,
 };
-use crate::domain::{Attempt, Consumer, ConsumerName, ConsumerSpec, DeliveryState, MessageId};
+use crate::domain::{Attempt, Consumer, ConsumerName, DeliveryState, MessageId};
+use key_heads::ready_key_heads;
+pub(crate) use open::MIGRATOR;
+use rows::{consumer_from_row, count, delivery_from_row, ids_json, message_from_row, opt_time, time, us, uuid};
+pub use tx::SqliteTx;
+use writer::retry_busy;
+
+mod key_heads;
+mod open;
+mod relay;
+mod rows;
+mod tx;
+mod watch;
+mod writer;
 
 /// The named statements of `queries/*.sql` (ADR 0061), one constant each, generated at compile
 /// time by `build.rs`.
 pub(crate) mod q {
     include!(concat!(env!("OUT_DIR"), "/sqlite_queries.rs"));
 }
-
-mod relay;
-
-pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations-sqlite");
-
-/// How often the watcher looks for commits made by other processes: every `WATCH_HOT` for
-/// `WATCH_HOT_FOR` after it last saw one (traffic tends to go on), else every `WATCH_IDLE`.
-/// A look is one in-process `PRAGMA data_version`, a few microseconds.
-const WATCH_HOT: Duration = Duration::from_millis(1);
-const WATCH_HOT_FOR: Duration = Duration::from_secs(1);
-const WATCH_IDLE: Duration = Duration::from_millis(5);
-/// How long a write of this process keeps trying for the write lock while other processes
-/// (producers) hold it, trying every millisecond. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 … ms between tries,
-/// so that a write which met two or three producer commits in a row waited tens of
-/// milliseconds for a lock held a fraction of one.
-const WRITE_LOCK_WAIT: Duration = Duration::from_secs(5);
-const WRITE_LOCK_RETRY: Duration = Duration::from_millis(1);
 
 /// The SQLite driver. Cheap to clone; the file lock lives as long as any clone.
 #[derive(Debug, Clone)]
@@ -69,90 +58,6 @@ pub struct SqliteStore {
     writer: SqlitePool,
     options: SqliteConnectOptions,
     _lock: Option<Arc<File>>,
-}
-
-fn us(t: DateTime<Utc>) -> i64 {
-    t.timestamp_micros()
-}
-
-fn time(v: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(v).unwrap_or_default()
-}
-
-fn opt_time(v: Option<i64>) -> Option<DateTime<Utc>> {
-    v.map(time)
-}
-
-fn count(row: &SqliteRow, column: &str) -> Result<u32> {
-    delivery_count(row.try_get(column)?)
-}
-
-fn uuid(s: &str) -> Result<MessageId> {
-    MessageId::parse("message_id", s).map_err(|e| StoreError::InvalidValue(format!("stored message id: {e}")))
-}
-
-fn headers_from_text(s: &str) -> std::collections::BTreeMap<String, String> {
-    headers_from_json(serde_json::from_str(s).unwrap_or_default())
-}
-
-fn message_from_row(row: &SqliteRow) -> Result<StoredMessage> {
-    Ok(StoredMessage {
-        message_id: uuid(row.try_get("message_id")?)?,
-        seq: row.try_get("seq")?,
-        topic: row.try_get("topic")?,
-        type_: row.try_get("type")?,
-        payload: row.try_get("payload")?,
-        headers: headers_from_text(row.try_get("headers")?),
-        ordering_key: row.try_get("ordering_key")?,
-        enqueued_at: time(row.try_get("enqueued_at")?),
-        available_at: time(row.try_get("available_at")?),
-        relayed_at: opt_time(row.try_get("relayed_at")?),
-    })
-}
-
-fn consumer_from_row(row: &SqliteRow) -> Result<ConsumerRecord> {
-    let name: String = row.try_get("name")?;
-    let json = |column: &str, text: &str| {
-        serde_json::from_str::<serde_json::Value>(text)
-            .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: {column}: {e}")))
-    };
-    let topics = serde_json::from_value(json("topics", row.try_get("topics")?)?)
-        .map_err(|e| StoreError::InvalidValue(format!("stored consumer {name:?}: topics: {e}")))?;
-    let sink = row.try_get::<Option<&str>, _>("sink")?.map(|s| json("sink", s)).transpose()?;
-    Ok(ConsumerRecord {
-        topics,
-        max_deliveries: row.try_get("max_deliveries")?,
-        backoff_base_ms: row.try_get("backoff_base_ms")?,
-        backoff_max_ms: row.try_get("backoff_max_ms")?,
-        ack_deadline_ms: row.try_get("ack_deadline_ms")?,
-        start_from: row.try_get("start_from")?,
-        sink,
-        dead_key_policy: row.try_get("dead_key_policy")?,
-        paused: row.try_get::<i64, _>("paused")? != 0,
-        start_seq: row.try_get("start_seq")?,
-        created_at: time(row.try_get("created_at")?),
-        created_by: row.try_get("created_by")?,
-        name,
-    })
-}
-
-fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord> {
-    Ok(DeliveryRecord {
-        consumer: row.try_get("consumer")?,
-        state: row.try_get("state")?,
-        delivery_count: row.try_get("delivery_count")?,
-        available_at: time(row.try_get("available_at")?),
-        lease_expires_at: opt_time(row.try_get("lease_expires_at")?),
-        last_error: row.try_get("last_error")?,
-        created_at: time(row.try_get("created_at")?),
-        updated_at: time(row.try_get("updated_at")?),
-        acked_at: opt_time(row.try_get("acked_at")?),
-        dead_at: opt_time(row.try_get("dead_at")?),
-    })
-}
-
-fn ids_json(ids: &[MessageId]) -> String {
-    serde_json::Value::Array(ids.iter().map(|i| json!(i.to_string())).collect()).to_string()
 }
 
 /// Inserts one message on the caller's executor (a pool, a connection or a transaction).
@@ -177,7 +82,11 @@ where
     Ok(seq)
 }
 
-async fn message_insert_tx(conn: &mut SqliteConnection, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
+pub(super) async fn message_insert_tx(
+    conn: &mut SqliteConnection,
+    msg: &NewMessage,
+    now: DateTime<Utc>,
+) -> Result<Enqueued> {
     let id = msg.message_id.unwrap_or_else(MessageId::generate);
     let msg = NewMessage { message_id: Some(id), ..msg.clone() };
     if let Some(seq) = message_insert(&mut *conn, &msg, now).await? {
@@ -187,46 +96,8 @@ async fn message_insert_tx(conn: &mut SqliteConnection, msg: &NewMessage, now: D
     Ok(Enqueued { message_id: id, seq, duplicate: true })
 }
 
-/// A delivery to create, as JSON for `json_each`.
-fn new_delivery(m: &StoredMessage, consumer: &str) -> serde_json::Value {
-    json!({
-        "m": m.message_id.to_string(),
-        "c": consumer,
-        "s": m.seq,
-        "k": m.ordering_key,
-        "a": us(m.available_at),
-    })
-}
-
-/// The relay's fan-out insert: rows with `"l"` (session) and `"u"` (lease deadline) are created
-/// leased to that session, with a delivery count of 1. An existing `(message_id, consumer)` row
-/// is left alone. Returns what was created: `(message_id, consumer, Some((session, deadline)))`
-/// for the leased ones.
-async fn delivery_insert_many_returning(
-    conn: &mut SqliteConnection,
-    rows: &[serde_json::Value],
-    now: DateTime<Utc>,
-) -> Result<Vec<(String, String, Option<(String, DateTime<Utc>)>)>> {
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let created = sqlx::query(q::DELIVERY_INSERT_MANY)
-        .bind(serde_json::Value::Array(rows.to_vec()).to_string())
-        .bind(us(now))
-        .fetch_all(&mut *conn)
-        .await?;
-    created
-        .iter()
-        .map(|r| {
-            let session: Option<String> = r.try_get("leased_by")?;
-            let until: Option<i64> = r.try_get("lease_expires_at")?;
-            Ok((r.try_get("message_id")?, r.try_get("consumer")?, session.zip(until.map(time))))
-        })
-        .collect()
-}
-
 /// One consumer's row, on the caller's executor (the read pool or a transaction).
-async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
+pub(super) async fn consumer_find<'e, E>(exec: E, name: &str) -> Result<Option<ConsumerRecord>>
 where
     E: SqliteExecutor<'e>,
 {
@@ -241,95 +112,8 @@ async fn consumer_records_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer
     rows.iter().map(consumer_from_row).collect()
 }
 
-async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
+pub(super) async fn consumers_on(conn: &mut SqliteConnection) -> Result<Vec<Consumer>> {
     consumer_records_on(conn).await?.into_iter().map(Consumer::try_from).collect()
-}
-
-impl SqliteStore {
-    /// Opens (creating if missing) the file a `sqlite://PATH` URL names, and takes the
-    /// one-server lock on it.
-    pub async fn open(url: &str) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
-        let path = options.get_filename().to_path_buf();
-        let lock = if path.as_os_str().is_empty() || path.to_string_lossy().contains(":memory:") {
-            None
-        } else {
-            Some(Arc::new(take_lock(&path)?))
-        };
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options.clone()).await?;
-        // Waits for the write lock in `retry_busy`, not in SQLite's busy handler.
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone().busy_timeout(Duration::ZERO))
-            .await?;
-        Ok(Self { pool, writer, options, _lock: lock })
-    }
-
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
-    /// A write transaction, on this process's one writer connection. Its commit is durable
-    /// (`synchronous = FULL`, the WAL flushed); only relay passes commit without the flush.
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
-        retry_busy(|| self.writer.begin_with("BEGIN IMMEDIATE")).await
-    }
-}
-
-/// `BEGIN IMMEDIATE` on `conn`, trying again as [`retry_busy`] does.
-async fn begin_immediate(conn: &mut SqliteConnection) -> Result<()> {
-    let start = std::time::Instant::now();
-    loop {
-        match sqlx::query(q::BEGIN_IMMEDIATE).execute(&mut *conn).await {
-            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => tokio::time::sleep(WRITE_LOCK_RETRY).await,
-            other => return other.map(|_| ()).map_err(Into::into),
-        }
-    }
-}
-
-fn is_busy(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| c & 0xff == 5))
-}
-
-/// Runs a write, trying again while another process holds the write lock (`SQLITE_BUSY`), up
-/// to `WRITE_LOCK_WAIT`.
-async fn retry_busy<T, F, Fut>(mut write: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        match write().await {
-            Err(e) if is_busy(&e) && start.elapsed() < WRITE_LOCK_WAIT => tokio::time::sleep(WRITE_LOCK_RETRY).await,
-            other => return Ok(other?),
-        }
-    }
-}
-
-/// The exclusive lock that makes one server per file: held until the process ends (the OS
-/// releases it on a crash too).
-fn take_lock(db: &std::path::Path) -> Result<File> {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".lock");
-    let path = PathBuf::from(name);
-    let io = |source| StoreError::Io { path: path.display().to_string(), source };
-    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(format!(
-            "another outboxd is already serving {}: only one server may use a SQLite file \
-             (use PostgreSQL for several replicas)",
-            db.display()
-        ))),
-        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
-    }
 }
 
 #[async_trait::async_trait]
@@ -373,38 +157,7 @@ impl Store for SqliteStore {
     }
 
     async fn watch(&self, hints: HintSender, cancel: CancellationToken) {
-        let mut conn = loop {
-            match SqliteConnection::connect_with(&self.options).await {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot open the SQLite watcher connection; retrying");
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
-        };
-        let mut last: Option<i64> = None;
-        let mut last_change = std::time::Instant::now();
-        loop {
-            match sqlx::query_scalar::<_, i64>(q::DATA_VERSION).fetch_one(&mut conn).await {
-                Ok(v) => {
-                    if last.is_some_and(|l| l != v) {
-                        // The receiver is gone only at shutdown.
-                        let _ = hints.send(WorkHint::Enqueued);
-                        last_change = std::time::Instant::now();
-                    }
-                    last = Some(v);
-                }
-                Err(e) => tracing::warn!(error = %e, "PRAGMA data_version failed"),
-            }
-            let wait = if last_change.elapsed() < WATCH_HOT_FOR { WATCH_HOT } else { WATCH_IDLE };
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
+        watch::watch(&self.options, hints, cancel).await;
     }
 
     /// `BEGIN IMMEDIATE` on the writer connection (see [`SqliteStore::begin_write`]).
@@ -1004,175 +757,4 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(Some(Pruned { messages: messages as i64, deliveries: deliveries as i64 + in_ranges }))
     }
-}
-
-/// A write transaction of this backend (see [`StoreTx`]).
-pub struct SqliteTx(Transaction<'static, Sqlite>);
-
-#[async_trait::async_trait]
-impl StoreTx for SqliteTx {
-    async fn message_insert(&mut self, msg: &NewMessage, now: DateTime<Utc>) -> Result<Enqueued> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        message_insert_tx(conn, msg, now).await
-    }
-
-    async fn message_page(&mut self, after: i64, limit: i64) -> Result<Vec<MessageRef>> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let rows = sqlx::query(q::MESSAGE_PAGE).bind(after).bind(limit).fetch_all(&mut *conn).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MessageRef {
-                    message_id: uuid(r.try_get("message_id")?)?,
-                    seq: r.try_get("seq")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    available_at: time(r.try_get("available_at")?),
-                })
-            })
-            .collect()
-    }
-
-    async fn consumer_find(&mut self, name: &str) -> Result<Option<ConsumerRecord>> {
-        consumer_find(&mut *self.0, name).await
-    }
-
-    async fn consumer_count(&mut self) -> Result<i64> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        Ok(sqlx::query(q::CONSUMER_COUNT).fetch_one(conn).await?.try_get("n")?)
-    }
-
-    async fn consumer_insert(
-        &mut self,
-        spec: &ConsumerSpec,
-        created_by: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<ConsumerRecord> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let topics: Vec<&str> = spec.topics.iter().map(|t| t.as_str()).collect();
-        let sink = spec
-            .sink
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::InvalidValue(format!("consumer {}: sink: {e}", spec.name)))?;
-        let row = sqlx::query(q::CONSUMER_INSERT)
-            .bind(spec.name.as_str())
-            .bind(serde_json::to_string(&topics).unwrap_or_else(|_| "[]".to_owned()))
-            .bind(i64::from(spec.max_deliveries))
-            .bind(ms(spec.backoff.base))
-            .bind(ms(spec.backoff.max))
-            .bind(ms(spec.ack_deadline))
-            .bind(spec.start_from.as_str())
-            .bind(us(now))
-            .bind(sink)
-            .bind(spec.dead_key_policy.as_str())
-            .bind(created_by)
-            .fetch_one(conn)
-            .await?;
-        consumer_from_row(&row)
-    }
-
-    /// Its deliveries go by cascade (foreign keys are on).
-    async fn consumer_delete(&mut self, name: &str) -> Result<bool> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let done = sqlx::query(q::CONSUMER_DELETE).bind(name).execute(conn).await?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    /// Inserts pending rows from a JSON array (`json_each`), one statement for the page.
-    async fn delivery_insert_pending(
-        &mut self,
-        consumer: &str,
-        messages: &[MessageRef],
-        now: DateTime<Utc>,
-    ) -> Result<u64> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        if messages.is_empty() {
-            return Ok(0);
-        }
-        let rows: Vec<serde_json::Value> = messages
-            .iter()
-            .map(|m| json!({"m": m.message_id.to_string(), "s": m.seq, "k": m.ordering_key, "a": us(m.available_at)}))
-            .collect();
-        let done = sqlx::query(q::DELIVERY_INSERT_PENDING)
-            .bind(consumer)
-            .bind(serde_json::Value::Array(rows).to_string())
-            .bind(us(now))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Upserts: bypasses the inbox on purpose and restarts the delivery count.
-    async fn delivery_replay(&mut self, consumer: &str, ids: &[MessageId], now: DateTime<Utc>) -> Result<u64> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        // A key held by a dead message flows again once that message is due again: it is the
-        // key's head, so the key resumes with it, in order.
-        sqlx::query(q::HELD_KEY_DELETE_OF_MESSAGES).bind(consumer).bind(ids_json(ids)).execute(&mut *conn).await?;
-        let done =
-            sqlx::query(q::DELIVERY_REPLAY).bind(consumer).bind(ids_json(ids)).bind(us(now)).execute(conn).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn held_key_delete(&mut self, consumer: &str, ordering_key: &str) -> Result<Option<MessageId>> {
-        let conn: &mut SqliteConnection = &mut self.0;
-        let id: Option<String> =
-            sqlx::query_scalar(q::HELD_KEY_DELETE).bind(consumer).bind(ordering_key).fetch_optional(conn).await?;
-        id.as_deref().map(uuid).transpose()
-    }
-
-    async fn commit(self: Box<Self>) -> Result<()> {
-        Ok(self.0.commit().await?)
-    }
-}
-
-/// The message ids of up to `limit` ready heads of a consumer's ordering keys, visiting keys in
-/// byte order from the first after `keys_after` and wrapping around. A head (the lowest
-/// unfinished seq of its key) is ready when it is pending and due, nothing of its key is in
-/// flight and no earlier message of its key is still unrelayed. One index probe per key visited:
-/// the messages blocked behind a head are never read. Statements on the caller's (write)
-/// transaction; each is a few microseconds in process.
-async fn ready_key_heads(
-    conn: &mut SqliteConnection,
-    consumer: &ConsumerName,
-    keys_after: &str,
-    limit: i64,
-    now: DateTime<Utc>,
-) -> Result<Vec<String>> {
-    let mut ready = Vec::new();
-    let limit = usize::try_from(limit).unwrap_or(0);
-    // (lower bound exclusive, upper bound inclusive): the keys after the cursor, then the rest.
-    for upper in [None, Some(keys_after)] {
-        let mut after: Option<String> = if upper.is_none() { Some(keys_after.to_owned()) } else { None };
-        while ready.len() < limit {
-            // One statement per bound shape, so that each is an index range (an `OR` is not).
-            let sql = match (&after, upper) {
-                (Some(_), None) => q::KEY_HEAD_AFTER,
-                (None, Some(_)) => q::KEY_HEAD_UP_TO,
-                _ => q::KEY_HEAD_BETWEEN,
-            };
-            let head = sqlx::query(sql)
-                .bind(consumer.as_str())
-                .bind(after.as_deref())
-                .bind(upper)
-                .bind(us(now))
-                .fetch_optional(&mut *conn)
-                .await?;
-            let Some(head) = head else { break };
-            let key: String = head.try_get("ordering_key")?;
-            if head.try_get::<bool, _>("due")? {
-                let blocked: bool = sqlx::query_scalar(q::KEY_HELD_OR_BLOCKED)
-                    .bind(consumer.as_str())
-                    .bind(&key)
-                    .bind(head.try_get::<i64, _>("seq")?)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if !blocked {
-                    ready.push(head.try_get("message_id")?);
-                }
-            }
-            after = Some(key);
-        }
-    }
-    Ok(ready)
 }

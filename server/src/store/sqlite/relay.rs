@@ -8,9 +8,12 @@ use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::{Row, Sqlite};
 
-use super::{
-    SqliteStore, begin_immediate, consumers_on, delivery_insert_many_returning, message_from_row, new_delivery, q, us,
-};
+use serde_json::json;
+use sqlx::sqlite::SqliteConnection;
+
+use super::rows::{message_from_row, time, us};
+use super::writer::begin_immediate;
+use super::{SqliteStore, consumers_on, q};
 use crate::domain::fanout::{Plan, Subscriber};
 use crate::domain::{PushOffer, StoredMessage};
 use crate::store::{RelayClaim, RelayTx, RelayWritten, Result};
@@ -151,4 +154,42 @@ impl RelayTx for SqliteRelayTx {
         let _ = sqlx::query(q::ROLLBACK).execute(&mut *self.conn).await;
         self.durable_again().await;
     }
+}
+
+/// A delivery to create, as JSON for `json_each`.
+fn new_delivery(m: &StoredMessage, consumer: &str) -> serde_json::Value {
+    json!({
+        "m": m.message_id.to_string(),
+        "c": consumer,
+        "s": m.seq,
+        "k": m.ordering_key,
+        "a": us(m.available_at),
+    })
+}
+
+/// The relay's fan-out insert: rows with `"l"` (session) and `"u"` (lease deadline) are created
+/// leased to that session, with a delivery count of 1. An existing `(message_id, consumer)` row
+/// is left alone. Returns what was created: `(message_id, consumer, Some((session, deadline)))`
+/// for the leased ones.
+async fn delivery_insert_many_returning(
+    conn: &mut SqliteConnection,
+    rows: &[serde_json::Value],
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String, Option<(String, DateTime<Utc>)>)>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let created = sqlx::query(q::DELIVERY_INSERT_MANY)
+        .bind(serde_json::Value::Array(rows.to_vec()).to_string())
+        .bind(us(now))
+        .fetch_all(&mut *conn)
+        .await?;
+    created
+        .iter()
+        .map(|r| {
+            let session: Option<String> = r.try_get("leased_by")?;
+            let until: Option<i64> = r.try_get("lease_expires_at")?;
+            Ok((r.try_get("message_id")?, r.try_get("consumer")?, session.zip(until.map(time))))
+        })
+        .collect()
 }
